@@ -1,0 +1,282 @@
+"""The Kafka transport (confluent-kafka).
+
+Producer: idempotent (which implies ``acks=all``), ``partitioner=consistent`` (CRC32 of the key, the rule
+the table view enforces), lz4-compressed. A background thread serves delivery callbacks, and a fatal
+error (an idempotent producer that lost its guarantees) replaces the producer instead of limping on.
+
+Readers: a consumer per reader, no group and no commits; every partition is ``assign()``-ed at a given
+position. ``enable.partition.eof`` tells us when an empty partition is caught up.
+
+Facts about the librdkafka mock cluster this code respects (see docs/operations.md): it auto-creates any
+topic a metadata request names (with 4 partitions), cannot create topics through the admin API, never
+compacts, and does not wake a waiting fetch when data arrives -- latency is bounded by
+``fetch.wait.max.ms``, so low-latency readers use a small value.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import structlog
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from channel.transport import Message, TransportError
+
+log = structlog.get_logger("trimtab.kafka")
+
+_EOF = KafkaError._PARTITION_EOF
+_new_message = tuple.__new__
+
+
+class KafkaReader:
+    def __init__(self, consumer: Consumer, topic: str, start: dict[int, int]) -> None:
+        self._c = consumer
+        self._topic = topic
+        self._parts = [TopicPartition(topic, p) for p in sorted(start)]
+        self._eof: dict[int, int] = dict(start)
+        consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(start.items())])
+
+    def poll(self, max_messages: int, timeout: float) -> list[Message]:
+        try:
+            raw = self._c.consume(max_messages, timeout)
+        except KafkaException as e:
+            raise TransportError(f"consume from {self._topic} failed: {e}") from e
+        out: list[Message] = []
+        append = out.append
+        for m in raw:
+            err = m.error()
+            if err is None:
+                append(_new_message(Message, (m.key(), m.value(), m.partition(), m.offset())))
+            elif err.code() == _EOF:
+                self._eof[m.partition()] = m.offset()
+            elif err.fatal():
+                raise TransportError(f"fatal consumer error on {self._topic}: {err.str()}")
+            else:
+                log.warning("consume_error", topic=self._topic, error=err.str(), retriable=err.retriable())
+        return out
+
+    def positions(self) -> dict[int, int]:
+        out = dict(self._eof)
+        for tp in self._c.position(self._parts):
+            if tp.offset != OFFSET_INVALID and tp.offset >= 0:
+                out[tp.partition] = max(out.get(tp.partition, 0), tp.offset)
+        return out
+
+    def close(self) -> None:
+        try:
+            self._c.close()
+        except RuntimeError:
+            pass
+
+
+class KafkaTransport:
+    """A :class:`channel.transport.Transport` over a Kafka cluster (or the librdkafka mock)."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        client_config: Mapping[str, Any] | None = None,
+        client_id: str = "trimtab",
+        linger_ms: float = 1.0,
+        fetch_wait_max_ms: int = 5,
+        delivery_timeout_ms: int = 30_000,
+        compacted_topics: frozenset[str] = frozenset(),
+        topic_partitions: Mapping[str, int] | None = None,
+        replication_factor: int = -1,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self._base: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            "client.id": client_id,
+            "log_level": 3,
+            **dict(client_config or {}),
+        }
+        self._linger_ms = linger_ms
+        self._fetch_wait_max_ms = fetch_wait_max_ms
+        self._delivery_timeout_ms = delivery_timeout_ms
+        self._compacted = compacted_topics
+        self._topic_partitions = dict(topic_partitions or {})
+        self._replication_factor = replication_factor
+        self._lock = threading.Lock()
+        self._partitions: dict[str, int] = {}
+        self._producer: Producer | None = None
+        self._fatal = False
+        self._meta: Consumer | None = None
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ producer
+    def _error_cb(self, err: KafkaError) -> None:
+        if err.fatal():
+            log.error("producer_fatal", error=err.str(), action="the producer will be rebuilt")
+            self._fatal = True
+        else:
+            log.warning("kafka_client_error", error=err.str())
+
+    def _get_producer(self) -> Producer:
+        with self._lock:
+            if self._producer is None or self._fatal:
+                if self._producer is not None:
+                    self._producer.flush(1.0)
+                self._fatal = False
+                self._producer = Producer(
+                    {
+                        **self._base,
+                        "enable.idempotence": True,
+                        "partitioner": "consistent",
+                        "compression.type": "lz4",
+                        "linger.ms": self._linger_ms,
+                        "delivery.timeout.ms": self._delivery_timeout_ms,
+                        "error_cb": self._error_cb,
+                    }
+                )
+                if self._poller is None:
+                    self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer", daemon=True)
+                    self._poller.start()
+            return self._producer
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            p = self._producer
+            if p is not None:
+                p.poll(0.05)
+            else:
+                self._stop.wait(0.05)
+
+    def produce(self, topic: str, key: bytes, value: bytes | None) -> Future[Message]:
+        fut: Future[Message] = Future()
+
+        def done(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                fut.set_exception(TransportError(f"produce to {topic} failed: {err.str()}"))
+            else:
+                fut.set_result(Message(msg.key(), msg.value(), msg.partition(), msg.offset()))
+
+        producer = self._get_producer()
+        try:
+            producer.produce(topic, key=key, value=value, on_delivery=done)
+        except BufferError:
+            producer.poll(0.5)
+            try:
+                producer.produce(topic, key=key, value=value, on_delivery=done)
+            except BufferError as e:
+                fut.set_exception(TransportError(f"producer queue full for {topic}: {e}"))
+        except KafkaException as e:
+            fut.set_exception(TransportError(f"produce to {topic} failed: {e}"))
+        return fut
+
+    def flush(self, timeout: float) -> int:
+        p = self._producer
+        return 0 if p is None else int(p.flush(timeout))
+
+    # ------------------------------------------------------------------ metadata
+    def _meta_consumer(self) -> Consumer:
+        with self._lock:
+            if self._meta is None:
+                self._meta = Consumer(
+                    {**self._base, "group.id": f"trimtab-meta-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+                )
+            return self._meta
+
+    def partitions(self, topic: str) -> int:
+        n = self._partitions.get(topic)
+        if n:
+            return n
+        n = self._ensure_topic(topic)
+        self._partitions[topic] = n
+        return n
+
+    def _ensure_topic(self, topic: str) -> int:
+        admin = AdminClient(self._base)
+        md = admin.list_topics(topic, timeout=10)
+        t = md.topics.get(topic)
+        if t is not None and t.error is None and t.partitions:
+            return len(t.partitions)
+        # Not there: create it with the right policy where the broker allows it...
+        wanted = self._topic_partitions.get(topic, 4)
+        config = {"cleanup.policy": "compact"} if topic in self._compacted else {}
+        try:
+            fs = admin.create_topics(
+                [NewTopic(topic, wanted, self._replication_factor, config=config)],
+                request_timeout=10,
+                operation_timeout=10,
+            )
+            fs[topic].result()
+            log.info("topic_created", topic=topic, partitions=wanted, config=config)
+        except KafkaException as e:
+            # ...and otherwise let the broker auto-create it (the mock cluster path).
+            log.warning("topic_create_fallback", topic=topic, error=str(e), fallback="auto-create on produce")
+        md = self._meta_consumer().list_topics(topic, timeout=10)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or not t.partitions:
+            err = t.error.str() if t is not None and t.error is not None else "not found"
+            raise TransportError(f"topic {topic} unavailable on {self.bootstrap_servers}: {err}")
+        return len(t.partitions)
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        try:
+            low, high = self._meta_consumer().get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10, cached=False
+            )
+        except KafkaException as e:
+            raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
+        return int(low), int(high)
+
+    # ------------------------------------------------------------------ readers
+    def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> KafkaReader:
+        n = self.partitions(topic)
+        consumer = Consumer(
+            {
+                **self._base,
+                "group.id": f"trimtab-reader-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": self._fetch_wait_max_ms if low_latency else 200,
+                "fetch.message.max.bytes": 8 << 20,
+                "fetch.max.bytes": 64 << 20,
+                "queued.min.messages": 500_000,
+                "queued.max.messages.kbytes": 1 << 20,
+            }
+        )
+        return KafkaReader(consumer, topic, {p: start.get(p, 0) for p in range(n)})
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._producer is not None:
+            self._producer.flush(5.0)
+        if self._poller is not None:
+            self._poller.join(2.0)
+        if self._meta is not None:
+            try:
+                self._meta.close()
+            except RuntimeError:
+                pass
+
+
+class MockCluster:
+    """Owns a librdkafka mock cluster for as long as this object lives (dev cluster, tests, benches).
+
+    Other processes connect to :attr:`bootstrap_servers` like to any Kafka cluster.
+    """
+
+    def __init__(self, brokers: int = 1) -> None:
+        self._owner = Producer({"test.mock.num.brokers": brokers, "bootstrap.servers": "mock", "log_level": 0})
+        md = self._owner.list_topics(timeout=10)
+        self.bootstrap_servers = ",".join(f"{b.host}:{b.port}" for b in md.brokers.values())
+
+    def create_topics(self, topics: list[str]) -> None:
+        """Metadata requests auto-create topics on the mock; do it up front so readers find them."""
+        for t in topics:
+            self._owner.list_topics(t, timeout=10)
+
+    def close(self) -> None:
+        self._owner.flush(1.0)
+        del self._owner

@@ -1,0 +1,216 @@
+"""The table view: the resolved state of every bundle, built by replaying the channel in log order.
+
+One ``TableView`` per node. It is fed raw messages (key bytes, value bytes, partition, offset) by a
+transport, applies :func:`channel.resolve.resolve` to each, and notifies listeners of accepted changes
+once it is *live* (caught up). During catch-up nobody is notified: a bundle may pass through many states
+in the backlog and only the final one matters; consumers scan the table when it turns live instead.
+
+Determinism rules enforced here, beyond the predicate:
+
+* A key belongs to exactly one channel partition, ``crc32(key) % partitions`` (librdkafka's ``consistent``
+  partitioner, which trimtab's producers use). A record found in another partition is skipped: replicas
+  interleave partitions differently, so one bundle's records must never be spread over two.
+* Within a partition an offset is applied once; re-delivered offsets are ignored (idempotent by offset).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from channel.bundles import BundleRange, is_bundle_name, parse_bundle
+from channel.records import SKIP_BAD_KEY, Record, State, _classify, _decoder
+from channel.resolve import ACCEPT, resolve
+
+# (key, old, new): old/new None means Init.
+Listener = Callable[[str, Record | None, Record | None], None]
+# (key or None, partition, offset, reason)
+SkipHook = Callable[[str | None, int | None, int | None, str], None]
+
+_SPLITTING = State.SPLITTING
+_crc32 = zlib.crc32
+_decode_raw = _decoder.decode
+_DecodeError = msgspec.DecodeError
+# Only consulted for splitting records, which always get their real range; a placeholder otherwise.
+_ANY_RANGE = BundleRange(0, 0xFFFFFFFF)
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The channel partition a bundle's records live in (librdkafka ``consistent`` partitioner)."""
+    return _crc32(key) % partitions
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    accepted: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "accepted": self.accepted,
+            "rejected": sum(self.rejected.values()),
+            "skipped": sum(self.skipped.values()),
+        }
+
+    def detail(self) -> dict[str, object]:
+        return {
+            **self.as_dict(),
+            "rejected_by_reason": {str(k): n for k, n in self.rejected.items()},
+            "skipped_by_reason": dict(self.skipped),
+        }
+
+
+class TableView:
+    """Resolved bundle states, keyed by bundle name. Not thread-safe for writers: one feeder at a time.
+
+    Readers on other threads may call :meth:`get` and iterate :meth:`items` snapshots; single dict
+    operations are atomic under the GIL and records are immutable.
+    """
+
+    def __init__(self, partitions: int | None = None, on_skip: SkipHook | None = None) -> None:
+        self.partitions = partitions
+        self._table: dict[str, Record] = {}
+        self.positions: dict[int, int] = {}  # partition -> next offset to apply
+        self.stats = ReplayStats()
+        self._listeners: list[Listener] = []
+        self._on_skip = on_skip
+        self.live = False
+        self.last_outcome = ""
+
+    # ------------------------------------------------------------------ reading
+    def get(self, bundle: str) -> Record | None:
+        return self._table.get(bundle)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, bundle: object) -> bool:
+        return bundle in self._table
+
+    def items(self) -> list[tuple[str, Record]]:
+        """A point-in-time copy, safe to iterate while the feeder keeps applying."""
+        return list(self._table.items())
+
+    def as_dict(self) -> dict[str, Record]:
+        return dict(self._table)
+
+    def owned_by(self, broker: str) -> Iterator[tuple[str, Record]]:
+        for k, r in self.items():
+            if r.owner() == broker:
+                yield k, r
+
+    # ------------------------------------------------------------------ listeners
+    def add_listener(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        self._listeners.remove(fn)
+
+    def set_live(self) -> None:
+        self.live = True
+
+    # ------------------------------------------------------------------ loading
+    def load(self, states: dict[str, Record], positions: dict[int, int]) -> None:
+        """Install a snapshot (see channel.snapshot) before replaying the tail after it."""
+        self._table = dict(states)
+        self.positions = dict(positions)
+
+    # ------------------------------------------------------------------ applying
+    def _skip(self, key: str | None, partition: int | None, offset: int | None, reason: str) -> str:
+        self.stats.skipped[reason] += 1
+        if self._on_skip is not None:
+            self._on_skip(key, partition, offset, reason)
+        return "skipped"
+
+    def apply(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> str:
+        """Apply one message; returns ``accepted``, ``rejected``, ``skipped`` or ``duplicate``."""
+        self.apply_all(((key, value, partition, offset),))
+        return self.last_outcome
+
+    def apply_all(self, messages: Iterable[tuple[bytes | None, bytes | None, int | None, int | None]]) -> None:
+        """Apply messages in log order. The one implementation of replay; kept tight because a node
+        bootstrapping a large channel spends nearly all its time in this loop."""
+        table = self._table
+        positions = self.positions
+        parts = self.partitions
+        listeners = self._listeners
+        live = self.live
+        rejected = self.stats.rejected
+        decode_raw = _decode_raw
+        decode_err = _DecodeError
+        splitting = _SPLITTING
+        accept = ACCEPT
+        accepted = 0
+        outcome = ""
+        for key, value, partition, offset in messages:
+            if partition is not None and offset is not None:
+                if offset < positions.get(partition, 0):
+                    outcome = "duplicate"
+                    continue
+                positions[partition] = offset + 1
+            if key is None:
+                outcome = self._skip(None, partition, offset, SKIP_BAD_KEY.reason)
+                continue
+            try:
+                name = key.decode()
+            except UnicodeDecodeError:
+                outcome = self._skip(None, partition, offset, SKIP_BAD_KEY.reason)
+                continue
+            cur = table.get(name)
+            if cur is None:
+                # Unknown keys are checked on every appearance. A key in the table was checked (name
+                # and home partition) when its first record was accepted and cannot have moved since.
+                if parts is not None and partition is not None and _crc32(key) % parts != partition:
+                    outcome = self._skip(name, partition, offset, "wrong_partition")
+                    continue
+                if not is_bundle_name(name):
+                    outcome = self._skip(name, partition, offset, SKIP_BAD_KEY.reason)
+                    continue
+            rng = _ANY_RANGE
+            if value is None:
+                new: Record | None = None
+            else:
+                try:
+                    new = decode_raw(value)
+                except decode_err:
+                    outcome = self._skip(name, partition, offset, _classify(value).reason)
+                    continue
+                if new.state is splitting:
+                    rng = parse_bundle(name)[1]
+            verdict = resolve(rng, cur, new)
+            if verdict is not accept:
+                rejected[verdict] += 1
+                outcome = "rejected"
+                continue
+            accepted += 1
+            outcome = "accepted"
+            if new is None:
+                del table[name]
+            else:
+                table[name] = new
+            if live:
+                for fn in listeners:
+                    fn(name, cur, new)
+        self.stats.accepted += accepted
+        self.last_outcome = outcome
+
+
+def replay(
+    messages: Iterable[tuple[bytes | None, bytes | None, int | None, int | None]],
+    partitions: int | None = None,
+) -> TableView:
+    """Full replay of a log from its first message: the reference every bootstrap must equal."""
+    view = TableView(partitions)
+    view.apply_all(messages)
+    return view

@@ -1,0 +1,198 @@
+"""The small interface every log transport implements (in-memory for tests and the simulator, Kafka for
+everything else), and the follower that turns a topic into a caught-up, live-updating view.
+
+A transport knows four things: how many partitions a topic has (creating it if the backend auto-creates),
+its watermarks, how to append, and how to read a partition range from a position. Everything else (catch-
+up, readiness, positions, lag) is written once, in :class:`Follower`, on top of that interface.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import NamedTuple, Protocol
+
+import structlog
+
+log = structlog.get_logger("trimtab.channel")
+
+
+class Message(NamedTuple):
+    key: bytes | None
+    value: bytes | None
+    partition: int
+    offset: int
+
+
+class TransportError(RuntimeError):
+    """The backend refused or could not be reached; the message says which and what to check."""
+
+
+class Reader(Protocol):
+    def poll(self, max_messages: int, timeout: float) -> list[Message]:
+        """Up to ``max_messages`` messages in per-partition order; [] after ``timeout`` seconds."""
+        ...
+
+    def positions(self) -> dict[int, int]:
+        """Next offset to be returned, per partition (past gaps such as transaction markers)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    def partitions(self, topic: str) -> int:
+        """Partition count (creating the topic where the backend auto-creates). Raises TransportError."""
+        ...
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """``(low, high)``: the first retained offset and the next offset to be written."""
+        ...
+
+    def produce(self, topic: str, key: bytes, value: bytes | None) -> Future[Message]:
+        """Append; the future resolves with the written message (its offset) or a TransportError."""
+        ...
+
+    def flush(self, timeout: float) -> int:
+        """Wait for outstanding appends; returns how many are still pending."""
+        ...
+
+    def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> Reader:
+        """A reader over every partition of ``topic`` from ``start`` (partition -> offset)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+Apply = Callable[[list[Message]], None]
+
+
+class Follower:
+    """Reads every partition of one topic from given positions, catches up to the high watermarks seen
+    at start (then ``ready`` is set), then keeps following the tail. No consumer group: every node
+    reads everything, and positions live in memory (or in a snapshot), never in Kafka.
+
+    ``apply`` is called on the follower's thread with each batch, in per-partition order.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        topic: str,
+        apply: Apply,
+        *,
+        start: dict[int, int] | None = None,
+        name: str | None = None,
+        batch: int = 5000,
+        low_latency: bool = True,
+        on_error: Callable[[BaseException], None] | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.topic = topic
+        self._apply = apply
+        self._start = dict(start or {})
+        self.name = name or topic
+        self._batch = batch
+        self._low_latency = low_latency
+        self._on_error = on_error
+        self._on_ready = on_ready
+        self.ready = threading.Event()
+        self.positions: dict[int, int] = {}
+        self.highwater: dict[int, int] = {}
+        self.history_gap = False
+        self.records = 0
+        self.last_activity = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"follow-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self.ready.wait(timeout)
+
+    def lag(self) -> int:
+        """Records between our position and the high watermarks seen at start (0 once caught up)."""
+        return sum(max(0, hw - self.positions.get(p, 0)) for p, hw in self.highwater.items())
+
+    # ------------------------------------------------------------------ the loop
+    def _prepare(self) -> Reader:
+        n = self.transport.partitions(self.topic)
+        start: dict[int, int] = {}
+        for p in range(n):
+            low, high = self.transport.watermarks(self.topic, p)
+            pos = self._start.get(p, 0)
+            if pos > high:
+                # Positions from another incarnation of the topic (deleted and re-created): unusable.
+                raise TransportError(
+                    f"{self.topic}[{p}]: start position {pos} is beyond the end ({high}); "
+                    "was the topic re-created? refusing to guess"
+                )
+            if pos < low:
+                self.history_gap = True
+                log.error(
+                    "history_gap",
+                    topic=self.topic,
+                    partition=p,
+                    position=pos,
+                    low_watermark=low,
+                    hint="records were deleted by retention before this node read them; "
+                    "raise retention or snapshot more often",
+                )
+                pos = low
+            start[p] = pos
+            self.highwater[p] = high
+        self.positions = dict(start)
+        return self.transport.reader(self.topic, start, low_latency=self._low_latency)
+
+    def _set_ready(self) -> None:
+        # Runs on the follower thread, before any further batch: whatever on_ready does (turn a table
+        # live, scan it) sees exactly the caught-up state, and every later record is delivered after it.
+        if self._on_ready is not None:
+            self._on_ready()
+        self.ready.set()
+        log.info("follower_ready", topic=self.topic, records=self.records, positions=self.positions)
+
+    def _caught_up(self) -> bool:
+        return all(self.positions.get(p, 0) >= hw for p, hw in self.highwater.items())
+
+    def _run(self) -> None:
+        try:
+            reader = self._prepare()
+        except BaseException as e:
+            self.error = e
+            log.error("follower_failed", topic=self.topic, error=str(e))
+            if self._on_error:
+                self._on_error(e)
+            return
+        try:
+            if self._caught_up():
+                self._set_ready()
+            while not self._stop.is_set():
+                msgs = reader.poll(self._batch, 0.05 if self.ready.is_set() else 0.01)
+                if msgs:
+                    self._apply(msgs)
+                    self.records += len(msgs)
+                    self.last_activity = time.monotonic()
+                if msgs or not self.ready.is_set():
+                    self.positions.update(reader.positions())
+                    if not self.ready.is_set() and self._caught_up():
+                        self._set_ready()
+        except BaseException as e:
+            self.error = e
+            log.exception("follower_crashed", topic=self.topic)
+            if self._on_error:
+                self._on_error(e)
+        finally:
+            reader.close()

@@ -1,0 +1,179 @@
+"""The ``trimtab`` command line (click).
+
+Daemons (``agent``, ``controller``), operator tooling (``channel``, ``admin``, ``config``), the local
+cluster (``dev up``) and benchmarks (``bench``). Every daemon command takes ``--config FILE`` and repeated
+``--set section.field=value`` on top of the environment, and exits with status 2 and a clear message on
+invalid configuration.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from config.loader import ConfigError, load_settings, parse_assignments, set_path
+from config.settings import Settings
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    sys.stdout.flush()
+
+
+def settings_from(config: str | None, sets: tuple[str, ...], **flags: Any) -> Settings:
+    """Effective settings for a command; ``flags`` maps dotted paths to values (None = not given)."""
+    try:
+        overrides = parse_assignments(list(sets))
+        for dotted, value in flags.items():
+            if value is not None:
+                set_path(overrides, dotted, value)
+        return load_settings(config, overrides)
+    except ConfigError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+
+
+config_option = click.option(
+    "--config", "config_file", type=click.Path(dir_okay=False), default=None, help="TOML config file ($TRIMTAB_CONFIG)."
+)
+set_option = click.option(
+    "--set", "sets", multiple=True, metavar="SECTION.FIELD=VALUE", help="Override one setting (repeatable)."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="trimtab")
+def main() -> None:
+    """trimtab: shard ownership and load balancing for clusters of stateless serving brokers."""
+
+
+# ---------------------------------------------------------------------------------------------- channel
+@main.group()
+def channel() -> None:
+    """Inspect the bundle state channel."""
+
+
+@channel.command("replay")
+@click.argument("file", type=click.File("rb"))
+@click.option("--json", "as_json", is_flag=True, help="Print {table, stats} as JSON.")
+def channel_replay(file: Any, as_json: bool) -> None:
+    """Replay a JSON-lines channel export ({"key": bundle, "value": record|null} per line) and show the
+    resolved table, as every node would compute it."""
+    from channel.replayfile import replay_lines, table_report
+
+    view = replay_lines(file)
+    report = table_report(view)
+    if as_json:
+        _emit_json(report)
+        return
+    _print_table(report["table"])
+    detail = view.stats.detail()
+    click.echo(
+        f"accepted {detail['accepted']}  rejected {detail['rejected']} {detail['rejected_by_reason']}  "
+        f"skipped {detail['skipped']} {detail['skipped_by_reason']}"
+    )
+
+
+def _print_table(table: dict[str, dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table("bundle", "state", "dst", "src", "version", "force", "writer")
+    for bundle, rec in table.items():
+        t.add_row(bundle, rec["state"], rec["dst"] or "", rec["src"] or "", str(rec["version"]), str(rec["force"]), rec["writer"])
+    Console().print(t)
+
+
+@channel.command("dump")
+@config_option
+@set_option
+@click.option("--bootstrap-servers", default=None, help="Kafka bootstrap servers (kafka.bootstrap_servers).")
+@click.option("--topic", default=None, help="Channel topic (kafka.channel_topic).")
+@click.option("--no-snapshot", is_flag=True, help="Replay the whole channel instead of snapshot + tail.")
+@click.option("--json", "as_json", is_flag=True, help="Print {table, stats} as JSON.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for catch-up.")
+def channel_dump(
+    config_file: str | None,
+    sets: tuple[str, ...],
+    bootstrap_servers: str | None,
+    topic: str | None,
+    no_snapshot: bool,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Read the live channel to its end and show the resolved table."""
+    from channel.client import ChannelClient
+    from channel.kafka import KafkaTransport
+    from channel.replayfile import table_report
+    from cluster.logs import configure_logging
+
+    s = settings_from(
+        config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers, "kafka.channel_topic": topic}
+    )
+    configure_logging("warning", json_logs=True)
+    transport = KafkaTransport(s.kafka.bootstrap_servers, client_config=s.kafka.client_config)
+    client = ChannelClient(
+        transport, s.kafka.channel_topic, s.kafka.snapshot_topic, use_snapshot=not no_snapshot
+    )
+    try:
+        client.start()
+        if not client.wait_ready(timeout):
+            raise click.ClickException(
+                f"did not catch up with {s.kafka.channel_topic} within {timeout}s "
+                f"(error: {client.error or 'none'}; lag {client.lag()})"
+            )
+        report = table_report(client.table)
+        if client.snapshot is not None:
+            report["snapshot"] = client.snapshot.manifest.id
+    finally:
+        client.stop()
+        transport.close()
+    if as_json:
+        _emit_json(report)
+    else:
+        _print_table(report["table"])
+        click.echo(f"stats {report['stats']}")
+
+
+# ---------------------------------------------------------------------------------------------- config
+@main.group("config")
+def config_group() -> None:
+    """Show, check and document configuration."""
+
+
+@config_group.command("show")
+@config_option
+@set_option
+def config_show(config_file: str | None, sets: tuple[str, ...]) -> None:
+    """Print the effective configuration (defaults < file < environment < flags) as JSON."""
+    _emit_json(settings_from(config_file, sets).model_dump(mode="json"))
+
+
+@config_group.command("check")
+@config_option
+@set_option
+def config_check(config_file: str | None, sets: tuple[str, ...]) -> None:
+    """Validate configuration; exit 2 with the problems if it is invalid."""
+    settings_from(config_file, sets)
+    click.echo("configuration is valid")
+
+
+@config_group.command("docs")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def config_docs(output: Path | None) -> None:
+    """Generate the configuration reference (docs/configuration.md)."""
+    from config.docs import render_markdown
+
+    text = render_markdown()
+    if output:
+        output.write_text(text)
+    else:
+        click.echo(text)
+
+
+if __name__ == "__main__":
+    main()
