@@ -12,6 +12,7 @@ are given, so the agent, the controller, the simulator and the tests all run the
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,10 +22,12 @@ FULL_LOWER = 0x00000000
 FULL_UPPER = 0xFFFFFFFF
 
 _NAME_PART = r"[A-Za-z0-9][A-Za-z0-9_.=:-]{0,127}"
-_NAMESPACE_RE = re.compile(rf"^({_NAME_PART})/({_NAME_PART})$")
-_RANGE_RE = re.compile(r"^0x([0-9a-f]{8})_0x([0-9a-f]{8})$")
-_BUNDLE_RE = re.compile(rf"^({_NAME_PART}/{_NAME_PART})/(0x([0-9a-f]{{8}})_0x([0-9a-f]{{8}}))$")
-_TOPIC_RE = re.compile(rf"^([a-z][a-z0-9+.-]{{0,31}})://({_NAME_PART})/({_NAME_PART})/(\S{{1,1024}})$")
+# \Z, not $: $ also matches before a trailing newline, which made "ns/0x.._0x..\n" a second key (a second
+# owner) for the same bundle.
+_NAMESPACE_RE = re.compile(rf"^({_NAME_PART})/({_NAME_PART})\Z")
+_RANGE_RE = re.compile(r"^0x([0-9a-f]{8})_0x([0-9a-f]{8})\Z")
+_BUNDLE_RE = re.compile(rf"^({_NAME_PART}/{_NAME_PART})/(0x([0-9a-f]{{8}})_0x([0-9a-f]{{8}}))\Z")
+_TOPIC_RE = re.compile(rf"^([a-z][a-z0-9+.-]{{0,31}})://({_NAME_PART})/({_NAME_PART})/(\S{{1,1024}})\Z")
 
 SPLIT_ALGORITHMS = (
     "range_equally_divide",
@@ -47,7 +50,9 @@ class BundleRange:
 
     def __post_init__(self) -> None:
         if not (FULL_LOWER <= self.lower < self.upper <= FULL_UPPER):
-            raise BundleError(f"invalid bundle range 0x{self.lower:08x}_0x{self.upper:08x}: need lower < upper")
+            raise BundleError(
+                f"invalid bundle range 0x{self.lower:08x}_0x{self.upper:08x}: need lower < upper"
+            )
 
     @property
     def name(self) -> str:
@@ -65,7 +70,9 @@ class BundleRange:
     def parse(cls, text: str) -> BundleRange:
         m = _RANGE_RE.match(text)
         if not m:
-            raise BundleError(f"invalid bundle range {text!r}: expected 0xLLLLLLLL_0xUUUUUUUU (lower-case hex)")
+            raise BundleError(
+                f"invalid bundle range {text!r}: expected 0xLLLLLLLL_0xUUUUUUUU (lower-case hex)"
+            )
         return cls(int(m.group(1), 16), int(m.group(2), 16))
 
     def __str__(self) -> str:
@@ -132,10 +139,11 @@ def topic_hash(full_topic_name: str) -> int:
 
 
 def equal_boundaries(count: int) -> list[int]:
-    """Boundaries of ``count`` equal bundles over the full space (Pulsar's default layout)."""
+    """Boundaries of ``count`` equal bundles over the full space, as Pulsar lays them out (segments of
+    ``2**32 // count``; the last bundle ends at, and includes, 0xffffffff)."""
     if count < 1:
         raise BundleError("a namespace needs at least one bundle")
-    step = (FULL_UPPER - FULL_LOWER) // count
+    step = (FULL_UPPER + 1) // count
     return [FULL_LOWER + i * step for i in range(count)] + [FULL_UPPER]
 
 
@@ -199,7 +207,7 @@ def check_partition(parent: BundleRange, children: Sequence[BundleRange]) -> Non
         raise BundleError("a split needs at least two children")
     if children[0].lower != parent.lower or children[-1].upper != parent.upper:
         raise BundleError(f"children do not cover {parent} exactly")
-    for a, b in zip(children, children[1:], strict=False):
+    for a, b in itertools.pairwise(children):
         if a.upper != b.lower:
             raise BundleError(f"children {a} and {b} leave a gap or overlap")
 

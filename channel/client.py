@@ -55,7 +55,9 @@ class ChannelClient:
         self.table.partitions = partitions
         start: dict[int, int] = {}
         if self.use_snapshot and self.snapshot_topic is not None:
-            snap = choose(((m.key, m.value) for m in read_all(self.transport, self.snapshot_topic)), channel=self.topic)
+            snap = choose(
+                ((m.key, m.value) for m in read_all(self.transport, self.snapshot_topic)), channel=self.topic
+            )
             if snap is not None and snap.manifest.partitions == partitions and self._usable(snap, partitions):
                 self.table.load(snap.states, snap.positions)
                 self.snapshot = snap

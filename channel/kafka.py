@@ -15,6 +15,7 @@ compacts, and does not wake a waiting fetch when data arrives -- latency is boun
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Mapping
@@ -68,10 +69,8 @@ class KafkaReader:
         return out
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):
             self._c.close()
-        except RuntimeError:
-            pass
 
 
 class KafkaTransport:
@@ -137,7 +136,9 @@ class KafkaTransport:
                     }
                 )
                 if self._poller is None:
-                    self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer", daemon=True)
+                    self._poller = threading.Thread(
+                        target=self._poll_loop, name="kafka-producer", daemon=True
+                    )
                     self._poller.start()
             return self._producer
 
@@ -180,7 +181,11 @@ class KafkaTransport:
         with self._lock:
             if self._meta is None:
                 self._meta = Consumer(
-                    {**self._base, "group.id": f"trimtab-meta-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+                    {
+                        **self._base,
+                        "group.id": f"trimtab-meta-{uuid.uuid4().hex[:8]}",
+                        "enable.auto.commit": False,
+                    }
                 )
             return self._meta
 
@@ -255,10 +260,8 @@ class KafkaTransport:
         if self._poller is not None:
             self._poller.join(2.0)
         if self._meta is not None:
-            try:
+            with contextlib.suppress(RuntimeError):
                 self._meta.close()
-            except RuntimeError:
-                pass
 
 
 class MockCluster:
@@ -268,7 +271,9 @@ class MockCluster:
     """
 
     def __init__(self, brokers: int = 1) -> None:
-        self._owner = Producer({"test.mock.num.brokers": brokers, "bootstrap.servers": "mock", "log_level": 0})
+        self._owner = Producer(
+            {"test.mock.num.brokers": brokers, "bootstrap.servers": "mock", "log_level": 0}
+        )
         md = self._owner.list_topics(timeout=10)
         self.bootstrap_servers = ",".join(f"{b.host}:{b.port}" for b in md.brokers.values())
 

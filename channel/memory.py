@@ -37,7 +37,9 @@ class MemoryLog:
         if not self.available:
             raise TransportError("in-memory log is unavailable (fault injected)")
 
-    def append(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> Message:
+    def append(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
+    ) -> Message:
         with self._cond:
             self._check()
             parts = self._topics.get(topic)

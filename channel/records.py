@@ -68,7 +68,7 @@ class Record(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
         return None
 
     def names(self, broker: str) -> bool:
-        return self.dst == broker or self.src == broker
+        return broker in (self.dst, self.src)
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON-ready dict, with every protocol field present (children only when set)."""
@@ -101,7 +101,9 @@ SKIP_BAD_KEY = Skip("bad_key")
 _decoder = msgspec.json.Decoder(Record)
 _encoder = msgspec.json.Encoder()
 _intern = sys.intern
-_DecodeError = msgspec.DecodeError
+# msgspec raises RecursionError (not DecodeError) on deeply nested input, e.g. in an unknown field: a ~2 KB
+# value would otherwise crash replay on every node.
+_DecodeError = (msgspec.DecodeError, RecursionError)
 
 
 def make(
@@ -147,7 +149,7 @@ def _classify(value: bytes) -> Skip:
     if type(schema) is int and schema > SCHEMA_VERSION:
         return SKIP_FUTURE_SCHEMA
     st = d.get("state")
-    if type(st) is str and st not in _BY_NAME and schema == SCHEMA_VERSION:
+    if type(st) is str and st not in _BY_NAME and type(schema) is int and schema == SCHEMA_VERSION:
         return SKIP_UNKNOWN_STATE
     return SKIP_MALFORMED
 

@@ -119,7 +119,9 @@ def garbage(topic_keys: Iterable[bytes], keep_id: str) -> list[bytes]:
     return sorted({k for k in topic_keys if k.startswith(CHUNK_PREFIX) and not k.startswith(keep)})
 
 
-def choose(messages: Iterable[tuple[bytes | None, bytes | None]], *, channel: str | None = None) -> Snapshot | None:
+def choose(
+    messages: Iterable[tuple[bytes | None, bytes | None]], *, channel: str | None = None
+) -> Snapshot | None:
     """The newest complete snapshot in the snapshot topic's messages (in log order), or None.
 
     Total: undecodable messages are ignored. A manifest counts only if every chunk it names is present
@@ -136,7 +138,7 @@ def choose(messages: Iterable[tuple[bytes | None, bytes | None]], *, channel: st
                 continue
             try:
                 manifests.append(_manifest_dec.decode(value))
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 log.warning("snapshot_manifest_unreadable")
             continue
         if not key.startswith(CHUNK_PREFIX):
@@ -146,7 +148,7 @@ def choose(messages: Iterable[tuple[bytes | None, bytes | None]], *, channel: st
             continue
         try:
             chunks[key] = _chunk_dec.decode(value)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             chunks.pop(key, None)
     for m in reversed(manifests):
         if m.schema != 1 or (channel is not None and m.channel != channel):
@@ -223,7 +225,9 @@ class SnapshotWriter:
             else:
                 self.known_keys.add(key)
 
-    def write(self, states: dict[str, Record], positions: dict[int, int], partitions: int, term: int) -> Manifest:
+    def write(
+        self, states: dict[str, Record], positions: dict[int, int], partitions: int, term: int
+    ) -> Manifest:
         sid = new_snapshot_id(term)
         msgs = snapshot_messages(
             sid,

@@ -15,6 +15,7 @@ Determinism rules enforced here, beyond the predicate:
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -34,7 +35,7 @@ SkipHook = Callable[[str | None, int | None, int | None, str], None]
 _SPLITTING = State.SPLITTING
 _crc32 = zlib.crc32
 _decode_raw = _decoder.decode
-_DecodeError = msgspec.DecodeError
+_DecodeError = (msgspec.DecodeError, RecursionError)  # deep nesting raises RecursionError (see records)
 # Only consulted for splitting records, which always get their real range; a placeholder otherwise.
 _ANY_RANGE = BundleRange(0, 0xFFFFFFFF)
 
@@ -81,6 +82,9 @@ class TableView:
         self._on_skip = on_skip
         self.live = False
         self.last_outcome = ""
+        # Held for a whole batch by the feeder and by snapshot(): a snapshot is always the state after
+        # exactly the records its positions cover. One acquire per batch, nothing per record.
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ reading
     def get(self, bundle: str) -> Record | None:
@@ -98,6 +102,11 @@ class TableView:
 
     def as_dict(self) -> dict[str, Record]:
         return dict(self._table)
+
+    def snapshot(self) -> tuple[dict[str, Record], dict[int, int]]:
+        """A consistent (states, positions) pair, for the snapshot writer."""
+        with self._lock:
+            return dict(self._table), dict(self.positions)
 
     def owned_by(self, broker: str) -> Iterator[tuple[str, Record]]:
         for k, r in self.items():
@@ -138,9 +147,17 @@ class TableView:
         self.apply_all(((key, value, partition, offset),))
         return self.last_outcome
 
-    def apply_all(self, messages: Iterable[tuple[bytes | None, bytes | None, int | None, int | None]]) -> None:
+    def apply_all(
+        self, messages: Iterable[tuple[bytes | None, bytes | None, int | None, int | None]]
+    ) -> None:
         """Apply messages in log order. The one implementation of replay; kept tight because a node
         bootstrapping a large channel spends nearly all its time in this loop."""
+        with self._lock:
+            self._apply_all(messages)
+
+    def _apply_all(
+        self, messages: Iterable[tuple[bytes | None, bytes | None, int | None, int | None]]
+    ) -> None:
         table = self._table
         positions = self.positions
         parts = self.partitions
@@ -148,6 +165,7 @@ class TableView:
         live = self.live
         rejected = self.stats.rejected
         decode_raw = _decode_raw
+        crc32 = _crc32
         decode_err = _DecodeError
         splitting = _SPLITTING
         accept = ACCEPT
@@ -167,16 +185,17 @@ class TableView:
             except UnicodeDecodeError:
                 outcome = self._skip(None, partition, offset, SKIP_BAD_KEY.reason)
                 continue
+            # The home partition is checked for every record, known key or not: a stray record of a known
+            # key in another partition would otherwise be applied or skipped depending on how this replica
+            # interleaved the partitions, and replicas would diverge.
+            if parts is not None and partition is not None and crc32(key) % parts != partition:
+                outcome = self._skip(name, partition, offset, "wrong_partition")
+                continue
             cur = table.get(name)
-            if cur is None:
-                # Unknown keys are checked on every appearance. A key in the table was checked (name
-                # and home partition) when its first record was accepted and cannot have moved since.
-                if parts is not None and partition is not None and _crc32(key) % parts != partition:
-                    outcome = self._skip(name, partition, offset, "wrong_partition")
-                    continue
-                if not is_bundle_name(name):
-                    outcome = self._skip(name, partition, offset, SKIP_BAD_KEY.reason)
-                    continue
+            # A key in the table had its name checked when its first record was accepted.
+            if cur is None and not is_bundle_name(name):
+                outcome = self._skip(name, partition, offset, SKIP_BAD_KEY.reason)
+                continue
             rng = _ANY_RANGE
             if value is None:
                 new: Record | None = None

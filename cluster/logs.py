@@ -13,6 +13,17 @@ from typing import Any
 
 import structlog
 
+# Identity of this process (broker id, role, leader term): added to every line from every thread.
+# structlog's contextvars do not cross into kazoo's, librdkafka's or the follower's threads.
+_IDENTITY: dict[str, Any] = {}
+
+
+def _add_identity(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    for k, v in _IDENTITY.items():
+        event.setdefault(k, v)
+    return event
+
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -20,20 +31,29 @@ def configure_logging(level: str = "info", json_logs: bool = True, **bound: Any)
     lvl = _LEVELS.get(level, logging.INFO)
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        _add_identity,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: Any = (
-        structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        structlog.processors.JSONRenderer()
+        if json_logs
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     structlog.configure(
-        processors=[*shared, structlog.processors.StackInfoRenderer(), structlog.processors.format_exc_info, renderer],
+        processors=[
+            *shared,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(**{k: v for k, v in bound.items() if v is not None})
+    _IDENTITY.clear()
+    bind(**bound)
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -50,5 +70,10 @@ def configure_logging(level: str = "info", json_logs: bool = True, **bound: Any)
 
 
 def bind(**kv: Any) -> None:
-    """Bind identity (e.g. the leader term after an election) to every later log line of this process."""
-    structlog.contextvars.bind_contextvars(**kv)
+    """Bind identity (broker id, role, leader term...) to every later log line of this process, whatever
+    thread writes it. A value of None removes the key."""
+    for k, v in kv.items():
+        if v is None:
+            _IDENTITY.pop(k, None)
+        else:
+            _IDENTITY[k] = v

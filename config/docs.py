@@ -62,7 +62,13 @@ def render_markdown() -> str:
         top = path.split(".")[0]
         if top != section:
             section = top
-            lines += ["", f"## `[{top}]`", "", "| setting | type | default | description | mirrors |", "|---|---|---|---|---|"]
+            lines += [
+                "",
+                f"## `[{top}]`",
+                "",
+                "| setting | type | default | description | mirrors |",
+                "|---|---|---|---|---|",
+            ]
         env = "TRIMTAB_" + path.upper().replace(".", "__")
         lines.append(
             f"| `{path}`<br>`{env}` | {typ} | {default} | {desc.replace('|', '/')} | {pulsar.replace('|', '/')} |"

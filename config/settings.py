@@ -30,8 +30,12 @@ class ClusterSettings(Section):
 
 
 class ZooKeeperSettings(Section):
-    hosts: str = Field("127.0.0.1:2181", description="ZooKeeper connect string host:port[,host:port]. [metadataStoreUrl]")
-    root: str = Field("/trimtab", pattern=r"^/[^\s]*$", description="Root znode; each cluster uses <root>/<cluster.name>.")
+    hosts: str = Field(
+        "127.0.0.1:2181", description="ZooKeeper connect string host:port[,host:port]. [metadataStoreUrl]"
+    )
+    root: str = Field(
+        "/trimtab", pattern=r"^/[^\s]*$", description="Root znode; each cluster uses <root>/<cluster.name>."
+    )
     session_timeout_s: float = Field(
         10.0,
         ge=1,
@@ -39,7 +43,9 @@ class ZooKeeperSettings(Section):
         description="ZooKeeper session timeout: how long a dead agent's broker znode survives, i.e. the failure "
         "detection time. [metadataStoreSessionTimeoutMillis]",
     )
-    connect_timeout_s: Seconds = Field(15.0, description="How long start-up waits for a first ZooKeeper connection.")
+    connect_timeout_s: Seconds = Field(
+        15.0, description="How long start-up waits for a first ZooKeeper connection."
+    )
 
 
 class KafkaSettings(Section):
@@ -53,18 +59,26 @@ class KafkaSettings(Section):
         description="Bundle state channel (never compacted; time/size retention). "
         "[persistent://pulsar/system/loadbalancer-service-unit-state]",
     )
-    snapshot_topic: str = Field("trimtab-channel-snapshot", description="Compacted channel snapshots, written by the leader.")
+    snapshot_topic: str = Field(
+        "trimtab-channel-snapshot", description="Compacted channel snapshots, written by the leader."
+    )
     broker_load_topic: str = Field(
         "trimtab-broker-load", description="Compacted broker load reports. [loadbalancer-broker-load-data]"
     )
     top_bundles_topic: str = Field(
-        "trimtab-top-bundles", description="Compacted top-k bundle loads per broker. [loadbalancer-top-bundles-load-data]"
+        "trimtab-top-bundles",
+        description="Compacted top-k bundle loads per broker. [loadbalancer-top-bundles-load-data]",
     )
     events_topic: str = Field("trimtab-events", description="Append-only decision and audit events.")
     channel_partitions: int = Field(
-        4, ge=1, le=1024, description="Partitions of the channel when trimtab creates it. Never change it later."
+        4,
+        ge=1,
+        le=1024,
+        description="Partitions of the channel when trimtab creates it. Never change it later.",
     )
-    replication_factor: int = Field(-1, description="Replication factor for topics trimtab creates (-1: broker default).")
+    replication_factor: int = Field(
+        -1, description="Replication factor for topics trimtab creates (-1: broker default)."
+    )
     fetch_wait_max_ms: int = Field(
         5,
         ge=1,
@@ -77,7 +91,8 @@ class KafkaSettings(Section):
 
 class AdapterSettings(Section):
     kind: Literal["simulated", "webhook", "command"] = Field(
-        "simulated", description="How the agent talks to its broker: built-in simulated broker, HTTP webhook, or command."
+        "simulated",
+        description="How the agent talks to its broker: built-in simulated broker, HTTP webhook, or command.",
     )
     url: str | None = Field(None, description="Webhook base URL (kind=webhook), e.g. http://127.0.0.1:8081.")
     command: list[str] = Field(
@@ -85,7 +100,9 @@ class AdapterSettings(Section):
         description="Command and arguments (kind=command); the operation and a JSON body are passed on stdin.",
     )
     timeout_s: Seconds = Field(10.0, description="Timeout of one adapter call.")
-    retries: int = Field(3, ge=0, le=20, description="Retries of a failed adapter call (exponential backoff).")
+    retries: int = Field(
+        3, ge=0, le=20, description="Retries of a failed adapter call (exponential backoff)."
+    )
     backoff_s: Seconds = Field(0.2, description="First retry delay; doubles each retry.")
 
 
@@ -93,10 +110,14 @@ class CapacitySettings(Section):
     cpu_cores: float | None = Field(None, gt=0, description="CPU limit in cores (default: the host's).")
     memory_bytes: int | None = Field(None, gt=0, description="Memory limit in bytes (default: the host's).")
     bandwidth_in_bytes: float = Field(
-        125_000_000.0, gt=0, description="Inbound bandwidth limit, bytes/s. [loadBalancerOverrideBrokerNicSpeedGbps]"
+        125_000_000.0,
+        gt=0,
+        description="Inbound bandwidth limit, bytes/s. [loadBalancerOverrideBrokerNicSpeedGbps]",
     )
     bandwidth_out_bytes: float = Field(
-        125_000_000.0, gt=0, description="Outbound bandwidth limit, bytes/s. [loadBalancerOverrideBrokerNicSpeedGbps]"
+        125_000_000.0,
+        gt=0,
+        description="Outbound bandwidth limit, bytes/s. [loadBalancerOverrideBrokerNicSpeedGbps]",
     )
 
 
@@ -107,10 +128,15 @@ class BrokerSettings(Section):
         description="Stable broker id (default host:port of the agent's HTTP address). [brokerId = host:webPort]",
     )
     service_url: str | None = Field(
-        None, description="URL clients are redirected to, e.g. pulsar://host:6650 (default: the agent's HTTP URL)."
+        None,
+        description="URL clients are redirected to, e.g. pulsar://host:6650 (default: the agent's HTTP URL).",
     )
-    tags: dict[str, str] = Field(default_factory=dict, description="Free-form tags (zone, rack, cluster, ...). [KIP-708 client.tag.*]")
-    failure_domain: str | None = Field(None, description="Failure domain this broker belongs to. [PIP-7 failureDomain]")
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="Free-form tags (zone, rack, cluster, ...). [KIP-708 client.tag.*]"
+    )
+    failure_domain: str | None = Field(
+        None, description="Failure domain this broker belongs to. [PIP-7 failureDomain]"
+    )
     version: str = Field("1.0.0", description="Broker version, for the version filter. [brokerVersion]")
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     adapter: AdapterSettings = Field(default_factory=AdapterSettings)
@@ -119,18 +145,24 @@ class BrokerSettings(Section):
 class HttpSettings(Section):
     host: str = Field("127.0.0.1", description="HTTP listen address of the agent or controller.")
     port: int = Field(8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
-    advertised_host: str | None = Field(None, description="Host other nodes use to reach this one (default: host).")
+    advertised_host: str | None = Field(
+        None, description="Host other nodes use to reach this one (default: host)."
+    )
 
 
 class AgentSettings(Section):
     drain_timeout_s: Seconds = Field(
         60.0, description="SIGTERM drain: how long to wait for owned bundles to move before exiting anyway."
     )
-    lookup_cache_s: float = Field(2.0, ge=0, description="How long a namespace's bundle layout is cached between checks.")
+    lookup_cache_s: float = Field(
+        2.0, ge=0, description="How long a namespace's bundle layout is cached between checks."
+    )
 
 
 class NamespaceSettings(Section):
-    default_bundles: int = Field(4, ge=1, le=4096, description="Bundles of a new namespace. [defaultNumberOfNamespaceBundles]")
+    default_bundles: int = Field(
+        4, ge=1, le=4096, description="Bundles of a new namespace. [defaultNumberOfNamespaceBundles]"
+    )
 
 
 class ChannelSettings(Section):
@@ -146,7 +178,8 @@ class ChannelSettings(Section):
         "[loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds]",
     )
     monitor_interval_s: Seconds = Field(
-        60.0, description="Leader ownership monitor period. [loadBalancerServiceUnitStateMonitorIntervalInSeconds]"
+        60.0,
+        description="Leader ownership monitor period. [loadBalancerServiceUnitStateMonitorIntervalInSeconds]",
     )
     snapshot_interval_s: Seconds = Field(60.0, description="Leader writes a channel snapshot this often.")
     snapshot_chunk_bundles: int = Field(2000, ge=10, le=100_000, description="Bundles per snapshot message.")
@@ -160,17 +193,28 @@ class LoadSettings(Section):
         900.0, description="Publish at least this often. [loadBalancerReportUpdateMaxIntervalMinutes]"
     )
     report_threshold_pct: Pct = Field(
-        10.0, description="Publish when any figure moved more than this. [loadBalancerReportUpdateThresholdPercentage]"
+        10.0,
+        description="Publish when any figure moved more than this. [loadBalancerReportUpdateThresholdPercentage]",
     )
-    ttl_s: Seconds = Field(1800.0, description="Readers ignore older reports. [loadBalancerBrokerLoadDataTTLInSeconds]")
+    ttl_s: Seconds = Field(
+        1800.0, description="Readers ignore older reports. [loadBalancerBrokerLoadDataTTLInSeconds]"
+    )
     history_weight: float = Field(
-        0.9, ge=0, lt=1, description="EMA weight of history, h in ema = h*ema + (1-h)*x. [loadBalancerHistoryResourcePercentage]"
+        0.9,
+        ge=0,
+        lt=1,
+        description="EMA weight of history, h in ema = h*ema + (1-h)*x. [loadBalancerHistoryResourcePercentage]",
     )
     cpu_weight: float = Field(1.0, ge=0, description="[loadBalancerCPUResourceWeight]")
     memory_weight: float = Field(1.0, ge=0, description="[loadBalancerMemoryResourceWeight]")
     bandwidth_in_weight: float = Field(1.0, ge=0, description="[loadBalancerBandwidthInResourceWeight]")
     bandwidth_out_weight: float = Field(1.0, ge=0, description="[loadBalancerBandwidthOutResourceWeight]")
-    top_k: int = Field(10, ge=1, le=1000, description="Bundles per top-bundles report. [loadBalancerMaxNumberOfBundlesInBundleLoadReport]")
+    top_k: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        description="Bundles per top-bundles report. [loadBalancerMaxNumberOfBundlesInBundleLoadReport]",
+    )
 
 
 class AssignmentSettings(Section):
@@ -179,50 +223,94 @@ class AssignmentSettings(Section):
         description="Brokers with ema + this <= average are preferred. "
         "[loadBalancerAverageResourceUsageDifferenceThresholdPercentage]",
     )
-    broker_max_topics: int = Field(50_000, ge=1, description="Brokers at or above this many topics get no new bundles. [loadBalancerBrokerMaxTopics]")
-    prefer_later_versions: bool = Field(False, description="Assign only to brokers on the newest version. [preferLaterVersions]")
+    broker_max_topics: int = Field(
+        50_000,
+        ge=1,
+        description="Brokers at or above this many topics get no new bundles. [loadBalancerBrokerMaxTopics]",
+    )
+    prefer_later_versions: bool = Field(
+        False, description="Assign only to brokers on the newest version. [preferLaterVersions]"
+    )
 
 
 class SheddingSettings(Section):
     enabled: bool = Field(True, description="[loadBalancerSheddingEnabled]")
     strategy: Literal["transfer", "threshold"] = Field(
-        "transfer", description="TransferShedder or the classic ThresholdShedder. [loadBalancerLoadSheddingStrategy]"
+        "transfer",
+        description="TransferShedder or the classic ThresholdShedder. [loadBalancerLoadSheddingStrategy]",
     )
     interval_s: Seconds = Field(60.0, description="[loadBalancerSheddingIntervalMinutes]")
-    target_std: float = Field(0.25, gt=0, le=1, description="Target std of broker load. [loadBalancerBrokerLoadTargetStd]")
+    target_std: float = Field(
+        0.25, gt=0, le=1, description="Target std of broker load. [loadBalancerBrokerLoadTargetStd]"
+    )
     hit_count_threshold: int = Field(
-        3, ge=0, description="Trigger must hold more than this many cycles. [loadBalancerSheddingConditionHitCountThreshold]"
+        3,
+        ge=0,
+        description="Trigger must hold more than this many cycles. [loadBalancerSheddingConditionHitCountThreshold]",
     )
     overload_threshold_pct: Pct = Field(85.0, description="[loadBalancerBrokerOverloadedThresholdPercentage]")
     max_broker_pairs: int = Field(3, ge=1, description="[loadBalancerMaxNumberOfBrokerSheddingPerCycle]")
-    bundle_grace_s: float = Field(1800.0, ge=0, description="Do not move a bundle again within this. [loadBalancerSheddingGracePeriodMinutes]")
-    broker_cooldown_s: float = Field(180.0, ge=0, description="Pause after a broker shed. [loadBalanceSheddingDelayInSeconds]")
-    transfer_enabled: bool = Field(True, description="Transfer to a chosen broker instead of a plain unload. [loadBalancerTransferEnabled]")
-    threshold_pct: Pct = Field(10.0, description="ThresholdShedder margin over the average. [loadBalancerBrokerThresholdShedderPercentage]")
+    bundle_grace_s: float = Field(
+        1800.0,
+        ge=0,
+        description="Do not move a bundle again within this. [loadBalancerSheddingGracePeriodMinutes]",
+    )
+    broker_cooldown_s: float = Field(
+        180.0, ge=0, description="Pause after a broker shed. [loadBalanceSheddingDelayInSeconds]"
+    )
+    transfer_enabled: bool = Field(
+        True,
+        description="Transfer to a chosen broker instead of a plain unload. [loadBalancerTransferEnabled]",
+    )
+    threshold_pct: Pct = Field(
+        10.0,
+        description="ThresholdShedder margin over the average. [loadBalancerBrokerThresholdShedderPercentage]",
+    )
     min_unload_throughput_bytes: float = Field(
-        10 * 1024 * 1024, ge=0, description="ThresholdShedder skips smaller offloads. [loadBalancerBundleUnloadMinThroughputThreshold]"
+        10 * 1024 * 1024,
+        ge=0,
+        description="ThresholdShedder skips smaller offloads. [loadBalancerBundleUnloadMinThroughputThreshold]",
     )
-    lower_boundary_enabled: bool = Field(False, description="ThresholdShedder also sheds toward under-loaded brokers. [lowerBoundarySheddingEnabled]")
+    lower_boundary_enabled: bool = Field(
+        False,
+        description="ThresholdShedder also sheds toward under-loaded brokers. [lowerBoundarySheddingEnabled]",
+    )
     shed_bundles_with_policies: bool = Field(
-        False, description="Allow moving bundles with isolation/anti-affinity policies. [loadBalancerSheddingBundlesWithPoliciesEnabled]"
+        False,
+        description="Allow moving bundles with isolation/anti-affinity policies. [loadBalancerSheddingBundlesWithPoliciesEnabled]",
     )
-    unload_timeout_s: Seconds = Field(60.0, description="How long one unload/transfer may take. [namespaceBundleUnloadingTimeoutMs]")
+    unload_timeout_s: Seconds = Field(
+        60.0, description="How long one unload/transfer may take. [namespaceBundleUnloadingTimeoutMs]"
+    )
 
 
 class SplitSettings(Section):
     enabled: bool = Field(True, description="[loadBalancerAutoBundleSplitEnabled]")
     interval_s: Seconds = Field(60.0, description="[loadBalancerSplitIntervalMinutes]")
     max_topics: int = Field(1000, ge=1, description="[loadBalancerNamespaceBundleMaxTopics]")
-    max_sessions: int = Field(1000, ge=0, description="Producers+consumers; 0 disables. [loadBalancerNamespaceBundleMaxSessions]")
-    max_msg_rate: float = Field(30_000, gt=0, description="msg/s in+out. [loadBalancerNamespaceBundleMaxMsgRate]")
-    max_bandwidth_mbytes: float = Field(100, gt=0, description="MB/s in+out. [loadBalancerNamespaceBundleMaxBandwidthMbytes]")
-    hit_count_threshold: int = Field(3, ge=0, description="[loadBalancerNamespaceBundleSplitConditionHitCountThreshold]")
+    max_sessions: int = Field(
+        1000, ge=0, description="Producers+consumers; 0 disables. [loadBalancerNamespaceBundleMaxSessions]"
+    )
+    max_msg_rate: float = Field(
+        30_000, gt=0, description="msg/s in+out. [loadBalancerNamespaceBundleMaxMsgRate]"
+    )
+    max_bandwidth_mbytes: float = Field(
+        100, gt=0, description="MB/s in+out. [loadBalancerNamespaceBundleMaxBandwidthMbytes]"
+    )
+    hit_count_threshold: int = Field(
+        3, ge=0, description="[loadBalancerNamespaceBundleSplitConditionHitCountThreshold]"
+    )
     max_bundles_per_namespace: int = Field(128, ge=1, description="[loadBalancerNamespaceMaximumBundles]")
     max_splits_per_cycle: int = Field(10, ge=1, description="[loadBalancerMaxNumberOfBundlesToSplitPerCycle]")
     algorithm: Literal[
-        "range_equally_divide", "topic_count_equally_divide", "specified_positions_divide", "flow_or_qps_equally_divide"
+        "range_equally_divide",
+        "topic_count_equally_divide",
+        "specified_positions_divide",
+        "flow_or_qps_equally_divide",
     ] = Field("range_equally_divide", description="[defaultNamespaceBundleSplitAlgorithm]")
-    auto_unload: bool = Field(False, description="Unload the children after a split. [loadBalancerAutoUnloadSplitBundlesEnabled]")
+    auto_unload: bool = Field(
+        False, description="Unload the children after a split. [loadBalancerAutoUnloadSplitBundlesEnabled]"
+    )
     flow_or_qps_diff_threshold_pct: Pct = Field(10.0, description="[flowOrQpsDifferenceThresholdPercentage]")
 
 
@@ -234,35 +322,77 @@ class HealingSettings(Section):
         "auto-healing. [KIP-46 failure interval; Cruise Control broker.failure.self.healing.threshold.ms]",
     )
     alert_after_s: float = Field(
-        0.0, ge=0, description="Raise the failed-broker alert this long after the first failure. [broker.failure.alert.threshold.ms]"
+        0.0,
+        ge=0,
+        description="Raise the failed-broker alert this long after the first failure. [broker.failure.alert.threshold.ms]",
     )
-    max_in_flight: int = Field(5000, ge=1, description="Cluster-wide reassignments in flight. [max.num.cluster.movements]")
+    max_in_flight: int = Field(
+        5000, ge=1, description="Cluster-wide reassignments in flight. [max.num.cluster.movements]"
+    )
     max_in_flight_per_broker: int = Field(
-        1000, ge=1, description="Reassignments in flight into one broker. [num.concurrent.partition.movements.per.broker]"
+        1000,
+        ge=1,
+        description="Reassignments in flight into one broker. [num.concurrent.partition.movements.per.broker]",
     )
     chunk_size: int = Field(500, ge=1, le=10_000, description="Bundles per persisted reassignment chunk.")
     mass_failure_max_brokers: int = Field(
-        10, ge=1, description="More failed brokers than this pauses healing. [fixable.failed.broker.count.threshold]"
+        10,
+        ge=1,
+        description="More failed brokers than this pauses healing. [fixable.failed.broker.count.threshold]",
     )
     mass_failure_max_fraction: float = Field(
-        0.4, gt=0, le=1, description="A larger failed fraction pauses healing. [fixable.failed.broker.percentage.threshold]"
+        0.4,
+        gt=0,
+        le=1,
+        description="A larger failed fraction pauses healing. [fixable.failed.broker.percentage.threshold]",
     )
     safe_mode_settle_s: float = Field(
-        180.0, ge=0, description="After the leader's ZooKeeper session comes back, wait this long before destructive work. [MAX_CLEAN_UP_DELAY_TIME_IN_SECS]"
+        180.0,
+        ge=0,
+        description="After the leader's ZooKeeper session comes back, wait this long before destructive work. [MAX_CLEAN_UP_DELAY_TIME_IN_SECS]",
     )
 
 
 class PlacementSettings(Section):
-    failure_domains_enabled: bool = Field(False, description="Spread anti-affinity groups over failure domains. [failureDomainsEnabled]")
-    standby_replicas: int = Field(0, ge=0, le=16, description="Warm standbys per bundle. [num.standby.replicas]")
+    failure_domains_enabled: bool = Field(
+        False, description="Spread anti-affinity groups over failure domains. [failureDomainsEnabled]"
+    )
+    standby_replicas: int = Field(
+        0, ge=0, le=16, description="Warm standbys per bundle. [num.standby.replicas]"
+    )
     awareness_tags: list[str] = Field(
-        default_factory=list, description="Ordered tag dimensions standbys avoid sharing, e.g. [zone, cluster]. [rack.aware.assignment.tags]"
+        default_factory=list,
+        description="Ordered tag dimensions standbys avoid sharing, e.g. [zone, cluster]. [rack.aware.assignment.tags]",
     )
     forced_awareness: dict[str, list[str]] = Field(
         default_factory=dict,
         description="Tag -> expected values; never place two copies in one value, hold standbys back instead. "
         "[cluster.routing.allocation.awareness.force.*.values]",
     )
+
+
+class SimulationSettings(Section):
+    """The built-in simulated broker: synthetic topics with deterministic, skewed rates. A topic's load is a
+    function of its name only, so a bundle's load follows it from broker to broker."""
+
+    seed: int = Field(1, description="Seed of the synthetic load.")
+    topics_per_namespace: int = Field(
+        64, ge=1, le=100_000, description="Synthetic topics per namespace (t-0000...)."
+    )
+    msg_rate_per_topic: float = Field(
+        100.0, ge=0, description="Mean msg/s of a synthetic topic (in; out is the same)."
+    )
+    msg_size_bytes: int = Field(1024, ge=1, description="Synthetic message size.")
+    skew: float = Field(1.1, ge=0, le=5, description="Zipf exponent of topic rates (0 = uniform).")
+    namespace_scale: dict[str, float] = Field(
+        default_factory=dict, description='Per-namespace load multiplier, e.g. {"tenant/hot" = 5.0}.'
+    )
+    capacity_msg_rate: float = Field(
+        50_000.0, gt=0, description="Total msg/s at which a simulated broker reads 100% CPU."
+    )
+    sessions_per_topic: int = Field(2, ge=0, description="Producers+consumers per synthetic topic.")
+    acquire_delay_ms: float = Field(0.0, ge=0, description="Simulated time to take over a bundle.")
+    release_delay_ms: float = Field(0.0, ge=0, description="Simulated time to fence/close a bundle.")
 
 
 class ControllerSettings(Section):
@@ -297,6 +427,7 @@ class Settings(BaseSettings):
     healing: HealingSettings = Field(default_factory=HealingSettings)
     placement: PlacementSettings = Field(default_factory=PlacementSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    sim: SimulationSettings = Field(default_factory=SimulationSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @model_validator(mode="after")

@@ -38,7 +38,11 @@ def settings_from(config: str | None, sets: tuple[str, ...], **flags: Any) -> Se
 
 
 config_option = click.option(
-    "--config", "config_file", type=click.Path(dir_okay=False), default=None, help="TOML config file ($TRIMTAB_CONFIG)."
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML config file ($TRIMTAB_CONFIG).",
 )
 set_option = click.option(
     "--set", "sets", multiple=True, metavar="SECTION.FIELD=VALUE", help="Override one setting (repeatable)."
@@ -49,6 +53,132 @@ set_option = click.option(
 @click.version_option(package_name="trimtab")
 def main() -> None:
     """trimtab: shard ownership and load balancing for clusters of stateless serving brokers."""
+
+
+# ---------------------------------------------------------------------------------------------- daemons
+def daemon_options(fn: Any) -> Any:
+    for opt in reversed(
+        [
+            config_option,
+            set_option,
+            click.option("--zookeeper", default=None, help="ZooKeeper hosts (zookeeper.hosts)."),
+            click.option("--kafka", default=None, help="Kafka bootstrap servers (kafka.bootstrap_servers)."),
+            click.option("--cluster", default=None, help="Cluster name (cluster.name)."),
+            click.option("--http-host", default=None, help="HTTP listen address (http.host)."),
+            click.option(
+                "--http-port", type=int, default=None, help="HTTP port, 0 for any free one (http.port)."
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _common_flags(
+    zookeeper: str | None,
+    kafka: str | None,
+    cluster: str | None,
+    http_host: str | None,
+    http_port: int | None,
+) -> dict[str, Any]:
+    return {
+        "zookeeper.hosts": zookeeper,
+        "kafka.bootstrap_servers": kafka,
+        "cluster.name": cluster,
+        "http.host": http_host,
+        "http.port": http_port,
+    }
+
+
+@main.command()
+@daemon_options
+@click.option("--broker-id", default=None, help="Stable broker id (broker.id; default host:port).")
+def agent(
+    config_file: str | None,
+    sets: tuple[str, ...],
+    zookeeper: str | None,
+    kafka: str | None,
+    cluster: str | None,
+    http_host: str | None,
+    http_port: int | None,
+    broker_id: str | None,
+) -> None:
+    """Run the sidecar agent for one broker."""
+    import asyncio
+
+    from agent.daemon import Agent
+    from cluster.logs import configure_logging
+
+    s = settings_from(
+        config_file,
+        sets,
+        **_common_flags(zookeeper, kafka, cluster, http_host, http_port),
+        **{"broker.id": broker_id},
+    )
+    configure_logging(s.logging.level, s.logging.json_logs, role="agent")
+    try:
+        code = asyncio.run(Agent(s).run())
+    except Exception as e:
+        import structlog
+
+        structlog.get_logger("trimtab").exception("agent_failed", error=str(e))
+        click.echo(f"agent failed: {e}", err=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
+@main.command()
+@daemon_options
+@click.option("--controller-id", default=None, help="Controller id (controller.id; default host:port).")
+def controller(
+    config_file: str | None,
+    sets: tuple[str, ...],
+    zookeeper: str | None,
+    kafka: str | None,
+    cluster: str | None,
+    http_host: str | None,
+    http_port: int | None,
+    controller_id: str | None,
+) -> None:
+    """Run a controller (several may run; one is elected leader)."""
+    import asyncio
+
+    from cluster.logs import configure_logging
+    from controller.daemon import Controller
+
+    s = settings_from(
+        config_file,
+        sets,
+        **_common_flags(zookeeper, kafka, cluster, http_host, http_port),
+        **{"controller.id": controller_id},
+    )
+    configure_logging(s.logging.level, s.logging.json_logs, role="controller")
+    try:
+        code = asyncio.run(Controller(s).run())
+    except Exception as e:
+        import structlog
+
+        structlog.get_logger("trimtab").exception("controller_failed", error=str(e))
+        click.echo(f"controller failed: {e}", err=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
+@main.command("sim-broker")
+@config_option
+@set_option
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8081, show_default=True)
+@click.option("--broker-id", default="sim-broker", show_default=True)
+def sim_broker(config_file: str | None, sets: tuple[str, ...], host: str, port: int, broker_id: str) -> None:
+    """Serve a simulated broker over the webhook contract (reference implementation, for testing adapters)."""
+    import uvicorn
+
+    from agent.adapters.simulated import SimulatedBroker
+    from agent.adapters.webhook_server import create_app
+
+    s = settings_from(config_file, sets)
+    uvicorn.run(create_app(SimulatedBroker(broker_id, s.sim)), host=host, port=port, log_level="warning")
 
 
 # ---------------------------------------------------------------------------------------------- channel
@@ -84,7 +214,15 @@ def _print_table(table: dict[str, dict[str, Any]]) -> None:
 
     t = Table("bundle", "state", "dst", "src", "version", "force", "writer")
     for bundle, rec in table.items():
-        t.add_row(bundle, rec["state"], rec["dst"] or "", rec["src"] or "", str(rec["version"]), str(rec["force"]), rec["writer"])
+        t.add_row(
+            bundle,
+            rec["state"],
+            rec["dst"] or "",
+            rec["src"] or "",
+            str(rec["version"]),
+            str(rec["force"]),
+            rec["writer"],
+        )
     Console().print(t)
 
 

@@ -1,0 +1,30 @@
+"""Broker adapters; :func:`build_adapter` picks one from ``broker.adapter.kind``."""
+
+from __future__ import annotations
+
+from agent.adapters.base import BrokerAdapter
+from agent.adapters.simulated import SimulatedBroker
+from config.settings import Settings
+
+
+def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, SimulatedBroker | None]:
+    a = settings.broker.adapter
+    if a.kind == "webhook":
+        from agent.adapters.webhook import WebhookAdapter
+
+        assert a.url is not None  # checked by the settings validator
+        return WebhookAdapter(a.url, a.timeout_s), None
+    if a.kind == "command":
+        from agent.adapters.command import CommandAdapter
+
+        return CommandAdapter(a.command), None
+    cap = settings.broker.capacity
+    sim = SimulatedBroker(
+        broker_id,
+        settings.sim,
+        cpu_cores=cap.cpu_cores or 4.0,
+        memory_bytes=float(cap.memory_bytes or 8 << 30),
+        bandwidth_in=cap.bandwidth_in_bytes,
+        bandwidth_out=cap.bandwidth_out_bytes,
+    )
+    return sim, sim

@@ -1,0 +1,73 @@
+"""The command adapter: run an executable per operation, for brokers managed by scripts.
+
+Invocation: ``<command...> <operation>`` with a JSON request on stdin (the same bodies as the webhook
+contract). Exit status 0 is success; for ``sample`` stdout must be a BrokerSample JSON document. stderr is
+logged on failure. The process is killed if the call times out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import orjson
+
+from agent.adapters.base import AdapterError, BrokerSample
+
+_sample_dec = msgspec.json.Decoder(BrokerSample)
+
+
+class CommandAdapter:
+    kind = "command"
+
+    def __init__(self, command: list[str]) -> None:
+        if not command:
+            raise ValueError("the command adapter needs a command")
+        self.command = list(command)
+
+    async def _run(self, op: str, body: dict[str, Any]) -> bytes:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.command,
+                op,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as e:
+            raise AdapterError(f"{op}: cannot run {self.command[0]}: {e}") from e
+        try:
+            out, err = await proc.communicate(orjson.dumps(body))
+        except asyncio.CancelledError:
+            proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            raise AdapterError(f"{op}: exit status {proc.returncode}: {err.decode(errors='replace')[-300:]}")
+        return out
+
+    async def sample(self) -> BrokerSample:
+        out = await self._run("sample", {})
+        try:
+            return _sample_dec.decode(out)
+        except msgspec.DecodeError as e:
+            raise AdapterError(f"sample: output is not a valid BrokerSample: {e}") from e
+
+    async def acquire(self, bundle: str) -> None:
+        await self._run("acquire", {"bundle": bundle})
+
+    async def fence(self, bundle: str) -> None:
+        await self._run("fence", {"bundle": bundle})
+
+    async def close(self, bundle: str, redirect_url: str | None) -> None:
+        await self._run("close", {"bundle": bundle, "redirect_url": redirect_url})
+
+    async def prewarm(self, bundle: str) -> None:
+        await self._run("prewarm", {"bundle": bundle})
+
+    async def split(self, bundle: str, children: list[str]) -> None:
+        await self._run("split", {"bundle": bundle, "children": children})
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,217 @@
+"""The built-in simulated broker, used by the local cluster, the tests and the benchmarks.
+
+Each namespace has ``topics_per_namespace`` synthetic topics (``<domain>://<ns>/t-0000`` ...) whose message
+rates follow a seeded Zipf distribution. A topic's load depends only on its name and the settings, so a
+bundle's load follows the bundle from broker to broker and every simulated broker agrees on it.
+
+The broker keeps a timeline of every acquire/fence/close with ``time.monotonic_ns()``, which on Linux is
+one clock for every process on the machine: tests merge the timelines of all brokers and check that no
+bundle was ever served by two of them at once. Faults can be injected (fail the next N calls of an
+operation, add latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import msgspec
+
+from agent.adapters.base import AdapterError, BrokerSample
+from balance.load import BundleStats, Usage
+from channel.bundles import BundleRange, parse_bundle, split_range, topic_hash
+from config.settings import SimulationSettings
+
+DOMAIN = "persistent"
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticTopic:
+    name: str
+    hash: int
+    msg_rate: float  # in; out is the same
+
+
+@functools.lru_cache(maxsize=4096)
+def _namespace_topics(
+    namespace: str, count: int, rate: float, skew: float, seed: int
+) -> tuple[SyntheticTopic, ...]:
+    rng = random.Random(f"{seed}/{namespace}")
+    ranks = list(range(count))
+    rng.shuffle(ranks)
+    weights = [1.0 / (r + 1) ** skew for r in ranks]
+    mean = sum(weights) / count
+    out = []
+    for i, w in enumerate(weights):
+        name = f"{DOMAIN}://{namespace}/t-{i:04d}"
+        out.append(SyntheticTopic(name, topic_hash(name), rate * w / mean))
+    return tuple(out)
+
+
+class LoadModel:
+    """The synthetic load of every topic; ``scale`` and per-namespace multipliers change at runtime."""
+
+    def __init__(self, settings: SimulationSettings) -> None:
+        self.s = settings
+        self.scale = 1.0
+        self.namespace_scale: dict[str, float] = dict(settings.namespace_scale)
+
+    def topics(self, namespace: str) -> tuple[SyntheticTopic, ...]:
+        s = self.s
+        return _namespace_topics(namespace, s.topics_per_namespace, s.msg_rate_per_topic, s.skew, s.seed)
+
+    def bundle_stats(self, bundle: str) -> BundleStats:
+        ns, rng = parse_bundle(bundle)
+        mult = self.scale * self.namespace_scale.get(ns, 1.0)
+        size = self.s.msg_size_bytes
+        inside = [t for t in self.topics(ns) if rng.contains(t.hash)]
+        rate = sum(t.msg_rate for t in inside) * mult
+        return BundleStats(
+            bundle=bundle,
+            msg_rate_in=rate,
+            msg_rate_out=rate,
+            msg_throughput_in=rate * size,
+            msg_throughput_out=rate * size,
+            topics=len(inside),
+            producers=len(inside) * self.s.sessions_per_topic // 2,
+            consumers=len(inside) * (self.s.sessions_per_topic - self.s.sessions_per_topic // 2),
+            topic_loads={t.hash: (t.msg_rate * mult * 2, t.msg_rate * mult * size * 2) for t in inside},
+        )
+
+
+class TimelineEvent(msgspec.Struct, frozen=True):
+    mono_ns: int
+    wall_ms: int
+    op: str  # acquire | fence | close | prewarm | split
+    bundle: str
+    detail: str | None = None
+
+
+class SimulatedBroker:
+    """A broker that serves bundles in memory. Thread-safe (the HTTP API and the agent share it)."""
+
+    kind = "simulated"
+
+    def __init__(
+        self,
+        broker_id: str,
+        settings: SimulationSettings,
+        *,
+        cpu_cores: float = 4.0,
+        memory_bytes: float = 8 << 30,
+        bandwidth_in: float = 125e6,
+        bandwidth_out: float = 125e6,
+    ) -> None:
+        self.broker_id = broker_id
+        self.model = LoadModel(settings)
+        self.settings = settings
+        self.cpu_cores = cpu_cores
+        self.memory_bytes = memory_bytes
+        self.bandwidth_in = bandwidth_in
+        self.bandwidth_out = bandwidth_out
+        self.serving: set[str] = set()
+        self.fenced: set[str] = set()
+        self.prewarmed: set[str] = set()
+        self.timeline: list[TimelineEvent] = []
+        self.calls: Counter[str] = Counter()
+        self._fail_next: Counter[str] = Counter()
+        self.extra_latency_s = 0.0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ fault injection
+    def fail_next(self, op: str, times: int = 1) -> None:
+        with self._lock:
+            self._fail_next[op] += times
+
+    async def _enter(self, op: str, delay_ms: float = 0.0) -> None:
+        delay = self.extra_latency_s + delay_ms / 1000.0
+        if delay > 0:
+            await asyncio.sleep(delay)
+        with self._lock:
+            self.calls[op] += 1
+            if self._fail_next[op] > 0:
+                self._fail_next[op] -= 1
+                raise AdapterError(f"simulated {op} failure (injected)")
+
+    def _record(self, op: str, bundle: str, detail: str | None = None) -> None:
+        self.timeline.append(TimelineEvent(time.monotonic_ns(), int(time.time() * 1000), op, bundle, detail))
+
+    # ------------------------------------------------------------------ the adapter contract
+    async def sample(self) -> BrokerSample:
+        await self._enter("sample")
+        with self._lock:
+            bundles = [self.model.bundle_stats(b) for b in sorted(self.serving)]
+        rate = sum(b.msg_rate for b in bundles)
+        t_in = sum(b.msg_throughput_in for b in bundles)
+        t_out = sum(b.msg_throughput_out for b in bundles)
+        topics = sum(b.topics for b in bundles)
+        cpu = self.cpu_cores * rate / self.settings.capacity_msg_rate
+        mem = min(self.memory_bytes, 256e6 + topics * 2e6)
+        return BrokerSample(
+            cpu=Usage(cpu, self.cpu_cores),
+            memory=Usage(mem, self.memory_bytes),
+            bandwidth_in=Usage(t_in, self.bandwidth_in),
+            bandwidth_out=Usage(t_out, self.bandwidth_out),
+            bundles=bundles,
+        )
+
+    async def acquire(self, bundle: str) -> None:
+        await self._enter("acquire", self.settings.acquire_delay_ms)
+        with self._lock:
+            if bundle not in self.serving:
+                self.serving.add(bundle)
+                self.fenced.discard(bundle)
+                self.prewarmed.discard(bundle)
+                self._record("acquire", bundle)
+
+    async def fence(self, bundle: str) -> None:
+        await self._enter("fence", self.settings.release_delay_ms)
+        with self._lock:
+            if bundle in self.serving:
+                self.serving.discard(bundle)
+                self.fenced.add(bundle)
+                self._record("fence", bundle)
+
+    async def close(self, bundle: str, redirect_url: str | None) -> None:
+        await self._enter("close", self.settings.release_delay_ms)
+        with self._lock:
+            if bundle in self.serving or bundle in self.fenced:
+                self.serving.discard(bundle)
+                self.fenced.discard(bundle)
+                self._record("close", bundle, redirect_url)
+
+    async def prewarm(self, bundle: str) -> None:
+        await self._enter("prewarm")
+        with self._lock:
+            if bundle not in self.prewarmed and bundle not in self.serving:
+                self.prewarmed.add(bundle)
+                self._record("prewarm", bundle)
+
+    async def split(self, bundle: str, children: list[str]) -> None:
+        await self._enter("split")
+        _ns, parent = parse_bundle(bundle)
+        ranges = sorted(BundleRange.parse(c.rsplit("/", 1)[-1]) for c in children)
+        # Children must tile the parent; the broker re-partitions its topics (nothing to move in memory).
+        split_range(parent, [r.lower for r in ranges[1:]])
+        with self._lock:
+            self._record("split", bundle, ",".join(children))
+
+    async def aclose(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ inspection
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "broker": self.broker_id,
+                "serving": sorted(self.serving),
+                "fenced": sorted(self.fenced),
+                "prewarmed": sorted(self.prewarmed),
+                "calls": dict(self.calls),
+                "timeline": [msgspec.structs.asdict(e) for e in self.timeline],
+            }

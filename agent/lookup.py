@@ -1,0 +1,241 @@
+"""Topic lookups (DESIGN.md section 3.5): "who owns topic T", answered by any agent.
+
+* Owned (or splitting) by a live broker -> that broker, at once.
+* In flight -> wait (bounded by ``channel.in_flight_timeout_s``) for the outcome.
+* Unowned (Init/Free) -> choose a broker through the filter chain, publish ``Assigning``, wait for Owned.
+* Deleted (the bundle was split) -> re-read the namespace layout and look up the child.
+
+Concurrent lookups of one bundle share one resolution task. A timeout is a retryable error (HTTP 503);
+a lookup never answers with an owner the channel does not name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from balance.assign import AssignContext, BrokerFilter, BrokerInfo, select_broker
+from balance.load import BrokerLoadData
+from channel.bundles import BundleError, BundleLayout, TopicName
+from channel.client import ChannelClient
+from channel.records import Record, State, make
+
+log = structlog.get_logger("trimtab.lookup")
+
+
+class LookupError(Exception):
+    def __init__(self, status: int, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class _Moved(Exception):
+    """The bundle was split while we waited: the topic now lives in a child bundle."""
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    topic: str
+    bundle: str
+    owner: str
+    url: str | None
+    state: str
+    version: int
+    how: str  # owned | assigned | waited
+
+
+class LayoutCache:
+    """Namespace layouts from ZooKeeper, kept for ``ttl_s`` and then refreshed in the background.
+
+    A cached layout is always answered at once (stale-while-revalidate): lookups keep working while
+    ZooKeeper is away. Only a namespace never seen before, or an explicit ``force`` after a split, waits
+    for ZooKeeper -- at most ``wait_s``, then the lookup fails as retryable (or uses the cache).
+    """
+
+    def __init__(self, ensure: Callable[[str], BundleLayout], ttl_s: float, wait_s: float = 5.0) -> None:
+        self._ensure = ensure
+        self.ttl_s = ttl_s
+        self.wait_s = wait_s
+        self._cache: dict[str, tuple[BundleLayout, float]] = {}
+        self._inflight: dict[str, asyncio.Task[BundleLayout]] = {}
+
+    def _refresh(self, namespace: str) -> asyncio.Task[BundleLayout]:
+        task = self._inflight.get(namespace)
+        if task is None:
+            task = asyncio.create_task(asyncio.to_thread(self._ensure, namespace))
+            self._inflight[namespace] = task
+
+            def done(t: asyncio.Task[BundleLayout]) -> None:
+                self._inflight.pop(namespace, None)
+                if not t.cancelled() and t.exception() is None:
+                    self._cache[namespace] = (t.result(), time.monotonic())
+
+            task.add_done_callback(done)
+        return task
+
+    async def get(self, namespace: str, *, force: bool = False) -> BundleLayout:
+        hit = self._cache.get(namespace)
+        if hit is not None and not force:
+            if time.monotonic() - hit[1] >= self.ttl_s:
+                self._refresh(namespace)  # answer from the cache now, refresh behind it
+            return hit[0]
+        task = self._refresh(namespace)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.wait_s)
+        except Exception:
+            if hit is not None:
+                return hit[0]  # ZooKeeper trouble: the last known layout keeps lookups working
+            raise
+
+    def cached(self) -> dict[str, BundleLayout]:
+        return {ns: v[0] for ns, v in self._cache.items()}
+
+
+class LookupService:
+    def __init__(
+        self,
+        me: str,
+        channel: ChannelClient,
+        layouts: LayoutCache,
+        *,
+        brokers: Callable[[], Mapping[str, BrokerInfo]],
+        brokers_trusted: Callable[[], bool],
+        loads: Callable[[], Mapping[str, BrokerLoadData]],
+        filters: Sequence[BrokerFilter],
+        timeout_s: float,
+        assign_ctx: Callable[[], AssignContext],
+        diff: float,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+        on_assign: Callable[[str, str, int], None] | None = None,
+    ) -> None:
+        self.me = me
+        self.channel = channel
+        self.layouts = layouts
+        self._brokers = brokers
+        self._brokers_trusted = brokers_trusted
+        self._loads = loads
+        self.filters = filters
+        self.timeout_s = timeout_s
+        self._assign_ctx = assign_ctx
+        self.diff = diff
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self._on_assign = on_assign
+        self._tasks: dict[str, asyncio.Task[LookupResult]] = {}
+        self._events: dict[str, asyncio.Event] = {}
+        self.exclude_self = False
+
+    # ------------------------------------------------------------------ events (loop thread)
+    def on_change(self, bundle: str) -> None:
+        ev = self._events.pop(bundle, None)
+        if ev is not None:
+            ev.set()
+
+    def wake_all(self) -> None:
+        """Broker membership changed: waiters on a dead owner re-check."""
+        events, self._events = self._events, {}
+        for ev in events.values():
+            ev.set()
+
+    async def _changed(self, bundle: str, timeout: float) -> None:
+        ev = self._events.get(bundle)
+        if ev is None:
+            ev = self._events[bundle] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout)
+
+    # ------------------------------------------------------------------ lookups
+    async def lookup(self, topic: str) -> LookupResult:
+        try:
+            t = TopicName.parse(topic)
+        except BundleError as e:
+            raise LookupError(400, str(e), retryable=False) from None
+        deadline = time.monotonic() + self.timeout_s
+        force = False
+        while True:
+            try:
+                layout = await self.layouts.get(t.namespace, force=force)
+            except Exception as e:
+                raise LookupError(
+                    503, f"namespace layout of {t.namespace} unavailable: {e}", retryable=True
+                ) from None
+            bundle = layout.bundle_for_topic(t)
+            task = self._tasks.get(bundle)
+            if task is None:
+                task = asyncio.create_task(self._resolve(bundle, deadline))
+                self._tasks[bundle] = task
+                task.add_done_callback(lambda _t, b=bundle: self._tasks.pop(b, None))
+            try:
+                res = await asyncio.shield(task)
+            except _Moved:
+                if time.monotonic() >= deadline:
+                    raise LookupError(503, f"{bundle} was split; retry the lookup", retryable=True) from None
+                force = True
+                continue
+            return LookupResult(topic, res.bundle, res.owner, res.url, res.state, res.version, res.how)
+
+    def _url(self, broker: str) -> str | None:
+        info = self._brokers().get(broker)
+        return info.service_url if info is not None else None
+
+    async def _resolve(self, bundle: str, deadline: float) -> LookupResult:
+        published_for: int | None = None
+        waited = False
+        while True:
+            cur: Record | None = self.channel.table.get(bundle)
+            if cur is not None and cur.state in (State.OWNED, State.SPLITTING):
+                owner = cur.owner()
+                assert owner is not None
+                if owner in self._brokers() or not self._brokers_trusted():
+                    how = "assigned" if published_for is not None else ("waited" if waited else "owned")
+                    return LookupResult(
+                        "", bundle, owner, self._url(owner), cur.state.value, cur.version, how
+                    )
+                # The owner is gone (its registration vanished): the leader reassigns; wait for that.
+            elif cur is None or cur.state is State.FREE:
+                version = 1 if cur is None else cur.version + 1
+                if published_for != version:
+                    self._assign(bundle, version)
+                    published_for = version
+            elif cur.state is State.DELETED:
+                raise _Moved(bundle)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                state = cur.state.value if cur is not None else "init"
+                raise LookupError(
+                    503,
+                    f"{bundle} did not settle within {self.timeout_s:g}s (state {state}); retry the lookup",
+                    retryable=True,
+                )
+            waited = True
+            await self._changed(bundle, remaining)
+
+    def _assign(self, bundle: str, version: int) -> None:
+        ctx = self._assign_ctx()
+        if self.exclude_self:
+            ctx = AssignContext(**{**ctx.__dict__, "exclude": ctx.exclude | {self.me}})
+        sel = select_broker(bundle, self._brokers(), ctx, self.rng, filters=self.filters, diff=self.diff)
+        if sel.broker is None:
+            raise LookupError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
+        rec = make(
+            State.ASSIGNING, dst=sel.broker, version=version, ts=int(self.clock() * 1000), writer=self.me
+        )
+        self.channel.publish(bundle, rec)
+        if self._on_assign is not None:
+            self._on_assign(bundle, sel.broker, sel.candidates)
+        log.debug(
+            "assigning",
+            bundle=bundle,
+            dst=sel.broker,
+            version=version,
+            candidates=sel.candidates,
+            skipped=sel.skipped_filters,
+        )

@@ -1,0 +1,112 @@
+"""The agent's Prometheus metrics, built once against an injected registry (bounded label values only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+@dataclass
+class AgentMetrics:
+    lookups: Counter
+    lookup_seconds: Histogram
+    reactions: Counter
+    reaction_seconds: Histogram
+    owned_bundles: Gauge
+    adapter_calls: Counter
+    adapter_seconds: Histogram
+    reports: Counter
+    splits: Counter
+    assignments: Counter
+    registered: Gauge
+    draining: Gauge
+    zk_connected: Gauge
+    ready: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> AgentMetrics:
+        return cls(
+            lookups=Counter(
+                "trimtab_lookups_total",
+                "Topic lookups by result: owned (answered at once), assigned (this agent assigned it), waited "
+                "(an in-flight bundle settled), timeout, bad_request, unavailable.",
+                ["result"],
+                registry=registry,
+            ),
+            lookup_seconds=Histogram(
+                "trimtab_lookup_duration_seconds",
+                "Lookup latency.",
+                ["result"],
+                buckets=LATENCY_BUCKETS,
+                registry=registry,
+            ),
+            reactions=Counter(
+                "trimtab_reactions_total",
+                "Ownership steps this agent carried out, by kind (assign, transfer_out, unload, split, ...) and result.",
+                ["kind", "result"],
+                registry=registry,
+            ),
+            reaction_seconds=Histogram(
+                "trimtab_reaction_duration_seconds",
+                "Time to carry out one reaction.",
+                ["kind"],
+                buckets=LATENCY_BUCKETS,
+                registry=registry,
+            ),
+            owned_bundles=Gauge(
+                "trimtab_owned_bundles", "Bundles this agent's broker is serving.", registry=registry
+            ),
+            adapter_calls=Counter(
+                "trimtab_adapter_calls_total",
+                "Broker adapter calls by operation and result (ok, retry, failed).",
+                ["op", "result"],
+                registry=registry,
+            ),
+            adapter_seconds=Histogram(
+                "trimtab_adapter_call_duration_seconds",
+                "Adapter call latency.",
+                ["op"],
+                buckets=LATENCY_BUCKETS,
+                registry=registry,
+            ),
+            reports=Counter(
+                "trimtab_load_reports_total",
+                "Load report cycles: published (reason first/changed/interval/forced) or skipped (unchanged), or failed.",
+                ["result", "reason"],
+                registry=registry,
+            ),
+            splits=Counter(
+                "trimtab_splits_total",
+                "Split decisions by reason (topics, sessions, msg_rate, bandwidth, admin) and result "
+                "(published, skipped reasons, failed).",
+                ["reason", "result"],
+                registry=registry,
+            ),
+            assignments=Counter(
+                "trimtab_assignments_total",
+                "Assigning records this agent published for unowned bundles, by result.",
+                ["result"],
+                registry=registry,
+            ),
+            registered=Gauge(
+                "trimtab_broker_registered",
+                "1 while the broker's ZooKeeper registration exists.",
+                registry=registry,
+            ),
+            draining=Gauge(
+                "trimtab_agent_draining", "1 while the agent drains before exiting.", registry=registry
+            ),
+            zk_connected=Gauge(
+                "trimtab_zookeeper_connected",
+                "1 while the ZooKeeper session is connected.",
+                registry=registry,
+            ),
+            ready=Gauge(
+                "trimtab_agent_ready",
+                "1 once the agent serves lookups (registered, caught up).",
+                registry=registry,
+            ),
+        )

@@ -1,0 +1,218 @@
+"""Carries out :func:`agent.roles.plan` for every bundle that needs this broker.
+
+Bundles are marked dirty by channel events (and by a full scan when the channel turns live); a pool of
+workers takes dirty bundles one at a time per bundle, re-reads the *current* record, plans and executes.
+A failed step (adapter or Kafka) is retried with backoff for as long as the record is unchanged; it never
+publishes the next record after a failed side effect, so a failing broker can stall a transition (the
+leader's monitor resolves stuck states) but cannot corrupt ownership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from agent.adapters.base import AdapterError, BrokerAdapter
+from agent.metrics import AgentMetrics
+from agent.roles import (
+    Acquire,
+    Close,
+    Fence,
+    Forget,
+    Plan,
+    Publish,
+    PublishChildren,
+    SplitOnBroker,
+    UpdateLayout,
+    plan,
+)
+from channel.bundles import BundleRange, parse_bundle
+from channel.client import ChannelClient
+from channel.records import State, make
+from channel.transport import TransportError
+
+log = structlog.get_logger("trimtab.agent")
+
+
+class Reconciler:
+    def __init__(
+        self,
+        me: str,
+        channel: ChannelClient,
+        adapter: BrokerAdapter,
+        *,
+        url_of: Callable[[str], str | None],
+        apply_split: Callable[[str, BundleRange, list[BundleRange]], Any],
+        metrics: AgentMetrics,
+        clock: Callable[[], float] = time.time,
+        workers: int = 32,
+        publish_timeout_s: float = 30.0,
+    ) -> None:
+        self.me = me
+        self.channel = channel
+        self.adapter = adapter
+        self.url_of = url_of
+        self.apply_split = apply_split
+        self.metrics = metrics
+        self.clock = clock
+        self.workers = workers
+        self.publish_timeout_s = publish_timeout_s
+        self.served: set[str] = set()
+        self.fenced: set[str] = set()
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._busy: set[str] = set()
+        self._again: set[str] = set()  # marked while a worker was on it
+        self._done: dict[str, tuple[int, str]] = {}  # bundle -> (version, plan kind) already carried out
+        self._failures: dict[str, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.on_served_change: Callable[[str, bool], None] | None = None
+
+    # ------------------------------------------------------------------ queueing (event loop thread only)
+    def mark(self, bundle: str) -> None:
+        if bundle in self._queued:
+            return
+        self._queued.add(bundle)
+        self.idle.clear()
+        self._queue.put_nowait(bundle)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._worker(i), name=f"reconcile-{i}") for i in range(self.workers)
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def pending(self) -> int:
+        return len(self._queued) + len(self._busy)
+
+    async def _worker(self, n: int) -> None:
+        while True:
+            bundle = await self._queue.get()
+            self._queued.discard(bundle)
+            if bundle in self._busy:
+                # Another worker is on it; it re-checks the current record when it finishes.
+                self._again.add(bundle)
+                continue
+            self._busy.add(bundle)
+            try:
+                await self._handle(bundle)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconcile_crashed", bundle=bundle)
+            finally:
+                self._busy.discard(bundle)
+                if bundle in self._again:
+                    self._again.discard(bundle)
+                    self.mark(bundle)
+                if not self._queued and not self._busy:
+                    self.idle.set()
+
+    def _requeue_later(self, bundle: str, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self.mark, bundle)
+
+    # ------------------------------------------------------------------ one bundle
+    async def _handle(self, bundle: str) -> None:
+        cur = self.channel.table.get(bundle)
+        p = plan(
+            self.me,
+            bundle,
+            cur,
+            serving=bundle in self.served,
+            fenced=bundle in self.fenced,
+            now_ms=int(self.clock() * 1000),
+        )
+        if p is None:
+            self._failures.pop(bundle, None)
+            return
+        version = cur.version if cur is not None else 0
+        if self._done.get(bundle) == (version, p.kind) and any(isinstance(s, Publish) for s in p.steps):
+            return  # this record was already handled; our next record is on its way
+        t0 = time.perf_counter()
+        try:
+            await self._execute(bundle, p)
+        except (AdapterError, TransportError, TimeoutError, OSError) as e:
+            n = self._failures.get(bundle, 0) + 1
+            self._failures[bundle] = n
+            delay = min(0.2 * 2 ** (n - 1), 10.0)
+            self.metrics.reactions.labels(p.kind, "failed").inc()
+            log.warning(
+                "reaction_failed",
+                bundle=bundle,
+                kind=p.kind,
+                version=version,
+                error=str(e),
+                retry_in_s=round(delay, 2),
+            )
+            self._requeue_later(bundle, delay)
+            return
+        self._failures.pop(bundle, None)
+        self._done[bundle] = (version, p.kind)
+        self.metrics.reactions.labels(p.kind, "ok").inc()
+        self.metrics.reaction_seconds.labels(p.kind).observe(time.perf_counter() - t0)
+        log.info(
+            "reaction", bundle=bundle, kind=p.kind, version=version, state=cur.state.value if cur else "init"
+        )
+        if len(self._done) > 200_000:
+            self._done.clear()
+
+    async def _publish(self, bundle: str, record: Any) -> None:
+        fut = self.channel.publish(bundle, record)
+        await asyncio.wait_for(asyncio.wrap_future(fut), self.publish_timeout_s)
+
+    def _set_served(self, bundle: str, serving: bool) -> None:
+        if serving:
+            self.served.add(bundle)
+            self.fenced.discard(bundle)
+        else:
+            self.served.discard(bundle)
+        self.metrics.owned_bundles.set(len(self.served))
+        if self.on_served_change is not None:
+            self.on_served_change(bundle, serving)
+
+    async def _execute(self, bundle: str, p: Plan) -> None:
+        for step in p.steps:
+            if isinstance(step, Acquire):
+                await self.adapter.acquire(bundle)
+                self._set_served(bundle, True)
+            elif isinstance(step, Fence):
+                await self.adapter.fence(bundle)
+                self._set_served(bundle, False)
+                self.fenced.add(bundle)
+            elif isinstance(step, Close):
+                url = self.url_of(step.redirect_to) if step.redirect_to else None
+                await self.adapter.close(bundle, url)
+                self._set_served(bundle, False)
+                self.fenced.discard(bundle)
+            elif isinstance(step, SplitOnBroker):
+                await self.adapter.split(bundle, list(step.children))
+            elif isinstance(step, PublishChildren):
+                now = int(self.clock() * 1000)
+                futs = []
+                for child in step.children:
+                    if self.channel.table.get(child) is None:
+                        rec = make(State.OWNED, dst=step.owner, version=1, ts=now, writer=self.me)
+                        futs.append(asyncio.wrap_future(self.channel.publish(child, rec)))
+                if futs:
+                    await asyncio.wait_for(asyncio.gather(*futs), self.publish_timeout_s)
+            elif isinstance(step, UpdateLayout):
+                ns, parent = parse_bundle(bundle)
+                children = sorted(parse_bundle(c)[1] for c in step.children)
+                await asyncio.to_thread(self.apply_split, ns, parent, children)
+            elif isinstance(step, Forget):
+                self._set_served(bundle, False)
+                self.fenced.discard(bundle)
+            elif isinstance(step, Publish):
+                await self._publish(bundle, step.record)
+            else:  # pragma: no cover - exhaustive over Step
+                raise AssertionError(step)

@@ -1,0 +1,177 @@
+"""Load reports (DESIGN.md section 4): sample every ``report_interval_s``, publish the broker's load to the
+compacted broker-load topic when any figure moved more than the threshold or the max interval passed, and
+the top-k bundles to the top-bundles topic. After load moves (a bundle acquired or released) the EMA
+restarts from fresh samples, as Pulsar's reporters do, so the next decision sees the new load at once
+instead of a slow blend. On graceful stop both keys are tombstoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import msgspec
+import psutil
+import structlog
+
+from agent.adapters.base import AdapterError, BrokerAdapter, BrokerSample
+from agent.metrics import AgentMetrics
+from balance.load import (
+    BrokerLoadData,
+    BundleStats,
+    TopBundles,
+    Usage,
+    Weights,
+    publish_reason,
+    top_k,
+    with_ema,
+)
+from channel.transport import Transport
+from config.settings import Settings
+
+log = structlog.get_logger("trimtab.reporter")
+_enc = msgspec.json.Encoder()
+
+
+class HostSampler:
+    """Host figures for adapters that do not report them (cpu, memory, NIC throughput)."""
+
+    def __init__(self, settings: Settings) -> None:
+        cap = settings.broker.capacity
+        self.cores = cap.cpu_cores or float(psutil.cpu_count() or 1)
+        self.memory = float(cap.memory_bytes or psutil.virtual_memory().total)
+        self.bw_in = cap.bandwidth_in_bytes
+        self.bw_out = cap.bandwidth_out_bytes
+        self._net = psutil.net_io_counters()
+        self._net_t = time.monotonic()
+        psutil.cpu_percent(interval=None)
+
+    def fill(self, s: BrokerSample) -> BrokerSample:
+        now = time.monotonic()
+        net = psutil.net_io_counters()
+        dt = max(now - self._net_t, 1e-3)
+        rin = (net.bytes_recv - self._net.bytes_recv) / dt
+        rout = (net.bytes_sent - self._net.bytes_sent) / dt
+        self._net, self._net_t = net, now
+        return BrokerSample(
+            cpu=s.cpu or Usage(psutil.cpu_percent(interval=None) / 100 * self.cores, self.cores),
+            memory=s.memory or Usage(float(psutil.virtual_memory().used), self.memory),
+            bandwidth_in=s.bandwidth_in or Usage(rin, self.bw_in),
+            bandwidth_out=s.bandwidth_out or Usage(rout, self.bw_out),
+            bundles=s.bundles,
+        )
+
+
+class LoadReporter:
+    def __init__(
+        self,
+        me: str,
+        adapter: BrokerAdapter,
+        transport: Transport,
+        settings: Settings,
+        metrics: AgentMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.me = me
+        self.adapter = adapter
+        self.transport = transport
+        self.s = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.weights = Weights(
+            settings.load.cpu_weight,
+            settings.load.memory_weight,
+            settings.load.bandwidth_in_weight,
+            settings.load.bandwidth_out_weight,
+        )
+        self.host = HostSampler(settings)
+        self.current: BrokerLoadData | None = None  # latest computed (EMA state)
+        self.published: BrokerLoadData | None = None  # last one published
+        self.last_top_at = 0.0
+        self.last_bundles: list[BundleStats] = []
+        self._fresh = False
+        self._force = False
+        self._wake = asyncio.Event()
+
+    def load_moved(self) -> None:
+        """A bundle moved in or out: restart the EMA and publish at the next sample (debounced)."""
+        self._fresh = True
+        self._force = True
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.report_once()
+            except AdapterError as e:
+                self.metrics.reports.labels("failed", "adapter").inc()
+                log.warning("load_sample_failed", error=str(e))
+            except Exception:
+                self.metrics.reports.labels("failed", "error").inc()
+                log.exception("load_report_failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.s.load.report_interval_s)
+
+    async def report_once(self) -> BrokerLoadData:
+        sample = self.host.fill(await self.adapter.sample())
+        now_ms = int(self.clock() * 1000)
+        bundles = sample.bundles
+        raw = BrokerLoadData(
+            broker=self.me,
+            cpu=sample.cpu or Usage(0, 1),
+            memory=sample.memory or Usage(0, 1),
+            bandwidth_in=sample.bandwidth_in or Usage(0, 1),
+            bandwidth_out=sample.bandwidth_out or Usage(0, 1),
+            msg_rate_in=sum(b.msg_rate_in for b in bundles),
+            msg_rate_out=sum(b.msg_rate_out for b in bundles),
+            msg_throughput_in=sum(b.msg_throughput_in for b in bundles),
+            msg_throughput_out=sum(b.msg_throughput_out for b in bundles),
+            bundles=len(bundles),
+            topics=sum(b.topics for b in bundles),
+            updated_at=now_ms,
+        )
+        prev = None if self._fresh else self.current
+        self._fresh = False
+        load = with_ema(raw, prev, self.weights, self.s.load.history_weight)
+        self.current = load
+        self.last_bundles = bundles
+        force, self._force = self._force, False
+        reason = publish_reason(
+            self.published,
+            load,
+            now_ms,
+            threshold_pct=self.s.load.report_threshold_pct,
+            max_interval_s=self.s.load.report_max_interval_s,
+            force=force,
+        )
+        if reason is None:
+            self.metrics.reports.labels("skipped", "unchanged").inc()
+            return load
+        load = msgspec.structs.replace(load, reported_at=now_ms)
+        await self._produce(self.s.kafka.broker_load_topic, _enc.encode(load))
+        self.published = load
+        self.metrics.reports.labels("published", reason).inc()
+        top = TopBundles(broker=self.me, bundles=top_k(bundles, self.s.load.top_k), reported_at=now_ms)
+        await self._produce(self.s.kafka.top_bundles_topic, _enc.encode(top))
+        self.last_top_at = time.monotonic()
+        log.debug("load_published", reason=reason, ema=round(load.weighted_max_ema, 4), bundles=load.bundles)
+        return load
+
+    async def _produce(self, topic: str, value: bytes | None) -> None:
+        fut = self.transport.produce(topic, self.me.encode(), value)
+        await asyncio.wait_for(asyncio.wrap_future(fut), 30)
+
+    async def tombstone(self) -> None:
+        """Graceful stop: readers must not keep assigning to a broker that is leaving."""
+        for topic in (self.s.kafka.broker_load_topic, self.s.kafka.top_bundles_topic):
+            try:
+                await self._produce(topic, None)
+            except Exception as e:
+                log.warning("load_tombstone_failed", topic=topic, error=str(e))
+        log.info("load_report_tombstoned")

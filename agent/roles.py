@@ -1,0 +1,141 @@
+"""What this agent must do about one bundle, as a pure function of the bundle's current channel record
+and what the local broker is doing with it.
+
+Level-triggered on purpose: the executor calls :func:`plan` with the *current* record whenever a bundle
+changes, and again for every bundle after a restart. Coalesced or missed events cannot leave work undone,
+and the restart case (Pulsar #25379: an ``Assigning`` naming a restarted broker sat stuck until the
+leader's timeout) is the same code path as the live one.
+
+Roles (DESIGN.md section 3.1 flows):
+
+=================================  ====================================================================
+current record                     steps on this broker
+=================================  ====================================================================
+Assigning{dst=me}                  acquire, publish Owned{dst=me, src kept}
+Releasing{src=me, dst=B}           fence, publish Assigning{dst=B, src=me}        (transfer, phase 1)
+Releasing{src=me, dst=None}        fence, close, publish Free{src=me}             (unload)
+Owned{dst=B, src=me}, B != me      close with a redirect to B                     (transfer, phase 2)
+Splitting{src=me, children}        split on the broker, publish children Owned{dst=me, v=1},
+                                   update the namespace layout, publish Deleted{src=me}
+Deleted{src=me}                    forget the parent, publish the tombstone       (Pulsar #22743)
+Owned{dst=me}, not serving         acquire                                        (override, split child)
+anything else while serving        close with a redirect to the new owner, if any (forced override)
+=================================  ====================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from channel.records import Record, State, make
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    redirect_to: str | None  # broker id; the executor resolves its service URL
+
+
+@dataclass(frozen=True, slots=True)
+class SplitOnBroker:
+    children: tuple[str, ...]  # child bundle names
+
+
+@dataclass(frozen=True, slots=True)
+class PublishChildren:
+    """Owned{dst=owner, v=1} for each child that has no channel entry yet (idempotent on retry)."""
+
+    children: tuple[str, ...]
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateLayout:
+    children: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Drop a split parent from the local served set without disconnecting (its topics live on in the
+    children)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    record: Record | None  # None = tombstone
+
+
+Step = Acquire | Fence | Close | SplitOnBroker | PublishChildren | UpdateLayout | Forget | Publish
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    kind: str  # a bounded label for metrics and logs
+    steps: tuple[Step, ...]
+
+
+def plan(
+    me: str, bundle: str, cur: Record | None, *, serving: bool, fenced: bool, now_ms: int
+) -> Plan | None:
+    """The steps this broker owes ``bundle`` in state ``cur``; None when there is nothing to do."""
+    if cur is None:
+        return Plan("forced_close", (Close(None),)) if serving or fenced else None
+    s = cur.state
+    nxt = cur.version + 1
+
+    def rec(state: State, *, dst: str | None, src: str | None) -> Record:
+        return make(state, dst=dst, src=src, version=nxt, ts=now_ms, writer=me)
+
+    if s is State.ASSIGNING and cur.dst == me:
+        return Plan("assign", (Acquire(), Publish(rec(State.OWNED, dst=me, src=cur.src))))
+
+    if s is State.RELEASING and cur.src == me:
+        if cur.dst is not None:
+            return Plan("transfer_out", (Fence(), Publish(rec(State.ASSIGNING, dst=cur.dst, src=me))))
+        return Plan("unload", (Fence(), Close(None), Publish(rec(State.FREE, dst=None, src=me))))
+
+    if s is State.SPLITTING and cur.src == me:
+        children = tuple(sorted(f"{bundle.rsplit('/', 1)[0]}/{c}" for c in (cur.children or {})))
+        return Plan(
+            "split",
+            (
+                SplitOnBroker(children),
+                PublishChildren(children, me),
+                UpdateLayout(children),
+                Publish(rec(State.DELETED, dst=None, src=me)),
+            ),
+        )
+
+    if s is State.DELETED and cur.src == me:
+        return Plan("tombstone_deleted", (Forget(), Publish(None)))
+
+    if s is State.OWNED and cur.dst == me:
+        return None if serving else Plan("acquire_owned", (Acquire(),))
+
+    owner = cur.owner()
+    if fenced and not serving and s.in_flight and cur.src == me:
+        # Our transfer is still in flight: clients stay connected (fenced) until the new owner holds the
+        # bundle, then they are redirected straight to it (PIP-307).
+        return None
+    if (serving or fenced) and owner != me:
+        # The transfer's second phase, or a forced override took the bundle from us.
+        redirect = cur.dst if s is not State.FREE else None
+        kind = (
+            "close_after_transfer" if s is State.OWNED and cur.src == me and not cur.force else "forced_close"
+        )
+        return Plan(kind, (Close(redirect),))
+    return None
+
+
+def needs_attention(me: str, rec: Record | None) -> bool:
+    """Whether a record could require work from ``me`` (a cheap filter before queueing)."""
+    return rec is not None and (me in (rec.dst, rec.src))

@@ -1,0 +1,158 @@
+"""Choosing a broker for an unowned bundle (DESIGN.md section 5.1), decided locally by any agent.
+
+A chain of filters narrows the candidates -- each filter narrows, never empties: a filter that would
+leave nobody is skipped and the skip is reported -- then *least resource usage with weight* picks at
+random among brokers whose EMA is at least ``diff`` below the average (else among all candidates).
+Randomness is injected so the simulator and the tests replay decisions exactly.
+
+Filters are plain objects with a ``name`` and ``apply(bundle, candidates, ctx)``; the placement issue adds
+failure-domain, anti-affinity and isolation filters to the same chain.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from balance.load import BrokerLoadData, is_fresh
+
+
+class BrokerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A broker's static registration (the ephemeral ``brokers/<id>`` znode)."""
+
+    schema: int = 1
+    id: str
+    service_url: str
+    http_url: str
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    failure_domain: str | None = None
+    version: str = "1.0.0"
+    start_time: int = 0  # ms
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class AssignContext:
+    """Everything a filter may consult; all of it replicated state, none of it local I/O."""
+
+    loads: Mapping[str, BrokerLoadData]
+    now_ms: int
+    load_ttl_s: float = 1800.0
+    max_topics: int = 50_000
+    prefer_later_versions: bool = False
+    exclude: frozenset[str] = frozenset()
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+class BrokerFilter(Protocol):
+    name: str
+
+    def apply(
+        self, bundle: str, candidates: dict[str, BrokerInfo], ctx: AssignContext
+    ) -> dict[str, BrokerInfo]: ...
+
+
+def _version_key(v: str) -> tuple[tuple[int, str], ...]:
+    parts = []
+    for piece in v.replace("-", ".").split("."):
+        parts.append((int(piece), "") if piece.isdigit() else (-1, piece))
+    return tuple(parts)
+
+
+class VersionFilter:
+    """Only the brokers on the newest version, when ``prefer_later_versions`` is on. [broker_version_filter]"""
+
+    name = "version"
+
+    def apply(
+        self, bundle: str, candidates: dict[str, BrokerInfo], ctx: AssignContext
+    ) -> dict[str, BrokerInfo]:
+        if not ctx.prefer_later_versions or not candidates:
+            return candidates
+        newest = max(_version_key(b.version) for b in candidates.values())
+        return {k: b for k, b in candidates.items() if _version_key(b.version) == newest}
+
+
+class MaxTopicsFilter:
+    """Drop brokers already at the topic limit (by their last fresh report). [broker_max_topic_count_filter]"""
+
+    name = "max_topics"
+
+    def apply(
+        self, bundle: str, candidates: dict[str, BrokerInfo], ctx: AssignContext
+    ) -> dict[str, BrokerInfo]:
+        out = {}
+        for k, b in candidates.items():
+            load = ctx.loads.get(k)
+            if (
+                load is not None
+                and is_fresh(load, ctx.now_ms, ctx.load_ttl_s)
+                and load.topics >= ctx.max_topics
+            ):
+                continue
+            out[k] = b
+        return out
+
+
+DEFAULT_FILTERS: tuple[BrokerFilter, ...] = (VersionFilter(), MaxTopicsFilter())
+
+
+@dataclass
+class Selection:
+    broker: str | None
+    candidates: int
+    skipped_filters: list[str]
+    reason: str
+
+
+def least_resource_usage(
+    candidates: Sequence[str],
+    loads: Mapping[str, BrokerLoadData],
+    diff: float,
+    rng: random.Random,
+    now_ms: int,
+    ttl_s: float,
+) -> str | None:
+    """Random among brokers with ``ema + diff <= average``; else random among all candidates.
+
+    Brokers without a fresh report never count as "best" (they may be overloaded and silent).
+    """
+    if not candidates:
+        return None
+    scored = {
+        b: loads[b].weighted_max_ema for b in candidates if b in loads and is_fresh(loads[b], now_ms, ttl_s)
+    }
+    if scored:
+        avg = sum(scored.values()) / len(scored)
+        best = sorted(b for b, s in scored.items() if s + diff <= avg)
+        if best:
+            return rng.choice(best)
+    return rng.choice(sorted(candidates))
+
+
+def select_broker(
+    bundle: str,
+    brokers: Mapping[str, BrokerInfo],
+    ctx: AssignContext,
+    rng: random.Random,
+    *,
+    filters: Sequence[BrokerFilter] = DEFAULT_FILTERS,
+    diff: float = 0.10,
+) -> Selection:
+    """Pick a broker for ``bundle`` among live, non-draining, non-excluded ``brokers``."""
+    candidates = {k: b for k, b in brokers.items() if k not in ctx.exclude and not b.draining}
+    if not candidates:
+        return Selection(None, 0, [], "no_brokers")
+    skipped: list[str] = []
+    for f in filters:
+        narrowed = f.apply(bundle, dict(candidates), ctx)
+        if narrowed:
+            candidates = narrowed
+        else:
+            skipped.append(f.name)
+    choice = least_resource_usage(list(candidates), ctx.loads, diff, rng, ctx.now_ms, ctx.load_ttl_s)
+    return Selection(choice, len(candidates), skipped, "selected")

@@ -1,0 +1,230 @@
+"""Self-healing and the ownership monitor (DESIGN.md section 5.4), leader only. Pure.
+
+* **Failed brokers** (KIP-46): a broker whose registration vanished gets a persisted first-failure time.
+  After the grace period (-1 disables healing) its bundles are reassigned by forced overrides, unless the
+  mass-failure guard says too many brokers are gone at once (then healing pauses and an alert fires).
+* **Overrides** go to ``Assigning{dst=new, src=dead, force}`` rather than straight to Owned, so the new
+  owner acquires the bundle and confirms with Owned: a lookup never sees an owner that is not serving yet,
+  and "in flight" is visible in the channel for throttling.
+* **Throttling**: at most ``max_in_flight`` bundles in Assigning cluster-wide and
+  ``max_in_flight_per_broker`` into one broker; the rest wait for the next round.
+* **Monitor**: in-flight states older than the in-flight timeout while their brokers are alive are
+  stuck and get forced onward; Free/Deleted entries are tombstoned after the tombstone delay (Deleted at
+  once when its source broker is gone).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from channel.records import IN_FLIGHT, Record, State, make
+
+Choose = Callable[[str, frozenset[str]], str | None]  # (bundle, exclude) -> broker or None
+
+
+@dataclass(frozen=True)
+class HealConfig:
+    grace_s: float = 0.0  # -1 disables auto-healing
+    max_in_flight: int = 5000
+    max_in_flight_per_broker: int = 1000
+    mass_failure_max_brokers: int = 10
+    mass_failure_max_fraction: float = 0.4
+    in_flight_timeout_s: float = 30.0
+    tombstone_delay_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Override:
+    bundle: str
+    record: Record | None  # None: a tombstone
+    reason: str  # failed_broker | stuck | tombstone
+    broker: str | None  # the failed or stuck broker this is about
+    dst: str | None
+
+
+def names_broker(rec: Record, broker: str) -> bool:
+    """Pulsar's cleanup test: owner (or split source) is the broker, or it is part of an in-flight move."""
+    if rec.owner() == broker:
+        return True
+    return rec.state in IN_FLIGHT and broker in (rec.src, rec.dst)
+
+
+def dependents(rec: Record) -> frozenset[str]:
+    """Brokers this record needs in order to make progress (or to be served).
+
+    ``Owned{dst=B, src=A}`` depends on B only: A is history. ``Assigning{dst=live, src=dead}`` depends on
+    the live destination only -- that is a reassignment in progress, and counting it would make a new
+    leader reassign bundles twice.
+    """
+    s = rec.state
+    if s is State.OWNED or s is State.ASSIGNING:
+        return frozenset({rec.dst}) if rec.dst else frozenset()
+    if s is State.RELEASING:
+        return frozenset(b for b in (rec.src, rec.dst) if b)
+    if s is State.SPLITTING or s is State.DELETED:
+        return frozenset({rec.src}) if rec.src else frozenset()
+    return frozenset()
+
+
+def needs_healing(rec: Record, gone: frozenset[str]) -> bool:
+    """Whether ``rec`` depends on a broker in ``gone``."""
+    return not dependents(rec).isdisjoint(gone)
+
+
+def orphaned(items: Iterable[tuple[str, Record]], gone: frozenset[str]) -> list[tuple[str, Record]]:
+    """Bundles that need healing because of ``gone``, in name order (the persisted plan's order)."""
+    return sorted(((b, r) for b, r in items if needs_healing(r, gone)), key=lambda x: x[0])
+
+
+def plan_destinations(
+    bundles: list[str], candidates: Mapping[str, float], existing: Mapping[str, int] | None = None
+) -> dict[str, str | None]:
+    """Spread many orphaned bundles over ``candidates`` (broker -> load EMA, a fraction).
+
+    Greedy by spare capacity: each bundle goes to the broker with the fewest planned bundles per unit of
+    headroom, so 10 000 bundles of a dead broker do not all land on the single least loaded one.
+    ``existing`` adds bundles each broker already owns, in the same currency.
+    """
+    if not candidates:
+        return {b: None for b in bundles}
+    planned = {c: float((existing or {}).get(c, 0)) for c in candidates}
+    room = {c: max(0.05, 1.0 - load) for c, load in candidates.items()}
+    out: dict[str, str | None] = {}
+    for b in bundles:
+        dst = min(candidates, key=lambda c: ((planned[c] + 1) / room[c], c))
+        out[b] = dst
+        planned[dst] += 1
+    return out
+
+
+def mass_failure(failed: int, live: int, cfg: HealConfig) -> str | None:
+    """The guard: too many brokers lost at once means something bigger is wrong; page a human."""
+    if failed > cfg.mass_failure_max_brokers:
+        return f"{failed} failed brokers > {cfg.mass_failure_max_brokers}"
+    total = failed + live
+    if total and failed / total > cfg.mass_failure_max_fraction:
+        return f"{failed}/{total} brokers failed > {cfg.mass_failure_max_fraction:.0%}"
+    return None
+
+
+def due(failed: Mapping[str, int], cfg: HealConfig, now_ms: int) -> list[str]:
+    """Failed brokers whose grace has passed (none when healing is disabled)."""
+    if cfg.grace_s < 0:
+        return []
+    return sorted(b for b, t in failed.items() if now_ms - t >= cfg.grace_s * 1000)
+
+
+def override_for(
+    bundle: str, cur: Record, gone: frozenset[str], choose: Choose, now_ms: int, writer: str
+) -> tuple[Record | None, str | None] | None:
+    """The forced record that takes ``bundle`` off the brokers in ``gone``; None if nothing to do.
+
+    Returns (record, chosen destination). Pulsar's overrideOwnership, adapted to the Assigning handshake.
+    """
+    if not needs_healing(cur, gone):
+        return None
+    v = cur.version + 1
+    s = cur.state
+
+    def force(
+        state: State, *, dst: str | None, src: str | None, children: dict[str, str | None] | None = None
+    ) -> Record:
+        return make(
+            state, dst=dst, src=src, version=v, force=True, ts=now_ms, writer=writer, children=children
+        )
+
+    if s is State.DELETED:
+        return None, None
+    if s is State.SPLITTING:
+        new_src = choose(bundle, gone)
+        if new_src is None:
+            return force(State.FREE, dst=None, src=cur.src), None
+        kids = {k: new_src for k in (cur.children or {})}
+        return force(State.SPLITTING, dst=None, src=new_src, children=kids), new_src
+    if s is State.RELEASING and cur.src not in gone and cur.dst in gone:
+        dst = choose(bundle, gone)  # the source is fenced; someone (maybe the source again) takes it
+    elif s is State.RELEASING and cur.src in gone and cur.dst is not None and cur.dst not in gone:
+        dst = cur.dst  # the transfer target is alive: finish the transfer for the dead source
+    else:
+        dst = choose(bundle, gone)
+    src = cur.dst if s is State.OWNED else cur.src
+    if dst is None:
+        return force(State.FREE, dst=None, src=src), None
+    return force(State.ASSIGNING, dst=dst, src=src if src != dst else None), dst
+
+
+def in_flight_by_broker(items: Iterable[tuple[str, Record]]) -> Counter[str]:
+    """Bundles currently Assigning into each broker: the throttle's measure of work in progress."""
+    c: Counter[str] = Counter()
+    for _, r in items:
+        if r.state is State.ASSIGNING and r.dst is not None:
+            c[r.dst] += 1
+    return c
+
+
+def throttle(
+    candidates: list[tuple[str, Record]],
+    gone: frozenset[str],
+    choose: Choose,
+    in_flight: Counter[str],
+    cfg: HealConfig,
+    now_ms: int,
+    writer: str,
+    reason: str,
+    broker: str | None,
+) -> tuple[list[Override], int]:
+    """Overrides for ``candidates`` in order, within the in-flight limits. Returns (overrides, deferred)."""
+    total = sum(in_flight.values())
+    out: list[Override] = []
+    deferred = 0
+    for bundle, cur in candidates:
+        if total >= cfg.max_in_flight:
+            deferred += 1
+            continue
+        full = frozenset(b for b, n in in_flight.items() if n >= cfg.max_in_flight_per_broker)
+        got = override_for(bundle, cur, gone | full, choose, now_ms, writer)
+        if got is None:
+            continue
+        rec, dst = got
+        if rec is not None and rec.state is State.FREE and full:
+            deferred += 1  # every broker with room is full right now; try again next round
+            continue
+        out.append(Override(bundle, rec, reason, broker, dst))
+        if rec is not None and rec.state is State.ASSIGNING and dst is not None:
+            in_flight[dst] += 1
+            total += 1
+    return out, deferred
+
+
+def monitor(
+    items: Iterable[tuple[str, Record]],
+    live: frozenset[str],
+    choose: Choose,
+    cfg: HealConfig,
+    now_ms: int,
+    writer: str,
+) -> list[Override]:
+    """Stuck in-flight states and semi-terminal entries due for a tombstone."""
+    out: list[Override] = []
+    timeout = cfg.in_flight_timeout_s * 1000
+    delay = cfg.tombstone_delay_s * 1000
+    for bundle, r in items:
+        age = now_ms - r.ts
+        if r.state in IN_FLIGHT:
+            named = {b for b in (r.src, r.dst) if b is not None}
+            if age <= timeout or not named <= live:
+                continue  # young, or a failed broker's (healing handles those, with its grace)
+            # Stuck with live brokers: push it on, away from the broker that did not act.
+            stuck = frozenset(
+                {r.dst} if r.state is State.ASSIGNING and r.dst else {r.src} if r.src else set()
+            )
+            got = override_for(bundle, r, stuck, choose, now_ms, writer)
+            if got is not None:
+                out.append(Override(bundle, got[0], "stuck", next(iter(stuck), None), got[1]))
+        elif r.state in (State.FREE, State.DELETED) and (
+            age > delay or (r.state is State.DELETED and r.src not in live)
+        ):
+            out.append(Override(bundle, None, "tombstone", r.src, None))
+    return out

@@ -1,0 +1,187 @@
+"""Broker load data (DESIGN.md section 4): the figures, the weighted-max EMA, and when to publish.
+
+Pure functions of their inputs; the agent's reporter is the shell that samples and publishes. The wire
+format is JSON (msgspec structs) on compacted topics keyed by broker id, readable with any Kafka tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+
+class Usage(msgspec.Struct, frozen=True):
+    usage: float
+    limit: float
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.usage / self.limit if self.limit > 0 else 0.0
+
+
+ZERO = Usage(0.0, 1.0)
+
+
+class BrokerLoadData(msgspec.Struct, frozen=True, kw_only=True):
+    """One broker's report; ``weighted_max_ema`` (a fraction, 1.0 = 100%) is what decisions compare."""
+
+    schema: int = 1
+    broker: str
+    cpu: Usage = ZERO
+    memory: Usage = ZERO
+    bandwidth_in: Usage = ZERO  # bytes/s
+    bandwidth_out: Usage = ZERO
+    msg_rate_in: float = 0.0
+    msg_rate_out: float = 0.0
+    msg_throughput_in: float = 0.0  # bytes/s
+    msg_throughput_out: float = 0.0
+    bundles: int = 0
+    topics: int = 0
+    max_resource_usage: float = 0.0
+    weighted_max: float = 0.0
+    weighted_max_ema: float = 0.0
+    msg_throughput_ema: float = 0.0
+    updated_at: int = 0  # ms, when the sample was taken
+    reported_at: int = 0  # ms, when it was published
+
+    @property
+    def throughput(self) -> float:
+        return self.msg_throughput_in + self.msg_throughput_out
+
+    @property
+    def msg_rate(self) -> float:
+        return self.msg_rate_in + self.msg_rate_out
+
+
+class BundleStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-bundle figures as a broker reports them (the adapter's sample, the top-k report, splits)."""
+
+    bundle: str
+    msg_rate_in: float = 0.0
+    msg_rate_out: float = 0.0
+    msg_throughput_in: float = 0.0
+    msg_throughput_out: float = 0.0
+    topics: int = 0
+    producers: int = 0
+    consumers: int = 0
+    # topic hash -> (msg rate, throughput): feeds topic_count / flow_or_qps split algorithms.
+    topic_loads: dict[int, tuple[float, float]] = msgspec.field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        return self.msg_throughput_in + self.msg_throughput_out
+
+    @property
+    def msg_rate(self) -> float:
+        return self.msg_rate_in + self.msg_rate_out
+
+    @property
+    def sessions(self) -> int:
+        return self.producers + self.consumers
+
+
+class TopBundles(msgspec.Struct, frozen=True, kw_only=True):
+    schema: int = 1
+    broker: str
+    bundles: list[BundleStats]
+    reported_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    cpu: float = 1.0
+    memory: float = 1.0
+    bandwidth_in: float = 1.0
+    bandwidth_out: float = 1.0
+
+
+def weighted_max(load: BrokerLoadData, w: Weights) -> float:
+    """``max_i(usage_i% x weight_i)`` as a fraction (Pulsar's getMaxResourceUsageWithWeight)."""
+    return (
+        max(
+            load.cpu.percent * w.cpu,
+            load.memory.percent * w.memory,
+            load.bandwidth_in.percent * w.bandwidth_in,
+            load.bandwidth_out.percent * w.bandwidth_out,
+        )
+        / 100.0
+    )
+
+
+def max_resource_usage(load: BrokerLoadData) -> float:
+    """Unweighted max over cpu and bandwidth (memory deliberately excluded, as in Pulsar)."""
+    return max(load.cpu.percent, load.bandwidth_in.percent, load.bandwidth_out.percent) / 100.0
+
+
+def with_ema(
+    sample: BrokerLoadData, previous: BrokerLoadData | None, w: Weights, history: float
+) -> BrokerLoadData:
+    """The sample with its derived figures; ``previous=None`` starts a fresh EMA (after load moved)."""
+    wm = weighted_max(sample, w)
+    tp = sample.throughput
+    if previous is None:
+        ema, tp_ema = wm, tp
+    else:
+        ema = history * previous.weighted_max_ema + (1 - history) * wm
+        tp_ema = history * previous.msg_throughput_ema + (1 - history) * tp
+    return msgspec.structs.replace(
+        sample,
+        max_resource_usage=max_resource_usage(sample),
+        weighted_max=wm,
+        weighted_max_ema=ema,
+        msg_throughput_ema=tp_ema,
+    )
+
+
+def _pct_change(old: float, new: float) -> float:
+    if old == new:
+        return 0.0
+    if old == 0:
+        return float("inf")
+    return 100.0 * abs(new - old) / abs(old)
+
+
+def publish_reason(
+    last: BrokerLoadData | None,
+    current: BrokerLoadData,
+    now_ms: int,
+    *,
+    threshold_pct: float,
+    max_interval_s: float,
+    force: bool = False,
+) -> str | None:
+    """Why this report should be published now, or None to skip it (Pulsar's reporter rule)."""
+    if force:
+        return "forced"
+    if last is None:
+        return "first"
+    if now_ms - last.reported_at >= max_interval_s * 1000:
+        return "interval"
+    change = max(
+        100.0 * abs(current.max_resource_usage - last.max_resource_usage),
+        _pct_change(last.msg_rate, current.msg_rate),
+        _pct_change(last.throughput, current.throughput),
+        _pct_change(float(last.bundles), float(current.bundles)),
+    )
+    return "changed" if change > threshold_pct else None
+
+
+def is_fresh(load: BrokerLoadData, now_ms: int, ttl_s: float) -> bool:
+    return now_ms - load.updated_at <= ttl_s * 1000
+
+
+def top_k(stats: list[BundleStats], k: int) -> list[BundleStats]:
+    """The k most loaded bundles with traffic, heaviest first (Pulsar's strict comparator order)."""
+    busy = [s for s in stats if s.throughput > 0]
+    busy.sort(
+        key=lambda s: (
+            s.msg_throughput_in,
+            s.msg_throughput_out,
+            s.msg_rate,
+            s.topics + s.sessions,
+            s.bundle,
+        ),
+        reverse=True,
+    )
+    return busy[:k]

@@ -1,0 +1,117 @@
+"""``trimtab bench ...``: the benchmarks, each printing one JSON object to stdout (progress on stderr).
+
+Registered in ``trimtab.cli`` with ``main.add_command(bench)``; also runnable alone as
+``python -m bench.cli channel ...``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+
+def _emit(result: dict[str, object], output: str | None) -> None:
+    data = orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n"
+    if output:
+        Path(output).write_bytes(data)
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+def bench() -> None:
+    """Benchmarks (DESIGN.md section 11). Each prints one JSON object with its targets beside it."""
+
+
+@bench.command("channel")
+@click.option(
+    "--records",
+    type=click.IntRange(min=2),
+    default=1_000_000,
+    show_default=True,
+    help="Messages in the generated channel log.",
+)
+@click.option(
+    "--bundles",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Distinct bundles the log tracks.",
+)
+@click.option(
+    "--runs",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="In-memory replay runs (the median is the headline).",
+)
+@click.option(
+    "--kafka-runs",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Runs of each Kafka bootstrap measurement (median reported).",
+)
+@click.option(
+    "--memory-bundles",
+    type=click.IntRange(min=0),
+    default=1_000_000,
+    show_default=True,
+    help="Bundles of the owned-only table for bytes_per_bundle_1m_bundles (0 to skip).",
+)
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the log generator.")
+@click.option("--skip-kafka", is_flag=True, help="Only the in-memory parts (replay, memory).")
+@click.option(
+    "--gc-freeze/--no-gc-freeze",
+    default=True,
+    show_default=True,
+    help="gc.freeze() the generated log before measuring.",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Also write the JSON to this file.",
+)
+def channel_cmd(
+    records: int,
+    bundles: int,
+    runs: int,
+    kafka_runs: int,
+    memory_bundles: int,
+    seed: int,
+    skip_kafka: bool,
+    gc_freeze: bool,
+    output: str | None,
+) -> None:
+    """Channel replay speed, bootstrap over the Kafka protocol, and memory per bundle."""
+    from bench.channel import BenchError, run
+    from cluster.logs import configure_logging
+
+    configure_logging("warning", json_logs=False)  # stdout carries the JSON alone
+    if records < 2 * bundles:
+        raise click.BadParameter(
+            f"need at least 2 records per bundle ({2 * bundles})", param_hint="--records"
+        )
+    try:
+        result = run(
+            records=records,
+            bundles=bundles,
+            runs=runs,
+            seed=seed,
+            skip_kafka=skip_kafka,
+            kafka_runs=kafka_runs,
+            memory_bundles=memory_bundles,
+            gc_freeze=gc_freeze,
+        )
+    except BenchError as e:
+        click.echo(f"bench channel FAILED (no figures reported): {e}", err=True)
+        sys.exit(1)
+    _emit(result, output)
+
+
+if __name__ == "__main__":
+    bench()

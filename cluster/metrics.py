@@ -1,0 +1,67 @@
+"""Prometheus metrics shared by agents and controllers.
+
+Every process builds its metrics against its own ``CollectorRegistry`` (Faust's pattern), so tests stay
+isolated. Names follow Prometheus rules: ``trimtab_`` prefix, ``_total`` for counters, base units
+(seconds, bytes) in the name, and label values from small fixed sets.
+
+Channel replay counters are exported by a custom collector that reads :class:`channel.table.ReplayStats`
+at scrape time instead of incrementing a labelled counter per record on the replay hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from channel.client import ChannelClient
+
+
+class ChannelCollector(Collector):
+    def __init__(self, client: Callable[[], ChannelClient | None]) -> None:
+        self._client = client
+
+    def collect(self) -> Iterable[Metric]:
+        c = self._client()
+        records = CounterMetricFamily(
+            "trimtab_channel_records",
+            "Channel records replayed by this node, by outcome and reason.",
+            labels=["outcome", "reason"],
+        )
+        ready = GaugeMetricFamily("trimtab_channel_ready", "1 once the channel replay caught up.")
+        lag = GaugeMetricFamily(
+            "trimtab_channel_lag_records", "Records between the replay position and the end."
+        )
+        bundles = GaugeMetricFamily(
+            "trimtab_channel_bundles", "Bundles with a channel record, by state.", labels=["state"]
+        )
+        gap = GaugeMetricFamily(
+            "trimtab_channel_history_gap", "1 if retention deleted records this node never read."
+        )
+        if c is not None:
+            st = c.table.stats
+            records.add_metric(["accepted", "ok"], st.accepted)
+            for reason, n in st.rejected.items():
+                records.add_metric(["rejected", str(reason)], n)
+            for reason, n in st.skipped.items():
+                records.add_metric(["skipped", reason], n)
+            ready.add_metric([], 1.0 if c.ready else 0.0)
+            lag.add_metric([], c.lag())
+            counts: dict[str, int] = {}
+            for _, rec in c.table.items():
+                counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
+            for state, n in sorted(counts.items()):
+                bundles.add_metric([state], n)
+            f = c.follower
+            gap.add_metric([], 1.0 if f is not None and f.history_gap else 0.0)
+        yield records
+        yield ready
+        yield lag
+        yield bundles
+        yield gap
+
+
+def new_registry() -> CollectorRegistry:
+    return CollectorRegistry(auto_describe=True)

@@ -1,0 +1,389 @@
+"""ZooKeeper state (DESIGN.md section 2): sessions, the broker registry and namespace layouts.
+
+Layout under ``<root>/<cluster>``::
+
+    brokers/<id>                     ephemeral, BrokerInfo JSON       liveness = this znode
+    leader                           ephemeral, the elected controller (term, id, session)
+    leader_term                      persistent counter, bumped by every new leader
+    admin/namespaces/<tenant>/<ns>   NamespacePolicies JSON (bundle boundaries, policies)
+    admin/failed_brokers/<id>        first-failure time of a vanished broker (survives failover)
+    admin/reassignments/<task>       persisted healing chunks
+    admin/...                        failure domains, isolation policies, dynamic config
+
+Watches never run logic on kazoo's threads: they set events or enqueue work for a worker thread
+(Patroni's rule), and blocking kazoo calls from asyncio code go through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import structlog
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+
+from balance.assign import BrokerInfo
+from channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
+
+log = structlog.get_logger("trimtab.zk")
+
+
+class ZkUnavailable(RuntimeError):
+    pass
+
+
+class ZkPaths:
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/")
+        self.brokers = f"{self.base}/brokers"
+        self.leader = f"{self.base}/leader"
+        self.leader_term = f"{self.base}/leader_term"
+        self.admin = f"{self.base}/admin"
+        self.namespaces = f"{self.admin}/namespaces"
+        self.failed_brokers = f"{self.admin}/failed_brokers"
+        self.reassignments = f"{self.admin}/reassignments"
+        self.failure_domains = f"{self.admin}/failure_domains"
+        self.isolation = f"{self.admin}/isolation"
+        self.dynamic_config = f"{self.admin}/config"
+        self.controller_state = f"{self.admin}/controller"
+
+    def broker(self, broker_id: str) -> str:
+        return f"{self.brokers}/{broker_id}"
+
+    def namespace(self, namespace: str) -> str:
+        validate_namespace(namespace)
+        return f"{self.namespaces}/{namespace}"
+
+
+class ZkSession:
+    """A kazoo client plus the connection history safe mode needs.
+
+    ``state`` is "connected", "suspended" (connection lost, session may survive) or "lost" (session
+    expired: every ephemeral node of ours is gone). ``stable_for()`` is how long the session has been
+    continuously connected since the last trouble.
+    """
+
+    def __init__(self, hosts: str, *, session_timeout_s: float, connect_timeout_s: float = 15.0) -> None:
+        self.hosts = hosts
+        self.connect_timeout_s = connect_timeout_s
+        self.client = KazooClient(
+            hosts=hosts,
+            timeout=session_timeout_s,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0),
+            command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),
+        )
+        self.state = "new"
+        self.trouble_at: float | None = None  # last SUSPENDED/LOST; None = never had trouble
+        self.connected_at = 0.0
+        self.sessions = 0  # how many distinct sessions we have had (a new one after each LOST)
+        self._listeners: list[Callable[[str], None]] = []
+        self.client.add_listener(self._on_state)
+
+    def add_listener(self, fn: Callable[[str], None]) -> None:
+        """``fn(state)`` runs on kazoo's thread and must not block."""
+        self._listeners.append(fn)
+
+    def _on_state(self, st: KazooState) -> None:
+        now = time.monotonic()
+        if st == KazooState.CONNECTED:
+            self.state = "connected"
+            self.connected_at = now
+        elif st == KazooState.SUSPENDED:
+            self.state = "suspended"
+            self.trouble_at = now
+        else:
+            self.state = "lost"
+            self.trouble_at = now
+        log.info("zk_state", state=self.state, hosts=self.hosts)
+        for fn in self._listeners:
+            try:
+                fn(self.state)
+            except Exception:
+                log.exception("zk_listener_failed")
+
+    def start(self) -> None:
+        try:
+            self.client.start(timeout=self.connect_timeout_s)
+        except KazooTimeoutError as e:
+            self.client.stop()
+            raise ZkUnavailable(
+                f"could not connect to ZooKeeper at {self.hosts} within {self.connect_timeout_s}s "
+                "(check zookeeper.hosts and that the server is running)"
+            ) from e
+        self.state = "connected"
+        self.connected_at = time.monotonic()
+
+    def stop(self) -> None:
+        try:
+            self.client.stop()
+            self.client.close()
+        except KazooException:
+            pass
+
+    @property
+    def connected(self) -> bool:
+        return self.state == "connected"
+
+    def stable_for(self) -> float:
+        """Seconds connected since the last trouble; infinite if the session never had any (a fresh
+        process is stable, as in Pulsar: only a reconnect calls for a settle period)."""
+        if self.state != "connected":
+            return 0.0
+        if self.trouble_at is None:
+            return float("inf")
+        return time.monotonic() - max(self.connected_at, self.trouble_at)
+
+    @property
+    def session_id(self) -> int | None:
+        cid = self.client.client_id
+        return cid[0] if cid else None
+
+
+_info_dec = msgspec.json.Decoder(BrokerInfo)
+_enc = msgspec.json.Encoder()
+
+
+class BrokerRegistry:
+    """Registers this broker (if any) and keeps a cache of every live broker.
+
+    Registration heals itself: a worker thread re-creates our ephemeral node whenever it is missing
+    while we are registered (session expiry, an operator deleting it), as Pulsar's BrokerRegistry does.
+    The cache is refreshed on children changes and on data changes of each broker node.
+    """
+
+    def __init__(self, session: ZkSession, paths: ZkPaths) -> None:
+        self.session = session
+        self.zk = session.client
+        self.paths = paths
+        self.brokers: dict[str, BrokerInfo] = {}
+        self.synced = threading.Event()
+        self._mine: BrokerInfo | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._listeners: list[Callable[[dict[str, BrokerInfo]], None]] = []
+        self._thread: threading.Thread | None = None
+        self.registrations = 0
+
+    def add_listener(self, fn: Callable[[dict[str, BrokerInfo]], None]) -> None:
+        """``fn(brokers)`` runs on the registry's worker thread after every cache change."""
+        self._listeners.append(fn)
+
+    def start(self) -> None:
+        self.zk.ensure_path(self.paths.brokers)
+        self.session.add_listener(lambda st: self._wake.set())
+        self.zk.ChildrenWatch(self.paths.brokers, self._children_changed)
+        self._thread = threading.Thread(target=self._run, name="zk-registry", daemon=True)
+        self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(5)
+
+    def _children_changed(self, children: list[str]) -> bool:
+        self._wake.set()
+        return not self._stop.is_set()
+
+    def _data_changed(self, event: Any) -> None:
+        self._wake.set()
+
+    # ------------------------------------------------------------------ own registration
+    def register(self, info: BrokerInfo, wait_s: float) -> None:
+        """Create our ephemeral node. If a node with our id exists from another session (a previous
+        incarnation that died within its session timeout), wait up to ``wait_s`` for it to expire;
+        if it is still there, another live agent uses this id and we refuse to start."""
+        path = self.paths.broker(info.id)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.zk.create(path, _enc.encode(info), ephemeral=True, makepath=True)
+                break
+            except NodeExistsError:
+                stat = self.zk.exists(path)
+                if stat is not None and stat.ephemeralOwner == self.session.session_id:
+                    self.zk.set(path, _enc.encode(info))
+                    break
+                if time.monotonic() > deadline:
+                    raise ZkUnavailable(
+                        f"broker id {info.id} is registered by another live ZooKeeper session; "
+                        "is another agent running with the same broker.id?"
+                    ) from None
+                log.info("waiting_for_previous_registration", broker=info.id, path=path)
+                time.sleep(0.25)
+        self._mine = info
+        self.registrations += 1
+        log.info("broker_registered", broker=info.id, path=path)
+        self._wake.set()
+
+    def update(self, info: BrokerInfo) -> None:
+        self._mine = info
+        try:
+            self.zk.set(self.paths.broker(info.id), _enc.encode(info))
+        except NoNodeError:
+            self._wake.set()  # the worker re-creates it
+
+    def deregister(self) -> None:
+        mine, self._mine = self._mine, None
+        if mine is None:
+            return
+        with contextlib.suppress(NoNodeError, KazooException):
+            self.zk.delete(self.paths.broker(mine.id))
+        log.info("broker_deregistered", broker=mine.id)
+
+    @property
+    def registered(self) -> bool:
+        mine = self._mine
+        return mine is not None and mine.id in self.brokers
+
+    # ------------------------------------------------------------------ worker
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(5.0)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if not self.session.connected:
+                continue
+            try:
+                self._ensure_mine()
+                self._refresh()
+            except (KazooException, KazooTimeoutError) as e:
+                log.warning("registry_refresh_failed", error=repr(e))
+                time.sleep(0.2)
+                self._wake.set()
+
+    def _ensure_mine(self) -> None:
+        mine = self._mine
+        if mine is None:
+            return
+        path = self.paths.broker(mine.id)
+        stat = self.zk.exists(path)
+        if stat is not None and stat.ephemeralOwner == self.session.session_id:
+            return
+        if stat is not None:
+            return  # a node of a previous session of ours: it expires soon, then the watch wakes us
+        try:
+            self.zk.create(path, _enc.encode(mine), ephemeral=True, makepath=True)
+            self.registrations += 1
+            log.warning("broker_reregistered", broker=mine.id, reason="registration node was missing")
+        except NodeExistsError:
+            pass
+
+    def _refresh(self) -> None:
+        children = self.zk.get_children(self.paths.brokers)
+        fresh: dict[str, BrokerInfo] = {}
+        for child in children:
+            try:
+                data, _ = self.zk.get(self.paths.broker(child), watch=self._data_changed)
+            except NoNodeError:
+                continue
+            try:
+                fresh[child] = _info_dec.decode(data)
+            except msgspec.DecodeError:
+                log.warning("broker_registration_unreadable", broker=child)
+        changed = fresh != self.brokers
+        self.brokers = fresh
+        self.synced.set()
+        if changed:
+            for fn in self._listeners:
+                try:
+                    fn(dict(fresh))
+                except Exception:
+                    log.exception("registry_listener_failed")
+
+
+class NamespacePolicies(msgspec.Struct, kw_only=True):
+    """A namespace's znode: its bundle boundaries and (for the placement features) its policies."""
+
+    schema: int = 1
+    boundaries: list[str]
+    anti_affinity_group: str | None = None
+
+    def layout(self, namespace: str) -> BundleLayout:
+        return BundleLayout(namespace, tuple(int(b, 16) for b in self.boundaries))
+
+
+def _hex(b: int) -> str:
+    return f"0x{b:08x}"
+
+
+_pol_dec = msgspec.json.Decoder(NamespacePolicies)
+
+
+class NamespaceStore:
+    """Bundle layouts per namespace, created on first use with ``default_bundles`` equal ranges."""
+
+    def __init__(self, zk: KazooClient, paths: ZkPaths, default_bundles: int) -> None:
+        self.zk = zk
+        self.paths = paths
+        self.default_bundles = default_bundles
+
+    def read(self, namespace: str) -> tuple[NamespacePolicies, int] | None:
+        try:
+            data, stat = self.zk.get(self.paths.namespace(namespace))
+        except NoNodeError:
+            return None
+        return _pol_dec.decode(data), stat.version
+
+    def ensure(self, namespace: str) -> BundleLayout:
+        got = self.read(namespace)
+        if got is not None:
+            return got[0].layout(namespace)
+        pol = NamespacePolicies(boundaries=[_hex(b) for b in equal_boundaries(self.default_bundles)])
+        try:
+            self.zk.create(self.paths.namespace(namespace), _enc.encode(pol), makepath=True)
+            log.info("namespace_created", namespace=namespace, bundles=self.default_bundles)
+        except NodeExistsError:
+            pass
+        got = self.read(namespace)
+        assert got is not None
+        return got[0].layout(namespace)
+
+    def apply_split(self, namespace: str, parent: BundleRange, children: list[BundleRange]) -> BundleLayout:
+        """Replace ``parent`` by ``children`` with a compare-and-set loop; idempotent."""
+        for _ in range(20):
+            got = self.read(namespace)
+            if got is None:
+                self.ensure(namespace)
+                continue
+            pol, version = got
+            layout = pol.layout(namespace)
+            have = set(layout.boundaries)
+            if all(c.lower in have for c in children) and parent.upper in have:
+                return layout  # already applied
+            new = layout.with_split(parent, children)
+            new_pol = msgspec.structs.replace(pol, boundaries=[_hex(b) for b in new.boundaries])
+            try:
+                self.zk.set(self.paths.namespace(namespace), _enc.encode(new_pol), version=version)
+                log.info(
+                    "namespace_split",
+                    namespace=namespace,
+                    parent=parent.name,
+                    children=[c.name for c in children],
+                )
+                return new
+            except BadVersionError:
+                continue
+        raise ZkUnavailable(f"could not update the bundle layout of {namespace}: too much contention")
+
+    def all(self) -> dict[str, BundleLayout]:
+        out: dict[str, BundleLayout] = {}
+        try:
+            tenants = self.zk.get_children(self.paths.namespaces)
+        except NoNodeError:
+            return out
+        for t in tenants:
+            for n in self.zk.get_children(f"{self.paths.namespaces}/{t}"):
+                got = self.read(f"{t}/{n}")
+                if got is not None:
+                    out[f"{t}/{n}"] = got[0].layout(f"{t}/{n}")
+        return out

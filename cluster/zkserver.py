@@ -1,0 +1,506 @@
+"""A real, standalone ZooKeeper server as a child process: for the test fixtures and ``trimtab dev up``.
+
+No pytest here, and no kazoo at import time. The server is ``org.apache.zookeeper.server.ZooKeeperServerMain``
+(standalone, no quorum) started with the machine's Java and one of these classpaths, first found wins:
+
+1. the ``classpath`` argument;
+2. ``$TRIMTAB_ZK_CLASSPATH`` (a ``:``-separated list of jars, as for ``java -cp``);
+3. Debian's ``zookeeper`` package: the minimal set of unversioned jars in ``/usr/share/java`` (the netty
+   jars are required: without them every client connection dies with ``NoClassDefFoundError``);
+4. the ZooKeeper jars that an installed ``pyspark`` wheel ships in ``pyspark/jars``.
+
+Readiness is polled, never slept for: the server is up when it answers the ``ruok`` four-letter word with
+``imok`` *and* ``srvr`` reports a mode (ZooKeeper answers ``ruok`` a little before it serves requests).
+
+The server runs in its own process group (so a Ctrl-C in the terminal that started the dev cluster does
+not reach it before we stop it in order) and writes its log to ``<data_dir>/zookeeper.log``; errors carry
+the tail of that log. Servers still running when the interpreter exits are killed by an ``atexit`` hook,
+and on Linux a server started from the main thread also dies with its parent (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+CLASSPATH_ENV = "TRIMTAB_ZK_CLASSPATH"
+DEBIAN_JAVA_DIR = Path("/usr/share/java")
+# The minimal working set from Debian's zookeeper package (unversioned symlinks, all must exist).
+DEBIAN_JARS: tuple[str, ...] = (
+    "zookeeper.jar",
+    "zookeeper-jute.jar",
+    "slf4j-api.jar",
+    "slf4j-simple.jar",
+    "commons-cli.jar",
+    "metrics-core.jar",
+    "snappy-java.jar",
+    "netty-buffer.jar",
+    "netty-codec.jar",
+    "netty-common.jar",
+    "netty-handler.jar",
+    "netty-resolver.jar",
+    "netty-transport.jar",
+    "netty-transport-native-epoll.jar",
+    "netty-transport-native-unix-common.jar",
+)
+# Jars taken from pyspark/jars. The first two groups are required; the others are what ZooKeeper's
+# server links against (logging backend, metrics, compression, command line) when present.
+PYSPARK_REQUIRED: tuple[str, ...] = ("zookeeper-[0-9]*.jar", "zookeeper-jute-*.jar", "netty-*.jar")
+PYSPARK_OPTIONAL: tuple[str, ...] = (
+    "slf4j-api-*.jar",
+    "log4j-slf4j*-impl-*.jar",
+    "log4j-api-*.jar",
+    "log4j-core-*.jar",
+    "metrics-core-*.jar",
+    "snappy-java-*.jar",
+    "commons-cli-*.jar",
+    "commons-io-*.jar",
+)
+INSTALL_HINT = (
+    "install ZooKeeper with `apt-get install zookeeper` (Debian/Ubuntu: jars in /usr/share/java) or run "
+    "`bash scripts/setup.sh`, or point $TRIMTAB_ZK_CLASSPATH at the ZooKeeper server jars "
+    "(zookeeper, zookeeper-jute, netty-*, slf4j-*)"
+)
+LOG_NAME = "zookeeper.log"
+CONFIG_NAME = "zoo.cfg"
+_PR_SET_PDEATHSIG = 1
+_LOOPBACK = "127.0.0.1"
+
+
+class ZooKeeperServerError(RuntimeError):
+    """The server could not be found, started or stopped; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------------------- discovery
+def _debian_classpath() -> list[str] | None:
+    jars = [DEBIAN_JAVA_DIR / name for name in DEBIAN_JARS]
+    if all(j.is_file() for j in jars):
+        return [str(j) for j in jars]
+    return None
+
+
+def _pyspark_classpath() -> list[str] | None:
+    try:
+        spec = importlib.util.find_spec("pyspark")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        jar_dir = Path(location) / "jars"
+        if not jar_dir.is_dir():
+            continue
+        found: list[str] = []
+        for pattern in PYSPARK_REQUIRED:
+            matches = sorted(str(p) for p in jar_dir.glob(pattern))
+            if not matches:
+                break
+            found.extend(matches)
+        else:
+            for pattern in PYSPARK_OPTIONAL:
+                found.extend(sorted(str(p) for p in jar_dir.glob(pattern)))
+            return list(dict.fromkeys(found))
+    return None
+
+
+def find_classpath(explicit: str | Sequence[str] | None = None) -> str:
+    """The server classpath (see the module docstring for the order); raises with an install hint."""
+    if explicit:
+        return explicit if isinstance(explicit, str) else os.pathsep.join(explicit)
+    env = os.environ.get(CLASSPATH_ENV, "").strip()
+    if env:
+        missing = [
+            p for p in env.split(os.pathsep) if p and not any(ch in p for ch in "*?") and not Path(p).exists()
+        ]
+        if missing:
+            raise ZooKeeperServerError(f"${CLASSPATH_ENV} names jars that do not exist: {missing}")
+        return env
+    for source in (_debian_classpath, _pyspark_classpath):
+        jars = source()
+        if jars:
+            return os.pathsep.join(jars)
+    raise ZooKeeperServerError(f"no ZooKeeper server jars found: {INSTALL_HINT}")
+
+
+def find_java(explicit: str | None = None) -> str:
+    """The ``java`` executable: the argument, then ``$JAVA_HOME/bin/java``, then ``java`` on PATH."""
+    if explicit:
+        return explicit
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = Path(home) / "bin" / "java"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    on_path = shutil.which("java")
+    if on_path:
+        return on_path
+    raise ZooKeeperServerError(
+        "no Java runtime found (checked $JAVA_HOME/bin/java and PATH): install Java 17 "
+        "(`apt-get install openjdk-17-jre-headless` or `bash scripts/setup.sh`)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- probing
+def free_port(host: str = _LOOPBACK) -> int:
+    """A port that was free a moment ago (the caller retries if someone else takes it first)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def four_letter_word(host: str, port: int, word: str, timeout: float = 1.0) -> str:
+    """Send a ZooKeeper four-letter word and return the whole answer ('' if the server closed at once)."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(word.encode("ascii"))
+        s.shutdown(socket.SHUT_WR)
+        chunks: list[bytes] = []
+        while True:
+            data = s.recv(4096)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read()
+    except OSError:
+        return "(no log)"
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------------------------------- cleanup
+_RUNNING: weakref.WeakSet[ZooKeeperServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for server in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            server.kill()
+
+
+def _pdeathsig_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when its parent dies (Linux), or None.
+
+    ``prctl`` is looked up here, in the parent: between fork and exec the child must do as little as
+    possible (no imports, no library search, no allocation-heavy work).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sigkill = int(signal.SIGKILL)
+
+    def hook() -> None:  # pragma: no cover - runs in the child
+        prctl(_PR_SET_PDEATHSIG, sigkill)
+
+    return hook
+
+
+# ---------------------------------------------------------------------------------------------- server
+class ZooKeeperServer:
+    """One standalone ZooKeeper server on 127.0.0.1, owning ``data_dir`` (config, data, log).
+
+    ``port=0`` picks a free port at the first :meth:`start`; :meth:`restart` keeps it (and the data), so
+    clients reconnect to the same address and find what they wrote.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        port: int = 0,
+        *,
+        tick_ms: int = 500,
+        min_session_ms: int = 1000,
+        max_session_ms: int = 60_000,
+        java: str | None = None,
+        classpath: str | Sequence[str] | None = None,
+        force_sync: bool = False,
+        heap_mb: int = 256,
+        jvm_args: Iterable[str] = (),
+        extra_config: Mapping[str, Any] | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port
+        self._auto_port = port == 0
+        self.tick_ms = tick_ms
+        self.min_session_ms = min_session_ms
+        self.max_session_ms = max_session_ms
+        self._java = java
+        self._classpath = classpath
+        # fsync off survives a killed server (the page cache keeps the writes), not a machine crash:
+        # right for tests and the dev cluster, wrong for production (which does not use this class).
+        self.force_sync = force_sync
+        self.heap_mb = heap_mb
+        self.jvm_args = list(jvm_args)
+        self.extra_config = dict(extra_config or {})
+        self.die_with_parent = die_with_parent
+        self.log_path = self.data_dir / LOG_NAME
+        self.config_path = self.data_dir / CONFIG_NAME
+        self.starts = 0
+        self._restarting = False
+        self._log_offset = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ info
+    @property
+    def host(self) -> str:
+        return _LOOPBACK
+
+    @property
+    def hosts(self) -> str:
+        """The kazoo/ZooKeeper connect string, ``127.0.0.1:<port>`` (append a chroot as needed)."""
+        if not self.port:
+            raise ZooKeeperServerError("the server has no port yet: start() it first")
+        return f"{_LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+    def _log_since_start(self) -> str:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def four_letter_word(self, word: str, timeout: float = 1.0) -> str:
+        return four_letter_word(_LOOPBACK, self.port, word, timeout)
+
+    def is_serving(self) -> bool:
+        """True if *this* server answers on its port right now: ``ruok`` is ``imok``, ``srvr`` reports a
+        mode, and ``envi`` shows our data dir as the working directory (not someone else on the port)."""
+        if not self.port or not self.is_running():
+            return False
+        try:
+            return (
+                self.four_letter_word("ruok") == "imok"
+                and "Mode:" in self.four_letter_word("srvr")
+                and f"user.dir={self.data_dir}\n" in self.four_letter_word("envi")
+            )
+        except OSError:
+            return False
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"ZooKeeperServer({self.data_dir}, port={self.port}, {state}, pid={self.pid})"
+
+    # ------------------------------------------------------------------ lifecycle
+    def _write_config(self) -> None:
+        data = self.data_dir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        cfg: dict[str, Any] = {
+            "tickTime": self.tick_ms,
+            "dataDir": data,
+            "clientPort": self.port,
+            "clientPortAddress": _LOOPBACK,
+            "maxClientCnxns": 0,
+            "admin.enableServer": "false",
+            "4lw.commands.whitelist": "ruok,srvr,mntr,stat,cons,envi",
+            "minSessionTimeout": self.min_session_ms,
+            "maxSessionTimeout": self.max_session_ms,
+            "forceSync": "yes" if self.force_sync else "no",
+            "autopurge.snapRetainCount": 3,
+            "autopurge.purgeInterval": 1,
+            **self.extra_config,
+        }
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in cfg.items()))
+
+    def _command(self) -> list[str]:
+        return [
+            find_java(self._java),
+            f"-Xmx{self.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Djava.net.preferIPv4Stack=true",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS",
+            *self.jvm_args,
+            "-cp",
+            find_classpath(self._classpath),
+            MAIN_CLASS,
+            str(self.config_path),
+        ]
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd = self._command()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        with self.log_path.open("ab") as log:
+            self._log_offset = log.tell()
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(
+                f"\n===== trimtab: start #{self.starts + 1} on port {self.port} at {stamp} =====\n".encode()
+            )
+            log.flush()
+            # PDEATHSIG fires when the *thread* that forked exits: only safe from the main thread.
+            hook = (
+                _pdeathsig_hook()
+                if self.die_with_parent and threading.current_thread() is threading.main_thread()
+                else None
+            )
+            try:
+                return subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data_dir,
+                    start_new_session=True,
+                    preexec_fn=hook,  # noqa: PLW1509
+                )
+            except OSError as e:
+                raise ZooKeeperServerError(f"cannot run {cmd[0]!r}: {e}") from e
+
+    def start(self, timeout: float = 30.0) -> ZooKeeperServer:
+        """Start the server and wait until it serves. Idempotent if it is already running."""
+        with self._lock:
+            if self.is_running():
+                return self
+            deadline = time.monotonic() + timeout
+            attempt = 0
+            while True:
+                attempt += 1
+                if self._auto_port and (self.port == 0 or attempt > 1):
+                    self.port = free_port()
+                self._proc = self._spawn()
+                self.starts += 1
+                _RUNNING.add(self)
+                outcome = self._wait_serving(deadline)
+                if outcome == "serving":
+                    return self
+                bind_failed = "Address already in use" in self._log_since_start()
+                if outcome == "exited" and bind_failed and time.monotonic() < deadline:
+                    if self._auto_port:
+                        continue  # someone took the free port we picked: pick another
+                    if self._restarting:
+                        time.sleep(0.1)  # the old socket lingers a moment after a kill: try again
+                        continue
+                code = self._proc.poll()
+                self._terminate(signal.SIGKILL, 5.0)
+                if outcome == "timeout":
+                    what = f"did not serve within {timeout}s"
+                elif bind_failed:
+                    what = f"could not listen: port {self.port} is in use"
+                else:
+                    what = f"exited with status {code}"
+                raise ZooKeeperServerError(
+                    f"ZooKeeper on {_LOOPBACK}:{self.port} {what} (log: {self.log_path}).\n"
+                    f"--- last lines of the log ---\n{self.log_tail(40)}"
+                )
+
+    def _wait_serving(self, deadline: float) -> str:
+        assert self._proc is not None
+        interval = 0.02
+        while True:
+            if self._proc.poll() is not None:
+                return "exited"
+            if self.is_serving():
+                return "serving"
+            if time.monotonic() >= deadline:
+                return "timeout"
+            time.sleep(interval)  # polling a condition under a deadline
+            interval = min(interval * 1.5, 0.2)
+
+    def _terminate(self, sig: signal.Signals, timeout: float) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5.0)
+        _RUNNING.discard(self)
+        return proc.returncode
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds. Returns the exit status (None if never run)."""
+        with self._lock:
+            return self._terminate(signal.SIGTERM, timeout)
+
+    def kill(self) -> int | None:
+        """SIGKILL, no goodbye (fault injection: sessions stay open on the server until it restarts)."""
+        with self._lock:
+            return self._terminate(signal.SIGKILL, 5.0)
+
+    def restart(self, timeout: float = 30.0, *, kill: bool = False) -> ZooKeeperServer:
+        """Stop (or kill) and start again on the same port with the same data."""
+        with self._lock:
+            if kill:
+                self.kill()
+            else:
+                self.stop()
+            was_auto, self._auto_port = self._auto_port, False
+            self._restarting = True
+            try:
+                return self.start(timeout)
+            finally:
+                self._auto_port = was_auto
+                self._restarting = False
+
+    def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+def expire_session(hosts: str, client_id: tuple[int, bytes], timeout: float = 10.0) -> None:
+    """Expire a ZooKeeper session on the *server*, as a real expiry would.
+
+    Opens a second connection that resumes the victim's session (``client_id`` is ``(session id,
+    password)``, e.g. ``victim.client_id``) and closes it: the server ends the session, drops its
+    ephemeral nodes and tells the victim, which goes LOST. (kazoo's harness ``expire_session`` only fakes
+    it on the client side; the server keeps the session and its ephemerals until the timeout.)
+    """
+    from kazoo.client import KazooClient
+
+    twin = KazooClient(hosts=hosts, client_id=client_id, timeout=timeout)
+    try:
+        twin.start(timeout=timeout)
+        twin.stop()
+    finally:
+        twin.close()

@@ -1,0 +1,183 @@
+"""Leader election through ZooKeeper, with a term.
+
+Taking leadership is one ZooKeeper transaction: bump the persistent ``leader_term`` counter (a
+compare-and-set on its version) *and* create the ephemeral ``leader`` node holding ``{id, term, session}``.
+Either both happen or neither, so every leadership has a distinct, increasing term that is bound to every
+decision, event and log line.
+
+Leadership is a property of the session: SUSPENDED pauses the leader at once (it may still hold the node
+but must not decide), LOST ends it (the ephemeral node is gone with the session). After a reconnect with
+the same session the node is still ours and the leader resumes -- destructive work waits for the safe-mode
+settle period (see controller.daemon). Watches only wake the worker thread (Patroni's rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+import structlog
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from cluster.zk import ZkPaths, ZkSession
+
+log = structlog.get_logger("trimtab.election")
+
+
+class LeaderInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    term: int
+    session: int
+    http_url: str
+    since: int  # ms
+
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder(LeaderInfo)
+
+
+class LeaderElection:
+    def __init__(
+        self,
+        session: ZkSession,
+        paths: ZkPaths,
+        me: str,
+        http_url: str,
+        on_change: Callable[[bool, int | None], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.zk = session.client
+        self.paths = paths
+        self.me = me
+        self.http_url = http_url
+        self._on_change = on_change
+        self.term: int | None = None  # our term while we hold the leader node
+        self.current: LeaderInfo | None = None  # whoever leads, as last read
+        self.candidate = True
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.elections_won = 0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def is_leader(self) -> bool:
+        """We hold the leader node and our session is connected (not merely not-yet-expired)."""
+        return self.term is not None and self.session.connected
+
+    def start(self) -> None:
+        for path, value in ((self.paths.leader_term, b"0"),):
+            with contextlib.suppress(NodeExistsError):
+                self.zk.create(path, value, makepath=True)
+        self.session.add_listener(self._on_session)
+        self.zk.DataWatch(self.paths.leader, self._leader_changed)
+        self._thread = threading.Thread(target=self._run, name="zk-election", daemon=True)
+        self._thread.start()
+        self._wake.set()
+
+    def stop(self, resign: bool = True) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if resign:
+            self.resign()
+
+    def resign(self) -> None:
+        """Give up leadership (graceful stop): delete our node so a follower takes over at once."""
+        if self.term is None:
+            return
+        try:
+            _data, stat = self.zk.get(self.paths.leader)
+            if stat.ephemeralOwner == self.session.session_id:
+                self.zk.delete(self.paths.leader, version=stat.version)
+                log.info("leader_resigned", term=self.term)
+        except (NoNodeError, KazooException, KazooTimeoutError):
+            pass
+        self._set(None)
+
+    # ------------------------------------------------------------------ events
+    def _on_session(self, state: str) -> None:
+        if state == "lost" and self.term is not None:
+            log.warning("leadership_lost", term=self.term, reason="ZooKeeper session expired")
+            self._set(None)
+        self._wake.set()
+
+    def _leader_changed(self, data: bytes | None, stat: object) -> bool:
+        self._wake.set()
+        return not self._stop.is_set()
+
+    def _set(self, term: int | None) -> None:
+        changed = term != self.term
+        self.term = term
+        if changed and self._on_change is not None:
+            try:
+                self._on_change(term is not None, term)
+            except Exception:
+                log.exception("leadership_listener_failed")
+
+    # ------------------------------------------------------------------ worker
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(2.0)
+            self._wake.clear()
+            if self._stop.is_set() or not self.session.connected:
+                continue
+            try:
+                self._step()
+            except (KazooException, KazooTimeoutError) as e:
+                log.warning("election_step_failed", error=repr(e))
+                time.sleep(0.2)
+                self._wake.set()
+
+    def _step(self) -> None:
+        try:
+            data, stat = self.zk.get(self.paths.leader)
+        except NoNodeError:
+            self.current = None
+            if self.term is not None:
+                self._set(None)  # somebody deleted our node: we are not leader any more
+            if self.candidate:
+                self._campaign()
+            return
+        try:
+            info = _dec.decode(data)
+        except msgspec.DecodeError:
+            log.error("leader_node_unreadable", data=data[:200])
+            return
+        self.current = info
+        ours = stat.ephemeralOwner == self.session.session_id
+        if ours and self.term is None:
+            self._set(info.term)  # same session survived a suspension: still ours
+        elif not ours and self.term is not None:
+            log.warning("leadership_lost", term=self.term, new_leader=info.id, new_term=info.term)
+            self._set(None)
+
+    def _campaign(self) -> None:
+        raw, stat = self.zk.get(self.paths.leader_term)
+        term = int(raw or b"0") + 1
+        info = LeaderInfo(
+            id=self.me,
+            term=term,
+            session=self.session.session_id or 0,
+            http_url=self.http_url,
+            since=int(time.time() * 1000),
+        )
+        tx = self.zk.transaction()
+        tx.set_data(self.paths.leader_term, str(term).encode(), version=stat.version)
+        tx.create(self.paths.leader, _enc.encode(info), ephemeral=True)
+        results = tx.commit()
+        if any(isinstance(r, Exception) for r in results):
+            self._wake.set()  # lost the race; re-read who won
+            return
+        self.current = info
+        self.elections_won += 1
+        log.info("leader_elected", term=term, leader=self.me)
+        self._set(term)
+
+    def leader(self) -> LeaderInfo | None:
+        return self.current

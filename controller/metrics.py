@@ -1,0 +1,122 @@
+"""The controller's Prometheus metrics (one factory, injected registry, bounded labels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass
+class ControllerMetrics:
+    leader: Gauge
+    term: Gauge
+    elections: Counter
+    safe_mode: Gauge
+    shed_cycles: Counter
+    unloads: Counter
+    shed_seconds: Histogram
+    load_avg: Gauge
+    load_std: Gauge
+    broker_load: Gauge
+    overrides: Counter
+    failed_brokers: Gauge
+    healing_pending: Gauge
+    healing_paused: Gauge
+    broker_failures: Counter
+    snapshots: Counter
+    snapshot_bundles: Gauge
+    snapshot_seconds: Histogram
+    monitor_runs: Counter
+    admin: Counter
+
+    @classmethod
+    def create(cls, r: CollectorRegistry) -> ControllerMetrics:
+        return cls(
+            leader=Gauge(
+                "trimtab_controller_leader", "1 on the controller that currently leads.", registry=r
+            ),
+            term=Gauge(
+                "trimtab_controller_term", "Leader term this controller holds (0 when following).", registry=r
+            ),
+            elections=Counter(
+                "trimtab_controller_elections_total", "Leaderships won by this controller.", registry=r
+            ),
+            safe_mode=Gauge(
+                "trimtab_controller_safe_mode",
+                "1 while destructive work is held back (ZooKeeper session lost or settling after a reconnect).",
+                registry=r,
+            ),
+            shed_cycles=Counter(
+                "trimtab_shedding_cycles_total",
+                "Shedding cycles by result (success, skip, failure) and reason "
+                "(overloaded, underloaded, balanced, hit_count, cool_down, no_load_data, no_brokers, no_bundles, paused, safe_mode).",
+                ["result", "reason"],
+                registry=r,
+            ),
+            unloads=Counter(
+                "trimtab_unloads_total",
+                "Bundle moves published, by kind (transfer, unload) and reason (overloaded, underloaded, admin).",
+                ["kind", "reason"],
+                registry=r,
+            ),
+            shed_seconds=Histogram(
+                "trimtab_shedding_decision_seconds", "Time to compute one shedding decision.", registry=r
+            ),
+            load_avg=Gauge(
+                "trimtab_broker_load_avg_ratio",
+                "Average broker load (weighted max EMA, 1 = 100%).",
+                registry=r,
+            ),
+            load_std=Gauge("trimtab_broker_load_std_ratio", "Standard deviation of broker load.", registry=r),
+            broker_load=Gauge(
+                "trimtab_broker_load_ratio",
+                "Latest load (weighted max EMA) per broker.",
+                ["broker"],
+                registry=r,
+            ),
+            overrides=Counter(
+                "trimtab_overrides_total",
+                "Forced channel records by reason (failed_broker, stuck, tombstone) and result (published, failed).",
+                ["reason", "result"],
+                registry=r,
+            ),
+            failed_brokers=Gauge(
+                "trimtab_failed_brokers", "Brokers recorded as failed and not yet healed.", registry=r
+            ),
+            healing_pending=Gauge(
+                "trimtab_healing_pending_bundles",
+                "Bundles still waiting to be moved off failed brokers.",
+                registry=r,
+            ),
+            healing_paused=Gauge(
+                "trimtab_healing_paused",
+                "1 while self-healing is paused, by reason (mass_failure, disabled).",
+                ["reason"],
+                registry=r,
+            ),
+            broker_failures=Counter(
+                "trimtab_broker_failures_total",
+                "Failed-broker records by event (recorded, cancelled, healed).",
+                ["event"],
+                registry=r,
+            ),
+            snapshots=Counter(
+                "trimtab_snapshots_total", "Channel snapshots by result.", ["result"], registry=r
+            ),
+            snapshot_bundles=Gauge(
+                "trimtab_snapshot_bundles", "Bundles in the last snapshot written.", registry=r
+            ),
+            snapshot_seconds=Histogram(
+                "trimtab_snapshot_duration_seconds", "Time to write one snapshot.", registry=r
+            ),
+            monitor_runs=Counter(
+                "trimtab_monitor_runs_total", "Ownership monitor runs by result.", ["result"], registry=r
+            ),
+            admin=Counter(
+                "trimtab_admin_requests_total",
+                "Admin operations by op and result.",
+                ["op", "result"],
+                registry=r,
+            ),
+        )

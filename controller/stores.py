@@ -1,0 +1,156 @@
+"""Persisted controller state in ZooKeeper: everything a new leader needs to carry on.
+
+* ``admin/failed_brokers/<id>``   -> {"first_failure": ms, "recorded_by": ..., "term": n}
+* ``admin/reassignments/<id>/<seq>`` -> {"bundles": {bundle: planned dst}, "created": ms, "term": n}
+* ``admin/controller``             -> {"shedding_paused": bool, ...} operator switches
+
+All blocking (kazoo); callers on the event loop use ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import msgspec
+import structlog
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
+
+from cluster.zk import ZkPaths
+
+log = structlog.get_logger("trimtab.controller")
+
+
+class FailedBroker(msgspec.Struct, frozen=True, kw_only=True):
+    first_failure: int
+    recorded_by: str = ""
+    term: int = 0
+
+
+class Chunk(msgspec.Struct, frozen=True, kw_only=True):
+    bundles: dict[str, str | None]  # bundle -> planned destination
+    created: int
+    term: int = 0
+
+
+class ControllerSwitches(msgspec.Struct, kw_only=True):
+    shedding_paused: bool = False
+    paused_by: str | None = None
+    paused_at: int | None = None
+
+
+_enc = msgspec.json.Encoder()
+_fb = msgspec.json.Decoder(FailedBroker)
+_chunk = msgspec.json.Decoder(Chunk)
+_sw = msgspec.json.Decoder(ControllerSwitches)
+
+
+class FailedBrokers:
+    def __init__(self, zk: KazooClient, paths: ZkPaths) -> None:
+        self.zk = zk
+        self.paths = paths
+
+    def read(self) -> dict[str, FailedBroker]:
+        out: dict[str, FailedBroker] = {}
+        try:
+            children = self.zk.get_children(self.paths.failed_brokers)
+        except NoNodeError:
+            return out
+        for c in children:
+            try:
+                data, _ = self.zk.get(f"{self.paths.failed_brokers}/{c}")
+                out[c] = _fb.decode(data)
+            except (NoNodeError, msgspec.DecodeError):
+                continue
+        return out
+
+    def record(self, broker: str, when_ms: int, by: str, term: int) -> bool:
+        """putIfAbsent: the *first* failure time survives restarts and failovers (KIP-46)."""
+        try:
+            self.zk.create(
+                f"{self.paths.failed_brokers}/{broker}",
+                _enc.encode(FailedBroker(first_failure=when_ms, recorded_by=by, term=term)),
+                makepath=True,
+            )
+            return True
+        except NodeExistsError:
+            return False
+
+    def clear(self, broker: str) -> None:
+        with contextlib.suppress(NoNodeError):
+            self.zk.delete(f"{self.paths.failed_brokers}/{broker}")
+
+
+class Reassignments:
+    def __init__(self, zk: KazooClient, paths: ZkPaths) -> None:
+        self.zk = zk
+        self.paths = paths
+
+    def _dir(self, broker: str) -> str:
+        return f"{self.paths.reassignments}/{broker}"
+
+    def read(self, broker: str) -> dict[int, Chunk]:
+        out: dict[int, Chunk] = {}
+        try:
+            children = self.zk.get_children(self._dir(broker))
+        except NoNodeError:
+            return out
+        for c in children:
+            try:
+                data, _ = self.zk.get(f"{self._dir(broker)}/{c}")
+                out[int(c)] = _chunk.decode(data)
+            except (NoNodeError, ValueError, msgspec.DecodeError):
+                continue
+        return dict(sorted(out.items()))
+
+    def brokers(self) -> list[str]:
+        try:
+            return sorted(self.zk.get_children(self.paths.reassignments))
+        except NoNodeError:
+            return []
+
+    def write_plan(self, broker: str, chunks: list[dict[str, str | None]], term: int) -> None:
+        now = int(time.time() * 1000)
+        tx = self.zk.transaction()
+        with contextlib.suppress(NodeExistsError):
+            self.zk.ensure_path(self._dir(broker))
+        for seq, bundles in enumerate(chunks):
+            tx.create(
+                f"{self._dir(broker)}/{seq:06d}", _enc.encode(Chunk(bundles=bundles, created=now, term=term))
+            )
+        results = tx.commit()
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise RuntimeError(f"could not persist the reassignment plan for {broker}: {errors[0]!r}")
+        log.info(
+            "reassignment_planned", broker=broker, chunks=len(chunks), bundles=sum(len(c) for c in chunks)
+        )
+
+    def done(self, broker: str, seq: int) -> None:
+        with contextlib.suppress(NoNodeError):
+            self.zk.delete(f"{self._dir(broker)}/{seq:06d}")
+
+    def drop(self, broker: str) -> None:
+        with contextlib.suppress(NoNodeError, NotEmptyError):
+            self.zk.delete(self._dir(broker), recursive=True)
+
+
+class Switches:
+    def __init__(self, zk: KazooClient, paths: ZkPaths) -> None:
+        self.zk = zk
+        self.paths = paths
+
+    def read(self) -> ControllerSwitches:
+        try:
+            data, _ = self.zk.get(self.paths.controller_state)
+            return _sw.decode(data)
+        except (NoNodeError, msgspec.DecodeError):
+            return ControllerSwitches()
+
+    def write(self, sw: ControllerSwitches) -> None:
+        data = _enc.encode(sw)
+        try:
+            self.zk.set(self.paths.controller_state, data)
+        except NoNodeError:
+            self.zk.create(self.paths.controller_state, data, makepath=True)

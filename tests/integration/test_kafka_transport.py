@@ -1,0 +1,320 @@
+"""KafkaTransport, Follower and ChannelClient against the librdkafka mock cluster (the real Kafka protocol)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import zlib
+
+import pytest
+
+from channel.bundles import BundleLayout
+from channel.client import ChannelClient
+from channel.records import Record, State, encode, make
+from channel.snapshot import SnapshotWriter, choose, snapshot_messages
+from channel.table import partition_for, replay
+from channel.transport import Follower, Message, TransportError
+from tests.support.kafka import MOCK_PARTITIONS, KafkaEnv, by_partition
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def produce_all(kafka: KafkaEnv, topic: str, items: list[tuple[bytes, bytes | None]]) -> list[Message]:
+    futures = [kafka.transport.produce(topic, k, v) for k, v in items]
+    return [f.result(15) for f in futures]
+
+
+def partitioner_keys(count: int, seed: int = 7) -> list[bytes]:
+    """Keys of every kind the channel and load topics use, and then some."""
+    rng = random.Random(seed)
+    keys = [b"", b"a", b"broker-1:8080", "tenant/ns-é/0x00000000_0xffffffff".encode()]
+    for i in range(8):
+        keys.extend(k.encode() for k in BundleLayout.default(f"tenant-{i}/ns{i}", 64).bundles)
+    keys.extend(f"persistent://t/ns/topic-{i}".encode() for i in range(200))
+    while len(keys) < count:
+        keys.append(rng.randbytes(rng.randint(1, 64)))
+    return keys
+
+
+# ---------------------------------------------------------------------------------------------- producing
+
+
+def test_consistent_partitioner_is_crc32_mod_partitions(kafka: KafkaEnv) -> None:
+    """The table view skips records outside partition crc32(key) % n: the producer must agree, always."""
+    topic = kafka.topic("partitioner")
+    assert kafka.transport.partitions(topic) == MOCK_PARTITIONS
+    keys = partitioner_keys(3000)
+    written = produce_all(kafka, topic, [(k, b"v") for k in keys])
+
+    mismatches = [
+        (m.key, m.partition) for m in written if m.partition != zlib.crc32(m.key or b"") % MOCK_PARTITIONS
+    ]
+    assert not mismatches, (
+        f"librdkafka's consistent partitioner disagrees with crc32 % n for {mismatches[:5]}"
+    )
+    assert all(m.partition == partition_for(m.key or b"", MOCK_PARTITIONS) for m in written)
+    assert {m.partition for m in written} == set(range(MOCK_PARTITIONS))
+
+    # And the records are where the producer said, for a reader too.
+    read = kafka.read_all(topic)
+    assert sorted((m.key, m.partition, m.offset) for m in read) == sorted(
+        (m.key, m.partition, m.offset) for m in written
+    )
+
+
+def test_produce_consume_round_trip(kafka: KafkaEnv) -> None:
+    topic = kafka.topic("roundtrip")
+    items: list[tuple[bytes, bytes | None]] = [
+        (f"k{i % 37}".encode(), f"value-{i}".encode()) for i in range(500)
+    ]
+    items += [(b"k1", None), (b"binary", bytes(range(256))), (b"big", b"x" * 200_000)]
+    written = produce_all(kafka, topic, items)
+    assert [(m.key, m.value) for m in written] == items
+
+    read = kafka.read_all(topic)
+    assert len(read) == len(items)
+    for partition, msgs in by_partition(read):
+        assert [m.offset for m in msgs] == list(range(len(msgs))), f"gap or reorder in partition {partition}"
+    # Per key, values come back in the order they were written (one key, one partition).
+    for key in {k for k, _ in items}:
+        assert [m.value for m in read if m.key == key] == [v for k, v in items if k == key]
+
+
+def test_watermarks_follow_the_writes(kafka: KafkaEnv) -> None:
+    topic = kafka.topic("watermarks")
+    assert [kafka.transport.watermarks(topic, p) for p in range(MOCK_PARTITIONS)] == [
+        (0, 0)
+    ] * MOCK_PARTITIONS
+    written = produce_all(kafka, topic, [(f"w{i}".encode(), b"x") for i in range(101)])
+    per_partition = {p: len(ms) for p, ms in by_partition(written)}
+    for p in range(MOCK_PARTITIONS):
+        assert kafka.transport.watermarks(topic, p) == (0, per_partition.get(p, 0))
+
+
+def test_unknown_topic_is_auto_created_with_four_partitions(kafka: KafkaEnv) -> None:
+    # The admin API cannot create topics on the mock; the transport must fall back to auto-creation.
+    assert kafka.transport.partitions(f"{kafka.prefix}-never-seen") == MOCK_PARTITIONS
+
+
+# ---------------------------------------------------------------------------------------------- following
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.at_ready: int | None = None
+        self.lock = threading.Lock()
+
+    def apply(self, msgs: list[Message]) -> None:
+        with self.lock:
+            self.messages.extend(msgs)
+
+    def ready(self) -> None:
+        self.at_ready = len(self.messages)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.messages)
+
+
+def test_follower_is_ready_at_the_start_high_watermark_then_follows_the_tail(kafka: KafkaEnv) -> None:
+    topic = kafka.topic("follow")
+    backlog = produce_all(kafka, topic, [(f"b{i}".encode(), f"{i}".encode()) for i in range(1000)])
+    highs = {p: kafka.transport.watermarks(topic, p)[1] for p in range(MOCK_PARTITIONS)}
+
+    got = Collector()
+    follower = Follower(kafka.transport, topic, got.apply, on_ready=got.ready, batch=64)
+    follower.start()
+    try:
+        assert follower.wait_ready(15), f"not ready: {follower.error}"
+        # Ready exactly when the backlog that existed at start was applied, not before and not later.
+        assert got.at_ready == len(backlog)
+        assert follower.highwater == highs
+        assert follower.lag() == 0
+        assert follower.history_gap is False
+
+        tail = produce_all(kafka, topic, [(f"t{i}".encode(), f"tail{i}".encode()) for i in range(300)])
+        wait_for(
+            lambda: got.count() == len(backlog) + len(tail), 10, message="the follower receives the tail"
+        )
+        assert follower.records == len(backlog) + len(tail)
+        for partition, msgs in by_partition(got.messages):
+            assert [m.offset for m in msgs] == list(range(len(msgs))), f"partition {partition} out of order"
+        assert {(m.key, m.value) for m in got.messages} == {(m.key, m.value) for m in backlog + tail}
+        ends = {p: kafka.transport.watermarks(topic, p)[1] for p in range(MOCK_PARTITIONS)}
+        wait_for(lambda: follower.positions == ends, 5, message="positions reach the end")
+    finally:
+        follower.stop()
+    assert follower.error is None
+
+
+def test_follower_on_an_empty_topic_is_ready_at_once(kafka: KafkaEnv) -> None:
+    got = Collector()
+    follower = Follower(kafka.transport, kafka.topic("empty"), got.apply, on_ready=got.ready)
+    follower.start()
+    try:
+        assert follower.wait_ready(10)
+        assert got.at_ready == 0
+        assert follower.positions == dict.fromkeys(range(MOCK_PARTITIONS), 0)
+    finally:
+        follower.stop()
+
+
+def test_follower_from_given_positions_skips_what_came_before(kafka: KafkaEnv) -> None:
+    topic = kafka.topic("positions")
+    written = produce_all(kafka, topic, [(f"p{i}".encode(), b"x") for i in range(200)])
+    start = {p: len(ms) // 2 for p, ms in by_partition(written)}
+    got = Collector()
+    follower = Follower(kafka.transport, topic, got.apply, start=start, on_ready=got.ready)
+    follower.start()
+    try:
+        assert follower.wait_ready(10)
+        expected = sorted((m.partition, m.offset) for m in written if m.offset >= start[m.partition])
+        assert sorted((m.partition, m.offset) for m in got.messages) == expected
+    finally:
+        follower.stop()
+
+
+def test_follower_refuses_positions_beyond_the_end(kafka: KafkaEnv) -> None:
+    topic = kafka.topic("recreated")
+    errors: list[BaseException] = []
+    follower = Follower(kafka.transport, topic, lambda _m: None, start={0: 1_000_000}, on_error=errors.append)
+    follower.start()
+    try:
+        wait_for(
+            lambda: follower.error is not None, 10, message="the follower reports the impossible position"
+        )
+        assert isinstance(follower.error, TransportError)
+        assert "re-created" in str(follower.error)
+        assert errors == [follower.error]
+        assert not follower.ready.is_set()
+    finally:
+        follower.stop()
+
+
+# ---------------------------------------------------------------------------------------------- channel client
+
+
+def channel_log(
+    rng: random.Random, bundles: list[str], steps: int, ts0: int = 1
+) -> list[tuple[bytes, bytes | None]]:
+    """A plausible channel with accepted and rejected records: assign/own/unload cycles with racing
+    duplicates, stale versions, tombstones and garbage, generated against a model of the resolved table."""
+    state: dict[str, Record | None] = dict.fromkeys(bundles)
+    out: list[tuple[bytes, bytes | None]] = []
+    brokers = ["a", "b", "c"]
+    for step in range(steps):
+        b = rng.choice(bundles)
+        cur = state[b]
+        ts = ts0 + step
+        w = rng.choice(brokers)
+        if cur is None:
+            nxt: Record | None = make(State.ASSIGNING, version=1, ts=ts, writer=w, dst=w)
+        elif cur.state is State.ASSIGNING:
+            nxt = make(State.OWNED, version=cur.version + 1, ts=ts, writer=w, dst=cur.dst, src=cur.src)
+        elif cur.state is State.OWNED:
+            nxt = make(State.RELEASING, version=cur.version + 1, ts=ts, writer=w, src=cur.dst)
+        elif cur.state is State.RELEASING:
+            nxt = make(State.FREE, version=cur.version + 1, ts=ts, writer=w, src=cur.src)
+        else:  # FREE
+            nxt = None
+        out.append((b.encode(), encode(nxt)))
+        state[b] = nxt
+        if rng.random() < 0.3 and nxt is not None:
+            # A racing writer with the same version (rejected everywhere).
+            loser = make(
+                nxt.state, version=nxt.version, ts=ts, writer="loser", dst=nxt.dst or "x", src=nxt.src
+            )
+            out.append((b.encode(), encode(loser)))
+        if rng.random() < 0.05:
+            out.append((b.encode(), b"{garbage"))
+    return out
+
+
+def test_channel_client_bootstrap_from_snapshot_plus_tail_equals_full_replay(kafka: KafkaEnv) -> None:
+    rng = random.Random(3)
+    bundles = BundleLayout.default("snap/ns", 24).bundles
+    topic, snap_topic = kafka.channel_topic, kafka.snapshot_topic
+    produce_all(kafka, topic, channel_log(rng, bundles, 600))
+
+    # The "leader": a live view, snapshotted (small chunks, so a snapshot is several messages).
+    leader = ChannelClient(kafka.transport, topic, snap_topic, use_snapshot=False)
+    leader.start()
+    try:
+        assert leader.wait_ready(15)
+        writer = SnapshotWriter(kafka.transport, snap_topic, topic, writer="leader", chunk_bundles=5)
+        first = writer.write(*leader.table.snapshot(), MOCK_PARTITIONS, term=1)
+        assert first.chunks >= 3
+        assert first.positions == {p: kafka.transport.watermarks(topic, p)[1] for p in range(MOCK_PARTITIONS)}
+
+        # More history after the first snapshot, a second snapshot (older chunks tombstoned), then a tail.
+        produce_all(kafka, topic, channel_log(rng, bundles, 300, ts0=10_000))
+        wait_for(
+            lambda: leader.lag() == 0 and positions_at_end(kafka, leader), 10, message="leader catches up"
+        )
+        second = writer.write(*leader.table.snapshot(), MOCK_PARTITIONS, term=2)
+        tail = channel_log(rng, bundles, 300, ts0=20_000)
+        produce_all(kafka, topic, tail)
+    finally:
+        leader.stop()
+
+    snap_msgs = kafka.read_all(snap_topic)
+    newest = choose(((m.key, m.value) for m in snap_msgs), channel=topic)
+    assert newest is not None and newest.manifest.id == writer.last_id == second.id
+    # The mock does not compact: the first snapshot's chunks are still there, next to their tombstones.
+    assert any(m.value is None for m in snap_msgs)
+
+    node = ChannelClient(kafka.transport, topic, snap_topic)
+    node.start()
+    try:
+        assert node.wait_ready(15), f"not ready: {node.error}"
+        full = replay(kafka.read_all(topic), partitions=MOCK_PARTITIONS)
+        assert node.snapshot is not None and node.snapshot.manifest.id == second.id
+        assert node.follower is not None and node.follower.records == len(tail)  # only the tail was read
+        assert node.table.as_dict() == full.as_dict()
+        assert node.table.positions == full.positions
+
+        # Still equal while it follows live.
+        more = channel_log(rng, bundles, 200, ts0=30_000)
+        produce_all(kafka, topic, more)
+        wait_for(lambda: positions_at_end(kafka, node), 10, message="the node applies the live tail")
+        assert node.table.as_dict() == replay(kafka.read_all(topic), partitions=MOCK_PARTITIONS).as_dict()
+    finally:
+        node.stop()
+
+
+def positions_at_end(kafka: KafkaEnv, client: ChannelClient) -> bool:
+    follower = client.follower
+    assert follower is not None
+    ends = {p: kafka.transport.watermarks(client.topic, p)[1] for p in range(MOCK_PARTITIONS)}
+    return all(follower.positions.get(p, 0) >= e for p, e in ends.items())
+
+
+def test_channel_client_ignores_a_snapshot_past_the_end_of_the_channel(kafka: KafkaEnv) -> None:
+    """A snapshot of a previous incarnation of the channel (positions past its end) must not be used."""
+    topic, snap_topic = kafka.channel_topic, kafka.snapshot_topic
+    name = BundleLayout.default("stale/ns", 4).bundles[0]
+    produce_all(
+        kafka, topic, [(name.encode(), encode(make(State.ASSIGNING, version=1, ts=1, writer="a", dst="a")))]
+    )
+    bogus = {name: make(State.OWNED, version=7, ts=1, writer="old", dst="old")}
+    for key, value in snapshot_messages(
+        "old-1",
+        bogus,
+        {p: 1_000 for p in range(MOCK_PARTITIONS)},
+        channel=topic,
+        partitions=MOCK_PARTITIONS,
+        writer="old",
+    ):
+        kafka.transport.produce(snap_topic, key, value).result(10)
+
+    node = ChannelClient(kafka.transport, topic, snap_topic)
+    node.start()
+    try:
+        assert node.wait_ready(15)
+        assert node.snapshot is None
+        rec = node.table.get(name)
+        assert rec is not None and rec.state is State.ASSIGNING and rec.dst == "a"
+    finally:
+        node.stop()

@@ -1,0 +1,267 @@
+"""DESIGN.md 3.4: bootstrap(snapshot, tail) produces exactly the table a full replay from offset zero produces.
+
+A simulated leader follows a random multi-partition channel (partitions interleaved arbitrarily) and writes
+snapshots of its live table at random points. Its writer may crash mid-write (only a prefix of the
+snapshot's messages lands; the manifest is last), it may crash while collecting older chunks, leaders fail
+over (the new one bootstraps from the snapshot topic and goes on), a snapshot of another channel may land
+in the topic, the snapshot topic may be compacted (last value per key, tombstones dropped), and channel
+retention may drop everything below the chosen snapshot's positions. A fresh node bootstrapping from all
+of that must end with the full replay's table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from strategies import ChannelLog, Msg, Oracle, channel_logs, deliveries, rec, table_json, to_record
+
+from channel.records import Record, encode
+from channel.snapshot import (
+    CHUNK_PREFIX,
+    MANIFEST_KEY,
+    bootstrap,
+    choose,
+    chunk_key,
+    garbage,
+    snapshot_messages,
+)
+from channel.table import TableView, replay
+
+CHANNEL = "trimtab-channel"
+SnapshotMsg = tuple[bytes | None, bytes | None]
+
+
+def compact(topic: list[SnapshotMsg], upto: int, drop_tombstones: bool) -> list[SnapshotMsg]:
+    """Kafka log compaction of the first ``upto`` messages: a message survives only if no later message
+    has its key; surviving tombstones may be removed too (after delete.retention.ms)."""
+    last = {key: i for i, (key, _) in enumerate(topic)}
+    out = []
+    for i, (key, value) in enumerate(topic):
+        if i < upto and (last[key] != i or (value is None and drop_tombstones)):
+            continue
+        out.append((key, value))
+    return out
+
+
+class Leader:
+    """The snapshotting leader: a live table plus what it knows of the snapshot topic."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.view = TableView(partitions)
+        self.known_chunks: set[bytes] = set()
+        self.n = 0
+
+    def write(self, draw: Any, topic: list[SnapshotMsg], complete_ids: list[str]) -> None:
+        self.n += 1
+        sid = f"s{self.n}"
+        msgs = snapshot_messages(
+            sid,
+            self.view.as_dict(),
+            self.view.positions,
+            channel=CHANNEL,
+            partitions=self.partitions,
+            writer="leader",
+            chunk_bundles=draw(st.integers(1, 3)),
+        )
+        landed = msgs if draw(st.integers(0, 3)) else msgs[: draw(st.integers(0, len(msgs) - 1))]
+        topic.extend(landed)
+        self.known_chunks.update(k for k, _ in landed if k.startswith(CHUNK_PREFIX))
+        if len(landed) < len(msgs):
+            return  # crashed before the manifest
+        complete_ids.append(sid)
+        if draw(st.booleans()):
+            stale = garbage(self.known_chunks, sid)
+            done = stale if draw(st.integers(0, 3)) else stale[: draw(st.integers(0, len(stale)))]
+            topic.extend((k, None) for k in done)
+            self.known_chunks.difference_update(done)
+
+
+def foreign_snapshot(n: int, partitions: int) -> list[SnapshotMsg]:
+    """A complete snapshot of another channel, claiming everything is owned by a broker named 'intruder'."""
+    states = {"t/ns0/0x00000000_0x80000000": to_record(rec("owned", 99, dst="intruder"))}
+    return snapshot_messages(
+        f"foreign{n}",
+        states,
+        dict.fromkeys(range(partitions), 10**6),
+        channel="some-other-channel",
+        partitions=partitions,
+        writer="other",
+    )
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_bootstrap_equals_full_replay(data: st.DataObject) -> None:
+    draw = data.draw
+    log: ChannelLog = draw(channel_logs(st.integers(1, 4), max_steps=50))
+    partitions = log.partitions
+    assert partitions is not None
+    by_partition = log.partition_logs()
+
+    full = replay(log.in_partition_order(), partitions)
+    reference = Oracle(partitions)
+    for m in log.in_partition_order():
+        reference.apply(*m)
+    assert table_json(full.items()) == reference.table
+
+    # The leader follows the channel in its own interleaving and snapshots at random points.
+    leader = Leader(partitions)
+    topic: list[SnapshotMsg] = []
+    complete: list[str] = []
+    foreign = False
+    live_stream = draw(deliveries(log))
+    for i, m in enumerate(live_stream):
+        leader.view.apply(*m)
+        action = draw(st.sampled_from(["none"] * 6 + ["snapshot", "snapshot", "failover", "foreign"]))
+        if action == "snapshot":
+            leader.write(draw, topic, complete)
+        elif action == "foreign":
+            foreign = True
+            topic.extend(foreign_snapshot(i, partitions))
+        elif action == "failover":
+            # A new leader bootstraps from what is there now (the channel up to this leader's positions,
+            # which is what it could read) and carries on with the old leader's stream.
+            seen = leader.view.positions
+            so_far = [x for p, xs in sorted(by_partition.items()) for x in xs if x[3] < seen.get(p, 0)]
+            new_view = bootstrap(list(topic), so_far, partitions=partitions, channel=CHANNEL)
+            assert new_view.as_dict() == leader.view.as_dict()
+            leader.view = new_view
+            event("leader failover")
+            leader.known_chunks = {
+                k for k, v in compact(topic, len(topic), False) if k.startswith(CHUNK_PREFIX) and v
+            }
+    if draw(st.booleans()):
+        leader.write(draw, topic, complete)
+
+    # Compaction of (a prefix of) the snapshot topic.
+    compacted = False
+    if draw(st.booleans()):
+        compacted = True
+        topic = compact(topic, draw(st.integers(0, len(topic))), draw(st.booleans()))
+
+    snap = choose(topic, channel=CHANNEL)
+    if not complete:
+        assert snap is None
+    if snap is not None:
+        assert snap.manifest.id in complete
+        assert snap.manifest.channel == CHANNEL
+    if complete and not compacted and not foreign:
+        assert snap is not None and snap.manifest.id == complete[-1]
+
+    # Retention: the channel may have lost everything below the chosen snapshot's positions.
+    start = {p: 0 for p in by_partition}
+    if snap is not None:
+        for p in by_partition:
+            start[p] = draw(st.integers(0, snap.positions.get(p, 0)))
+    tail: list[Msg] = draw(deliveries(log, start=start))
+    event(f"snapshot chosen: {snap is not None}; channel truncated: {any(start.values())}")
+    event(f"complete snapshots: {min(len(complete), 3)}+; compacted: {compacted}")
+
+    booted = bootstrap(topic, tail, partitions=partitions, channel=CHANNEL)
+    assert booted.as_dict() == full.as_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(log=channel_logs(st.integers(1, 3), max_steps=30), data=st.data())
+def test_snapshot_round_trips_the_table(log: ChannelLog, data: st.DataObject) -> None:
+    """choose() returns exactly the states and positions that were written, whatever the chunking."""
+    assert log.partitions is not None
+    view = replay(log.messages, log.partitions)
+    msgs = snapshot_messages(
+        "x",
+        view.as_dict(),
+        view.positions,
+        channel=CHANNEL,
+        partitions=log.partitions,
+        writer="w",
+        chunk_bundles=data.draw(st.integers(1, 5)),
+    )
+    assert msgs[-1][0] == MANIFEST_KEY
+    snap = choose(msgs, channel=CHANNEL)
+    assert snap is not None
+    assert snap.states == view.as_dict()
+    assert snap.positions == {p: view.positions.get(p, 0) for p in range(log.partitions)}
+    # Any strict prefix (a crash before the manifest) is not a snapshot.
+    assert choose(msgs[: data.draw(st.integers(0, len(msgs) - 1))]) is None
+
+
+# ------------------------------------------------------------------------------------------ examples
+
+
+def _states(n: int) -> dict[str, Record]:
+    names = ["t/ns/0x00000000_0x40000000", "t/ns/0x40000000_0x80000000", "t/ns/0x80000000_0xffffffff"]
+    return {name: to_record(rec("owned", 2, dst=f"b{i}:1")) for i, name in enumerate(names[:n])}
+
+
+def test_choose_is_none_without_a_complete_manifest() -> None:
+    msgs = snapshot_messages(
+        "a", _states(3), {0: 5}, channel=CHANNEL, partitions=1, writer="w", chunk_bundles=1
+    )
+    assert len(msgs) == 4
+    assert choose([]) is None
+    assert choose(msgs[:-1]) is None  # chunks only
+    assert choose([msgs[0], msgs[2], msgs[3]]) is None  # a chunk is missing
+    assert choose([*msgs, (msgs[1][0], None)]) is None  # a chunk was tombstoned
+    assert choose([*msgs, (msgs[1][0], b"not json")]) is None  # a chunk was overwritten with garbage
+    assert choose([(MANIFEST_KEY, b"{}"), (MANIFEST_KEY, b"\xff"), (None, b"x")]) is None
+    assert choose([(MANIFEST_KEY, None)]) is None
+
+
+def test_choose_takes_the_newest_complete_snapshot() -> None:
+    first = snapshot_messages("a", _states(1), {0: 1}, channel=CHANNEL, partitions=1, writer="w")
+    second = snapshot_messages("b", _states(3), {0: 9}, channel=CHANNEL, partitions=1, writer="w")
+    snap = choose([*first, *second])
+    assert snap is not None and snap.manifest.id == "b" and snap.states == _states(3)
+    # A newer manifest whose chunks are gone falls back to the older complete one.
+    snap = choose([*first, *second, (second[0][0], None)])
+    assert snap is not None and snap.manifest.id == "a" and snap.positions == {0: 1}
+    # A crashed write after a complete one changes nothing.
+    snap = choose([*first, *second[:-1]])
+    assert snap is not None and snap.manifest.id == "a"
+
+
+def test_choose_ignores_snapshots_of_another_channel() -> None:
+    ours = snapshot_messages("a", _states(1), {0: 1}, channel=CHANNEL, partitions=1, writer="w")
+    theirs = snapshot_messages("b", _states(2), {0: 7}, channel="elsewhere", partitions=1, writer="w")
+    snap = choose([*ours, *theirs], channel=CHANNEL)
+    assert snap is not None and snap.manifest.id == "a"
+    assert choose(theirs, channel=CHANNEL) is None
+    unrestricted = choose([*ours, *theirs])
+    assert unrestricted is not None and unrestricted.manifest.id == "b"
+
+
+def test_chunk_keys_and_garbage() -> None:
+    assert chunk_key("s1", 3) == b"chunk/s1/000003"
+    keys = [
+        chunk_key("s1", 0),
+        chunk_key("s1", 1),
+        chunk_key("s2", 0),
+        chunk_key("s10", 0),
+        MANIFEST_KEY,
+        b"x",
+    ]
+    assert garbage(keys, "s1") == sorted([chunk_key("s2", 0), chunk_key("s10", 0)])
+    assert garbage(keys, "s10") == sorted([chunk_key("s1", 0), chunk_key("s1", 1), chunk_key("s2", 0)])
+
+
+def test_bootstrap_ignores_a_snapshot_with_another_partition_count() -> None:
+    k = b"t/ns/0x00000000_0xffffffff"
+    bogus = {k.decode(): to_record(rec("owned", 7, dst="ghost:1"))}
+    topic = snapshot_messages("a", bogus, {0: 100, 1: 100}, channel=CHANNEL, partitions=2, writer="w")
+    channel = [(k, _enc(rec("assigning", 1, dst="b1:1")), 0, 0)]
+    booted = bootstrap(topic, channel, partitions=1, channel=CHANNEL)
+    assert table_json(booted.items()) == {k.decode(): rec("assigning", 1, dst="b1:1")}
+    # With the matching partition count the (bogus) snapshot is used and offsets below it are skipped.
+    booted = bootstrap(
+        topic, [(k, _enc(rec("assigning", 1, dst="b1:1")), 0, 0)], partitions=2, channel=CHANNEL
+    )
+    assert booted.get(k.decode()) == bogus[k.decode()]
+
+
+def _enc(d: dict[str, Any]) -> bytes:
+    out = encode(to_record(d))
+    assert out is not None
+    return out

@@ -1,0 +1,93 @@
+"""Per-test Kafka environment on the session's librdkafka mock cluster.
+
+The mock (``channel.kafka.MockCluster``) speaks the real Kafka protocol on loopback, so the real
+confluent-kafka clients and other processes use it like any cluster. What it does *not* do, and tests
+must not rely on:
+
+* **no compaction**: a "compacted" topic keeps every record; tests of compaction-dependent behaviour
+  (snapshot chunk collection, load-report tombstones) see all versions, and readers must cope;
+* **no topic creation through the admin API** (it times out): topics are auto-created, with 4 partitions,
+  by the first metadata request that names them (``MockCluster.create_topics`` does that up front);
+* **no fetch wake-up** when data arrives: latency is bounded by ``fetch.wait.max.ms``.
+
+Every test gets its own topic names (a unique prefix), so tests never see each other's records even
+though they share one cluster.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from channel.kafka import KafkaTransport, MockCluster
+from channel.snapshot import read_all
+from channel.transport import Message
+
+MOCK_PARTITIONS = 4  # what the mock gives every auto-created topic
+
+
+@dataclass
+class KafkaEnv:
+    """What the ``kafka`` fixture hands a test: a transport, unique topic names, more on demand."""
+
+    cluster: MockCluster
+    transport: KafkaTransport
+    prefix: str
+    channel_topic: str
+    snapshot_topic: str
+    _transports: list[KafkaTransport] = field(default_factory=list)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.cluster.bootstrap_servers
+
+    def topic(self, name: str) -> str:
+        """A topic name unique to this test (created on the mock right away)."""
+        topic = f"{self.prefix}-{name}"
+        self.cluster.create_topics([topic])
+        return topic
+
+    def new_transport(self, **kwargs: Any) -> KafkaTransport:
+        """Another transport (its own producer and consumers, like another node); closed at teardown."""
+        t = KafkaTransport(self.bootstrap_servers, **kwargs)
+        self._transports.append(t)
+        return t
+
+    def read_all(self, topic: str, timeout: float = 30.0) -> list[Message]:
+        """Every message of ``topic`` up to the current high watermarks."""
+        return list(read_all(self.transport, topic, timeout))
+
+    def close(self) -> None:
+        for t in self._transports:
+            t.close()
+        self.transport.close()
+
+
+def make_env(cluster: MockCluster, test_name: str) -> KafkaEnv:
+    slug = "".join(ch if ch.isalnum() else "-" for ch in test_name)[:40].strip("-")
+    prefix = f"t-{slug}-{uuid.uuid4().hex[:8]}"
+    channel_topic, snapshot_topic = f"{prefix}-channel", f"{prefix}-snapshot"
+    cluster.create_topics([channel_topic, snapshot_topic])
+    transport = KafkaTransport(cluster.bootstrap_servers, client_id=f"test-{slug}")
+    return KafkaEnv(cluster, transport, prefix, channel_topic, snapshot_topic)
+
+
+def keys_per_partition(prefix: str, partitions: int = MOCK_PARTITIONS) -> list[bytes]:
+    """One key for each partition (``crc32(key) % partitions == index``), e.g. for end-of-log sentinels."""
+    found: dict[int, bytes] = {}
+    i = 0
+    while len(found) < partitions:
+        key = f"{prefix}{i}".encode()
+        found.setdefault(zlib.crc32(key) % partitions, key)
+        i += 1
+    return [found[p] for p in range(partitions)]
+
+
+def by_partition(messages: list[Message]) -> Iterator[tuple[int, list[Message]]]:
+    parts: dict[int, list[Message]] = {}
+    for m in messages:
+        parts.setdefault(m.partition, []).append(m)
+    yield from sorted(parts.items())
