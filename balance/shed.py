@@ -2,9 +2,12 @@
 
 **TransferShedder** (the default), as Pulsar's extensible load manager does it:
 
-1. Brokers with a fresh report (TTL) are the population; a broker inside its cool-down after a recent
-   unload aborts the cycle (its report does not show the move yet). Any live broker without a report
-   skips the cycle (we would be balancing blind).
+1. Brokers with a fresh report (TTL) are the population. Brokers within ``broker_cooldown_s`` of their
+   last move sit the cycle out (they are neither paired as source nor as destination); if such a broker
+   has not reported since the move, the whole cycle waits (its figures would skew the statistics). Any
+   live broker without a report skips the cycle (we would be balancing blind). Unlike Pulsar, the
+   cool-down is measured in time, not by report timestamps: a report is only published on change, so
+   Pulsar's rule can stretch the cool-down to the maximum report interval.
 2. Trigger: ``std > target`` or the least loaded broker is under-loaded or the most loaded is over the
    overload threshold and above ``avg + target``. The trigger must hold for more than ``hit_count_threshold``
    consecutive cycles.
@@ -93,24 +96,29 @@ def _population(
     state: ShedState,
     cfg: ShedConfig,
     now_ms: int,
-) -> tuple[dict[str, BrokerLoadData] | None, str]:
-    """Fresh loads of live brokers, or (None, skip reason)."""
+) -> tuple[dict[str, BrokerLoadData] | None, set[str], str]:
+    """(fresh loads of live brokers, brokers cooling down after a move, skip reason if no cycle)."""
     pop: dict[str, BrokerLoadData] = {}
+    cooling: set[str] = set()
     for b in sorted(brokers):
         load = loads.get(b)
         if load is None:
-            return None, "no_load_data"
+            return None, cooling, "no_load_data"
         if not is_fresh(load, now_ms, cfg.load_ttl_s):
             continue  # outdated: not part of the population
-        unloaded = state.recent_brokers.get(b)
-        if unloaded is not None:
-            if load.updated_at - unloaded < cfg.broker_cooldown_s * 1000:
-                return None, "cool_down"
-            del state.recent_brokers[b]
+        moved_at = state.recent_brokers.get(b)
+        if moved_at is not None:
+            if now_ms - moved_at < cfg.broker_cooldown_s * 1000:
+                cooling.add(b)
+                if load.updated_at <= moved_at:
+                    # Its report predates the move: the statistics would be wrong, wait for it.
+                    return None, cooling, "stale_load_data"
+            else:
+                del state.recent_brokers[b]
         pop[b] = load
     if len(pop) < 2:
-        return None, "no_brokers"
-    return pop, ""
+        return None, cooling, "no_brokers"
+    return pop, cooling, ""
 
 
 def _expire(state: ShedState, cfg: ShedConfig, now_ms: int) -> None:
@@ -134,7 +142,7 @@ def transfer_shedder(
     Mutates ``state`` (hit count, recent moves): that is the shedder's memory between cycles.
     """
     _expire(state, cfg, now_ms)
-    pop, why = _population(brokers, loads, state, cfg, now_ms)
+    pop, cooling, why = _population(brokers, loads, state, cfg, now_ms)
     if pop is None:
         return ShedResult([], "skip", why, hit_count=state.hit_count)
     load = {b: d.weighted_max_ema for b, d in pop.items()}
@@ -175,10 +183,14 @@ def transfer_shedder(
             reason = "overloaded"
         else:
             break
-        if not brokers.get(lo, False):
-            min_idx += 1  # a draining broker takes no load
+        if not brokers.get(lo, False) or lo in cooling:
+            min_idx += 1  # draining brokers take no load; cooling ones sit this cycle out
+            last_skip = "cool_down"
             continue
         max_idx -= 1
+        if hi in cooling:
+            last_skip = "cool_down"
+            continue
         gap = (load[hi] - load[lo]) / 2
         if load[hi] <= 0 or tput[hi] <= 0 or gap <= 0:
             last_skip = "no_load_data" if tput[hi] <= 0 else "balanced"
@@ -253,7 +265,7 @@ def threshold_shedder(
 ) -> ShedResult:
     """One ThresholdShedder cycle: unload ``usage - (avg + threshold) + 5%`` of each hot broker's traffic."""
     _expire(state, cfg, now_ms)
-    pop, why = _population(brokers, loads, state, cfg, now_ms)
+    pop, cooling, why = _population(brokers, loads, state, cfg, now_ms)
     if pop is None:
         return ShedResult([], "skip", why)
     load = {b: d.weighted_max_ema for b, d in pop.items()}
@@ -263,6 +275,9 @@ def threshold_shedder(
     for b in sorted(load, key=lambda x: (-load[x], x)):
         if load[b] < avg + cfg.threshold:
             break
+        if b in cooling:
+            result.skipped_bundles.append((b, "cool_down"))
+            continue
         frac = load[b] - avg - cfg.threshold + 0.05
         budget = frac * pop[b].throughput
         if budget < cfg.min_unload_throughput:
@@ -279,7 +294,11 @@ def threshold_shedder(
                 break
             if owner(s.bundle) != b or s.bundle in state.recent_bundles or s.throughput <= 0:
                 continue
-            dst = coldest if cfg.transfer and coldest != b and brokers.get(coldest, False) else None
+            dst = (
+                coldest
+                if cfg.transfer and coldest != b and brokers.get(coldest, False) and coldest not in cooling
+                else None
+            )
             if not transferable(s.bundle, b, dst):
                 continue
             result.decisions.append(

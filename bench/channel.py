@@ -187,9 +187,9 @@ def generate_log(
             dst = other_broker(rec.dst)
             return make(State.ASSIGNING, version=rec.version, ts=ts, writer=other_broker(None), dst=dst)
         if rec.state is State.RELEASING:  # a stale leader decided differently (transfer vs unload)
-            dst = other_broker(rec.src) if rec.dst is None else None
+            alt: str | None = other_broker(rec.src) if rec.dst is None else None
             return make(
-                State.RELEASING, version=rec.version, ts=ts, writer=STALE_LEADER, dst=dst, src=rec.src
+                State.RELEASING, version=rec.version, ts=ts, writer=STALE_LEADER, dst=alt, src=rec.src
             )
         # Owned, the Assigning of a transfer, Free: a retried write of the same transition
         return make(rec.state, version=rec.version, ts=ts, writer=rec.writer, dst=rec.dst, src=rec.src)
@@ -927,6 +927,11 @@ def run(
                 "wait_ready() returns; the table and stats verified against the generator"
             ),
             "bootstrap_details_run1": kafka["bootstrap_details"],
+            "split_estimate_s": {
+                "consume_into_python": kafka["kafka_consume_only_1m_s"],
+                "replay_and_the_rest": round(kafka["bootstrap_1m_s"] - kafka["kafka_consume_only_1m_s"], 3),
+                "note": "medians: consume-only follower vs full bootstrap; the follower thread does both",
+            },
             "bootstrap_fresh_process": (
                 "the same bootstrap in a new interpreter holding nothing else (no generated log in its "
                 "heap, gc not frozen); table verified by SHA-256 digest, stats compared"

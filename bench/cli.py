@@ -6,11 +6,41 @@ Registered in ``trimtab.cli`` with ``main.add_command(bench)``; also runnable al
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import orjson
+import structlog
+
+
+@contextlib.contextmanager
+def _logs_to_stderr() -> Iterator[None]:
+    """structlog prints to stdout by default, and stdout carries the JSON alone: send warnings and worse
+    to stderr while the bench runs, then put the previous configuration back (the bench also runs
+    in-process, e.g. under pytest)."""
+    was_configured = structlog.is_configured()
+    old = structlog.get_config()
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        yield
+    finally:
+        if was_configured:
+            structlog.configure(**old)
+        else:
+            structlog.reset_defaults()
 
 
 def _emit(result: dict[str, object], output: str | None) -> None:
@@ -89,24 +119,23 @@ def channel_cmd(
 ) -> None:
     """Channel replay speed, bootstrap over the Kafka protocol, and memory per bundle."""
     from bench.channel import BenchError, run
-    from cluster.logs import configure_logging
 
-    configure_logging("warning", json_logs=False)  # stdout carries the JSON alone
     if records < 2 * bundles:
         raise click.BadParameter(
             f"need at least 2 records per bundle ({2 * bundles})", param_hint="--records"
         )
     try:
-        result = run(
-            records=records,
-            bundles=bundles,
-            runs=runs,
-            seed=seed,
-            skip_kafka=skip_kafka,
-            kafka_runs=kafka_runs,
-            memory_bundles=memory_bundles,
-            gc_freeze=gc_freeze,
-        )
+        with _logs_to_stderr():
+            result = run(
+                records=records,
+                bundles=bundles,
+                runs=runs,
+                seed=seed,
+                skip_kafka=skip_kafka,
+                kafka_runs=kafka_runs,
+                memory_bundles=memory_bundles,
+                gc_freeze=gc_freeze,
+            )
     except BenchError as e:
         click.echo(f"bench channel FAILED (no figures reported): {e}", err=True)
         sys.exit(1)

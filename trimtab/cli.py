@@ -277,6 +277,92 @@ def channel_dump(
         click.echo(f"stats {report['stats']}")
 
 
+# ---------------------------------------------------------------------------------------------- dev
+@main.group()
+def dev() -> None:
+    """The local development cluster."""
+
+
+@dev.command("up")
+@click.option("--brokers", default=4, show_default=True, help="Agents (each beside a simulated broker).")
+@click.option("--controllers", default=2, show_default=True)
+@click.option("--namespaces", default=8, show_default=True, help="Synthetic namespaces public/ns-0...")
+@click.option(
+    "--hot", default=2, show_default=True, help="How many namespaces carry extra load (piled on one broker)."
+)
+@click.option("--hot-scale", default=3.0, show_default=True, help="Load multiplier of the hot namespaces.")
+@click.option(
+    "--duration", type=float, default=None, help="Stop after this many seconds (default: until Ctrl-C)."
+)
+@click.option(
+    "--state-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(".trimtab/dev-state.json"),
+    show_default=True,
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".trimtab/dev"),
+    show_default=True,
+)
+@click.option("--no-view", is_flag=True, help="No live view (for scripts; the summary still goes to stdout).")
+@click.option(
+    "--production-timers", is_flag=True, help="Keep production timers (shedding every minute, ...)."
+)
+@config_option
+@set_option
+def dev_up(
+    brokers: int,
+    controllers: int,
+    namespaces: int,
+    hot: int,
+    hot_scale: float,
+    duration: float | None,
+    state_file: Path,
+    workdir: Path,
+    no_view: bool,
+    production_timers: bool,
+    config_file: str | None,
+    sets: tuple[str, ...],
+) -> None:
+    """Start ZooKeeper, the Kafka mock, agents and controllers on this machine, assign a skewed synthetic
+    load, and show the cluster balancing itself. Ctrl-C stops everything; --duration ends with a JSON
+    summary on stdout."""
+    import shutil
+
+    from trimtab.dev import dev_up as run
+
+    if brokers < 1 or controllers < 0:
+        raise click.BadParameter("need at least one broker")
+    overrides: dict[str, Any] = {}
+    if config_file:
+        import tomllib
+
+        overrides = tomllib.loads(Path(config_file).read_text())
+    try:
+        for k, v in parse_assignments(list(sets)).items():
+            overrides[k] = {**overrides.get(k, {}), **v} if isinstance(v, dict) else v
+    except ConfigError as e:
+        raise click.BadParameter(str(e)) from None
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    summary = run(
+        brokers=brokers,
+        controllers=controllers,
+        namespaces=namespaces,
+        hot=min(hot, namespaces),
+        hot_scale=hot_scale,
+        duration=duration,
+        state_file=state_file,
+        workdir=workdir,
+        view=not no_view,
+        fast=not production_timers,
+        settings=overrides,
+    )
+    _emit_json(summary)
+
+
 # ---------------------------------------------------------------------------------------------- config
 @main.group("config")
 def config_group() -> None:

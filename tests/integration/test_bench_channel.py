@@ -85,3 +85,28 @@ def test_generator_is_seeded_and_the_checks_catch_a_wrong_replay() -> None:
     broken, _, _ = replay_once([a.messages[:drop] + a.messages[drop + 1 :]], a.partitions)
     with pytest.raises(BenchError):
         check_table(broken, a, "log with a record dropped")
+
+
+def test_a_wrong_replay_fails_the_bench_without_printing_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    import channel.table
+    from channel.resolve import ACCEPT
+
+    monkeypatch.setattr(channel.table, "resolve", lambda *_: ACCEPT)  # first-writer-wins broken: all accepted
+    result = CliRunner().invoke(
+        bench,
+        [
+            "channel",
+            "--records",
+            "4000",
+            "--bundles",
+            "400",
+            "--runs",
+            "1",
+            "--skip-kafka",
+            "--memory-bundles",
+            "0",
+        ],
+    )
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "FAILED" in result.stderr

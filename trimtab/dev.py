@@ -1,0 +1,295 @@
+"""``trimtab dev up``: the local cluster with a skewed synthetic load, a live view, and a JSON summary.
+
+Steps: start ZooKeeper + the Kafka mock + agents + controllers (:class:`trimtab.devcluster.LocalCluster`);
+look up every synthetic topic so its bundle gets an owner; pile the hot namespaces' bundles onto the first
+broker (the skew the shedder then has to undo); show the cluster live until Ctrl-C or ``--duration``;
+stop everything; print the summary. The live view goes to stderr and the summary to stdout, so scripts
+can parse stdout.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
+
+from agent.adapters.simulated import LoadModel
+from channel.kafka import KafkaTransport
+from channel.transport import Follower, Message
+from config.settings import SimulationSettings
+from trimtab.devcluster import FAST_TIMERS, LocalCluster, _merge
+
+
+class EventTally:
+    """Follows the events topic in the orchestrator to count decisions for the view and the summary."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.kinds: Counter[str] = Counter()
+        self.moves: Counter[str] = Counter()
+        self.recent: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.transport = KafkaTransport(bootstrap, client_id="trimtab-dev-view")
+        self.follower = Follower(self.transport, topic, self._apply, low_latency=False, name="events")
+
+    def _apply(self, msgs: list[Message]) -> None:
+        with self._lock:
+            for m in msgs:
+                try:
+                    e = orjson.loads(m.value or b"{}")
+                except orjson.JSONDecodeError:
+                    continue
+                kind = e.get("kind", "?")
+                self.kinds[kind] += 1
+                if kind == "shed":
+                    self.moves["shed"] += len(e.get("moves", []))
+                elif kind == "heal":
+                    self.moves["heal"] += int(e.get("moved", 0))
+                elif kind in ("transfer", "unload"):
+                    self.moves["admin"] += 1
+                elif kind == "split":
+                    self.moves["split"] += 1
+                if kind != "assign" and not (kind == "shed" and not e.get("moves")):
+                    self.recent.insert(0, e)
+                    del self.recent[30:]
+
+    def start(self) -> None:
+        self.follower.start()
+
+    def stop(self) -> None:
+        self.follower.stop()
+        self.transport.close()
+
+
+def _describe(e: dict[str, Any]) -> str:
+    t = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0) / 1000))
+    kind = e.get("kind")
+    if kind == "shed":
+        moves = e.get("moves", [])
+        first = moves[0] if moves else {}
+        return f"{t} shed ({e.get('reason')}): {len(moves)} move(s), e.g. {first.get('bundle')} {first.get('src')} -> {first.get('dst')}"
+    if kind == "heal":
+        return f"{t} heal: {e.get('moved')} bundle(s) off {', '.join(e.get('by_failed_broker', {}))}"
+    if kind in ("transfer", "unload"):
+        return f"{t} {kind} {e.get('bundle')} {e.get('src')} -> {e.get('dst')} ({e.get('reason')})"
+    if kind == "split":
+        return f"{t} split {e.get('bundle')} ({e.get('reason')})"
+    return f"{t} {kind} " + " ".join(
+        f"{k}={v}" for k, v in e.items() if k in ("broker", "leader", "term", "by")
+    )
+
+
+def _bar(v: float | None, width: int = 20) -> Text:
+    if v is None:
+        return Text("no report", style="dim")
+    n = max(0, min(width, round(v * width)))
+    style = "red" if v > 0.85 else "yellow" if v > 0.6 else "green"
+    return Text("█" * n + "░" * (width - n), style=style) + Text(f" {v:.2f}")
+
+
+def render(
+    cluster: LocalCluster, status: dict[str, Any] | None, tally: EventTally, started: float, state_file: Path
+) -> Group:
+    if status is None:
+        return Group(Text("waiting for a leader...", style="yellow"))
+    leader = status.get("leader") or {}
+    header = Text.assemble(
+        ("trimtab dev cluster", "bold"),
+        f"  leader {leader.get('id')} (term {leader.get('term')})",
+        f"  up {time.monotonic() - started:.0f}s",
+        ("  SAFE MODE: " + str(status.get("safe_mode")), "red") if status.get("safe_mode") else "",
+    )
+    t = Table(expand=False)
+    for col in ("broker", "agent", "bundles", "load (weighted max EMA)", "msg/s"):
+        t.add_column(col)
+    names = {n.broker: n.name for n in cluster.nodes.values() if n.broker}
+    for b, info in status.get("brokers", {}).items():
+        t.add_row(
+            b + (" (draining)" if info.get("draining") else ""),
+            names.get(b, "?"),
+            str(info.get("bundles")),
+            _bar(info.get("load")),
+            f"{info.get('msg_rate') or 0:,.0f}",
+        )
+    load = status.get("load", {})
+    sh = status.get("shedding", {})
+    last = sh.get("last") or {}
+    heal = status.get("healing", {})
+    summary = Text(
+        f"load avg {load.get('avg', 0):.2f}  std {load.get('std', 0):.3f} (target {load.get('target_std')})   "
+        f"shedding {sh.get('strategy')}{' PAUSED' if sh.get('paused') else ''}: last {last.get('result')}/{last.get('reason')}"
+        f"   moves: shed {tally.moves['shed']}, heal {tally.moves['heal']}, admin {tally.moves['admin']}"
+        + (f"   failed brokers: {', '.join(heal.get('failed', {}))}" if heal.get("failed") else "")
+    )
+    with tally._lock:
+        recent = "\n".join(_describe(e) for e in tally.recent[:8]) or "(no decisions yet)"
+    a = cluster.agents[0] if cluster.agents else None
+    hint = Text(
+        f"agents: {' '.join(n.http for n in cluster.agents)}\ncontrollers: {' '.join(n.http for n in cluster.controller_nodes)}\n"
+        f"state file: {state_file}   logs: {cluster.workdir / 'logs'}\n"
+        + (f"try: curl '{a.http}/v1/lookup?topic=persistent://public/ns-0/t-0001'" if a else ""),
+        style="dim",
+    )
+    return Group(header, t, summary, Panel(recent, title="recent decisions"), hint)
+
+
+def warm_up(
+    cluster: LocalCluster, namespaces: list[str], sim: SimulationSettings, console: Console
+) -> dict[str, int]:
+    model = LoadModel(sim)
+    topics = [t.name for ns in namespaces for t in model.topics(ns)]
+    ok = failed = 0
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"assigning {len(topics)} topics' bundles", total=len(topics))
+        with ThreadPoolExecutor(16) as pool:
+            for result in pool.map(_try_lookup, [cluster] * len(topics), topics):
+                ok += result
+                failed += 1 - result
+                progress.advance(task)
+    return {"ok": ok, "failed": failed}
+
+
+def _try_lookup(cluster: LocalCluster, topic: str) -> int:
+    try:
+        cluster.lookup(topic)
+        return 1
+    except Exception:
+        return 0
+
+
+def skew(cluster: LocalCluster, hot: list[str], console: Console) -> int:
+    """Move the hot namespaces' bundles onto the first broker: the imbalance the shedder must fix."""
+    target = cluster.agents[0].broker
+    leader = cluster.leader()
+    if leader is None or target is None:
+        return 0
+    moved = 0
+    for bundle, rec in cluster.ownership(leader).items():
+        if bundle.rsplit("/", 1)[0] in hot and rec["state"] == "owned" and rec["dst"] != target:
+            r = cluster.post(leader, "/v1/admin/transfer", {"bundle": bundle, "broker": target})
+            moved += r.status_code == 202
+    console.print(f"skew: moved {moved} bundles of {', '.join(hot)} onto {target}")
+    return moved
+
+
+def dev_up(
+    *,
+    brokers: int,
+    controllers: int,
+    namespaces: int,
+    hot: int,
+    hot_scale: float,
+    duration: float | None,
+    state_file: Path,
+    workdir: Path,
+    view: bool,
+    fast: bool,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    console = Console(stderr=True)
+    from cluster.logs import configure_logging
+
+    configure_logging("warning", json_logs=False, role="dev")
+    ns = [f"public/ns-{i}" for i in range(namespaces)]
+    hot_ns = ns[:hot]
+    base: dict[str, Any] = FAST_TIMERS if fast else {}
+    # A load that keeps the average broker near half capacity, with the hot namespaces well above it.
+    base = _merge(
+        base, {"sim": {"msg_rate_per_topic": 60.0, "namespace_scale": dict.fromkeys(hot_ns, hot_scale)}}
+    )
+    cfg = _merge(base, settings)
+    cluster = LocalCluster(workdir, brokers=brokers, controllers=controllers, settings=cfg)
+    stop = threading.Event()
+    prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    summary: dict[str, Any] = {}
+    tally: EventTally | None = None
+    try:
+        with console.status(
+            f"starting ZooKeeper, the Kafka mock, {brokers} agents and {controllers} controllers..."
+        ):
+            cluster.start()
+        cluster.write_state(state_file)
+        console.print(f"[bold]cluster up[/] in {time.monotonic() - started:.1f}s; state file {state_file}")
+        for n in cluster.agents:
+            console.print(f"  agent      {n.name:<14} {n.http}  broker {n.broker}")
+        for n in cluster.controller_nodes:
+            console.print(f"  controller {n.name:<14} {n.http}")
+        from config.loader import load_settings
+
+        s = load_settings(cluster.config_path, environ=False)
+        tally = EventTally(cluster.bootstrap_servers, s.kafka.events_topic)
+        tally.start()
+        lookups = warm_up(cluster, ns, s.sim, console)
+        console.print(f"assigned bundles for {lookups['ok']} topics ({lookups['failed']} lookups failed)")
+        skewed = skew(cluster, hot_ns, console) if hot_ns and brokers > 1 else 0
+        time.sleep(min(3.0, s.load.report_interval_s * 3))
+        initial = _status(cluster)
+        deadline = time.monotonic() + duration if duration else None
+        if view:
+            with Live(
+                render(cluster, initial, tally, started, state_file), console=console, refresh_per_second=2
+            ) as live:
+                while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                    stop.wait(1.0)
+                    live.update(render(cluster, _status(cluster), tally, started, state_file))
+        else:
+            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                stop.wait(1.0)
+        final = _status(cluster)
+        dead = [n.name for n in cluster.nodes.values() if not n.alive()]
+        summary = {
+            "duration_s": round(time.monotonic() - started, 1),
+            "brokers": brokers,
+            "controllers": controllers,
+            "leader": (final or {}).get("leader"),
+            "bundles": (final or {}).get("channel", {}).get("bundles"),
+            "lookups": lookups,
+            "skew_moves": skewed,
+            "load": {
+                "initial_std": (initial or {}).get("load", {}).get("std"),
+                "final_std": (final or {}).get("load", {}).get("std"),
+                "target_std": s.shedding.target_std,
+                "final_avg": (final or {}).get("load", {}).get("avg"),
+            },
+            "per_broker": (final or {}).get("brokers"),
+            "moves": dict(tally.moves),
+            "decisions": dict(tally.kinds),
+            "healing": (final or {}).get("healing"),
+            "exited_unexpectedly": dead,
+            "state_file": str(state_file),
+        }
+    finally:
+        with console.status("stopping..."):
+            if tally is not None:
+                tally.stop()
+            for n in cluster.controller_nodes:
+                cluster.kill(n.name, signal.SIGTERM)
+            cluster.stop(graceful=True)
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+        if state_file.exists():
+            state_file.unlink()
+        console.print("stopped.")
+    return summary
+
+
+def _status(cluster: LocalCluster) -> dict[str, Any] | None:
+    leader = cluster.leader()
+    if leader is None:
+        return None
+    try:
+        return dict(cluster.get(leader, "/v1/status"))
+    except Exception:
+        return None
