@@ -12,8 +12,10 @@ a lookup never answers with an owner the channel does not name.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ import structlog
 
 from balance.assign import AssignContext, BrokerFilter, BrokerInfo, select_broker
 from balance.load import BrokerLoadData
-from channel.bundles import BundleError, BundleLayout, TopicName
+from channel.bundles import BundleError, BundleLayout, TopicName, parse_bundle
 from channel.client import ChannelClient
 from channel.records import Record, State, make
 
@@ -65,20 +67,49 @@ class LayoutCache:
         self.wait_s = wait_s
         self._cache: dict[str, tuple[BundleLayout, float]] = {}
         self._inflight: dict[str, asyncio.Task[BundleLayout]] = {}
+        # Bumped by invalidate() (from the channel follower's thread): a read that started before an
+        # invalidation must not put its (possibly pre-split) layout back into the cache.
+        self._generation: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def _refresh(self, namespace: str) -> asyncio.Task[BundleLayout]:
         task = self._inflight.get(namespace)
         if task is None:
+            started = self._generation.get(namespace, 0)
             task = asyncio.create_task(asyncio.to_thread(self._ensure, namespace))
             self._inflight[namespace] = task
 
             def done(t: asyncio.Task[BundleLayout]) -> None:
-                self._inflight.pop(namespace, None)
+                if self._inflight.get(namespace) is t:
+                    self._inflight.pop(namespace, None)
                 if not t.cancelled() and t.exception() is None:
-                    self._cache[namespace] = (t.result(), time.monotonic())
+                    with self._lock:
+                        if self._generation.get(namespace, 0) == started:
+                            self._cache[namespace] = (t.result(), time.monotonic())
 
             task.add_done_callback(done)
         return task
+
+    def invalidate(self, namespace: str) -> None:
+        """Forget ``namespace``'s layout (a bundle of it was split). Thread-safe; called on the channel
+        follower's thread, in log order, before the table change is visible to anyone else."""
+        with self._lock:
+            self._generation[namespace] = self._generation.get(namespace, 0) + 1
+            self._cache.pop(namespace, None)
+            self._inflight.pop(namespace, None)  # a read in progress may predate the split
+
+    def holds(self, bundle: str) -> bool:
+        """Whether the cached layout (not invalidated since) still has ``bundle`` as one of its bundles."""
+        try:
+            namespace, rng = parse_bundle(bundle)
+        except BundleError:
+            return False
+        hit = self._cache.get(namespace)
+        if hit is None:
+            return False
+        b = hit[0].boundaries
+        i = bisect.bisect_left(b, rng.lower)
+        return i + 1 < len(b) and b[i] == rng.lower and b[i + 1] == rng.upper
 
     async def get(self, namespace: str, *, force: bool = False) -> BundleLayout:
         hit = self._cache.get(namespace)
@@ -202,6 +233,10 @@ class LookupService:
                 # The owner is gone (its registration vanished): the leader reassigns; wait for that.
             elif cur is None or cur.state is State.FREE:
                 version = 1 if cur is None else cur.version + 1
+                if published_for != version and not self.layouts.holds(bundle):
+                    # The layout this lookup used is gone: the namespace was split since (a tombstoned split
+                    # parent is back in Init). Assigning it would give its topics a second owner.
+                    raise _Moved(bundle)
                 if published_for != version:
                     self._assign(bundle, version)
                     published_for = version

@@ -141,7 +141,7 @@ def override_for(
         new_src = choose(bundle, gone)
         if new_src is None:
             return force(State.FREE, dst=None, src=cur.src), None
-        kids = {k: new_src for k in (cur.children or {})}
+        kids: dict[str, str | None] = {k: new_src for k in (cur.children or {})}
         return force(State.SPLITTING, dst=None, src=new_src, children=kids), new_src
     if s is State.RELEASING and cur.src not in gone and cur.dst in gone:
         dst = choose(bundle, gone)  # the source is fenced; someone (maybe the source again) takes it

@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from channel.transport import Message, TransportError
 
@@ -43,8 +43,18 @@ class KafkaReader:
         consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(start.items())])
 
     def poll(self, max_messages: int, timeout: float) -> list[Message]:
+        # consume(n, timeout) blocks until it has n messages or the timeout has passed, even when messages
+        # are already there: a follower tailing the channel (5000 a batch, 50 ms) would hold every record
+        # for the whole timeout. Take what is queued; only when nothing is, wait for the first message and
+        # take what came with it -- what MemoryReader does.
         try:
-            raw = self._c.consume(max_messages, timeout)
+            raw = self._c.consume(max_messages, 0)
+            if not raw and timeout > 0:
+                first = self._c.poll(timeout)
+                if first is not None:
+                    raw = [first]
+                    if max_messages > 1:
+                        raw.extend(self._c.consume(max_messages - 1, 0))
         except KafkaException as e:
             raise TransportError(f"consume from {self._topic} failed: {e}") from e
         out: list[Message] = []
@@ -54,7 +64,9 @@ class KafkaReader:
             if err is None:
                 append(_new_message(Message, (m.key(), m.value(), m.partition(), m.offset())))
             elif err.code() == _EOF:
-                self._eof[m.partition()] = m.offset()
+                p, o = m.partition(), m.offset()
+                if p is not None and o is not None:
+                    self._eof[p] = o
             elif err.fatal():
                 raise TransportError(f"fatal consumer error on {self._topic}: {err.str()}")
             else:

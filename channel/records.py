@@ -118,7 +118,7 @@ def make(
     children: dict[str, str | None] | None = None,
 ) -> Record:
     return Record(
-        schema=SCHEMA_VERSION,
+        schema=1,
         state=state,
         dst=dst,
         src=src,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from channel.bundles import BundleRange, is_bundle_name, parse_bundle
-from channel.records import SKIP_BAD_KEY, Record, State, _classify, _decoder
+from channel.records import SKIP_BAD_KEY, Record, State, _classify, _decoder, intern_brokers
 from channel.resolve import ACCEPT, resolve
 
 # (key, old, new): old/new None means Init.
@@ -121,13 +121,22 @@ class TableView:
         self._listeners.remove(fn)
 
     def set_live(self) -> None:
-        self.live = True
+        """Caught up: notify listeners from now on, and share broker-id strings between records.
+
+        Interning is done once here (tens of ms per 100k bundles) and then per accepted record, instead of
+        on the bootstrap hot path: every record decodes its own copies of a few dozen broker ids, and
+        sharing them takes a live table from ~400 to ~250 bytes per bundle.
+        """
+        with self._lock:
+            self._table = {k: intern_brokers(r) for k, r in self._table.items()}
+            self.live = True
 
     # ------------------------------------------------------------------ loading
     def load(self, states: dict[str, Record], positions: dict[int, int]) -> None:
         """Install a snapshot (see channel.snapshot) before replaying the tail after it."""
-        self._table = dict(states)
-        self.positions = dict(positions)
+        with self._lock:
+            self._table = dict(states)
+            self.positions = dict(positions)
 
     # ------------------------------------------------------------------ applying
     def _skip(self, key: str | None, partition: int | None, offset: int | None, reason: str) -> str:
@@ -165,6 +174,7 @@ class TableView:
         live = self.live
         rejected = self.stats.rejected
         decode_raw = _decode_raw
+        intern = intern_brokers
         crc32 = _crc32
         decode_err = _DecodeError
         splitting = _SPLITTING
@@ -216,6 +226,8 @@ class TableView:
             outcome = "accepted"
             if new is None:
                 del table[name]
+            elif live:
+                table[name] = new = intern(new)
             else:
                 table[name] = new
             if live:

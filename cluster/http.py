@@ -21,8 +21,12 @@ class _Server(uvicorn.Server):
 def bind(host: str, port: int) -> socket.socket:
     """Bind before anything else so a port of 0 resolves to a real one (the broker id may depend on it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP (not 0): asyncio only turns Nagle off (TCP_NODELAY) on accepted sockets
+    # whose proto says TCP, and uvicorn writes a response's headers and body separately -- with Nagle on,
+    # the body waits for the client's delayed ACK, ~40 ms on every request.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.setblocking(False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import signal
 import time
@@ -266,6 +267,9 @@ class Controller:
                 await asyncio.sleep(0.02)
             self.ready = True
             log.info("controller_warm", bundles=len(self.channel.table))
+            # Everything allocated while starting lives as long as the process: keep it out of the cyclic
+            # collector's way (resolved records are already untracked; this covers the rest of the heap).
+            gc.freeze()
             await asyncio.to_thread(self.election.start)
             tasks = [
                 asyncio.create_task(

@@ -44,8 +44,12 @@ fi
 stamp=.venv/.trimtab-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   log "installing trimtab and its dependencies into .venv"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  log=.venv/install.log
+  if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e '.[dev]'; } >"$log" 2>&1; then
+    cat "$log" >&2
+    log "pip install failed (full output above, also in $log)"
+    exit 1
+  fi
   touch "$stamp"
 fi
 log "ready: $(.venv/bin/python --version), $(java -version 2>&1 | head -1)"

@@ -363,6 +363,36 @@ def dev_up(
     _emit_json(summary)
 
 
+# ---------------------------------------------------------------------------------------------- docs
+@main.command("docs")
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("docs"), show_default=True
+)
+def docs_cmd(out: Path) -> None:
+    """Regenerate the generated references: configuration.md and the OpenAPI specs (agent, controller,
+    broker webhook contract). Tests fail when they are stale."""
+    from agent.adapters.simulated import SimulatedBroker
+    from agent.adapters.webhook_server import create_app as webhook_app
+    from agent.api import create_app as agent_app
+    from config.docs import render_markdown
+    from config.settings import SimulationSettings
+    from controller.api import create_app as controller_app
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "configuration.md").write_text(render_markdown())
+    specs = {
+        "webhook-openapi.json": webhook_app(SimulatedBroker("doc", SimulationSettings())).openapi(),
+        # The apps only touch the daemon inside request handlers, so no daemon is needed for the spec.
+        "agent-openapi.json": agent_app(None).openapi(),  # type: ignore[arg-type]
+        "controller-openapi.json": controller_app(None).openapi(),  # type: ignore[arg-type]
+    }
+    for name, spec in specs.items():
+        (out / name).write_bytes(
+            orjson.dumps(spec, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+        )
+    click.echo(f"wrote {out / 'configuration.md'} and {', '.join(specs)}")
+
+
 # ---------------------------------------------------------------------------------------------- config
 @main.group("config")
 def config_group() -> None:

@@ -194,12 +194,20 @@ class SimulatedBroker:
 
     async def split(self, bundle: str, children: list[str]) -> None:
         await self._enter("split")
-        _ns, parent = parse_bundle(bundle)
+        _, parent = parse_bundle(bundle)
         ranges = sorted(BundleRange.parse(c.rsplit("/", 1)[-1]) for c in children)
-        # Children must tile the parent; the broker re-partitions its topics (nothing to move in memory).
+        # Children must tile the parent; the broker's topics move to the children in place (the parent's
+        # serving interval ends, each child's starts, at the same instant -- no client is disconnected).
         split_range(parent, [r.lower for r in ranges[1:]])
         with self._lock:
+            was_serving = bundle in self.serving
+            self.serving.discard(bundle)
             self._record("split", bundle, ",".join(children))
+            if was_serving:
+                for child in children:
+                    if child not in self.serving:
+                        self.serving.add(child)
+                        self._record("acquire", child, f"split from {bundle}")
 
     async def aclose(self) -> None:
         return None
