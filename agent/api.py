@@ -194,7 +194,12 @@ def create_app(agent: Agent) -> FastAPI:
         "/v1/admin/split",
         response_model=SplitResponse,
         status_code=202,
-        responses={400: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+        responses={
+            400: {"model": ErrorBody},
+            409: {"model": ErrorBody},
+            422: {"model": ErrorBody},
+            503: {"model": ErrorBody},
+        },
         summary="Split a bundle this broker owns",
     )
     async def split(req: SplitRequest) -> Any:
@@ -207,7 +212,7 @@ def create_app(agent: Agent) -> FastAPI:
         try:
             d = await agent.admin_split(req.bundle, req.algorithm, positions)
         except SplitRefused as e:
-            return err(e.status, str(e))
+            return err(e.status, str(e), retryable=e.status == 503)
         ns = req.bundle.rsplit("/", 1)[0]
         return SplitResponse(
             bundle=req.bundle, children=[f"{ns}/{c.name}" for c in d.children], reason=d.reason

@@ -403,6 +403,8 @@ class Agent:
     async def publish_split(self, d: SplitDecision) -> Record:
         assert self.channel is not None
         cur = self.channel.table.get(d.bundle)
+        if cur is not None and cur.state.in_flight and cur.names(self.me):
+            raise SplitRefused(503, f"{d.bundle} is {cur.state.value} here right now; retry in a moment")
         if cur is None or cur.state is not State.OWNED or cur.dst != self.me:
             owner = cur.owner() if cur else None
             raise SplitRefused(409, f"{d.bundle} is not owned by this broker (owner: {owner}); ask its owner")

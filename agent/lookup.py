@@ -67,9 +67,11 @@ class LayoutCache:
         self.wait_s = wait_s
         self._cache: dict[str, tuple[BundleLayout, float]] = {}
         self._inflight: dict[str, asyncio.Task[BundleLayout]] = {}
-        # Bumped by invalidate() (from the channel follower's thread): a read that started before an
-        # invalidation must not put its (possibly pre-split) layout back into the cache.
+        # invalidate() runs on the channel follower's thread: it marks a namespace's layout as outdated
+        # (a bundle of it was split) and bumps its generation, so that a read which started before the
+        # split cannot put the pre-split layout back.
         self._generation: dict[str, int] = {}
+        self._invalid: set[str] = set()
         self._lock = threading.Lock()
 
     def _refresh(self, namespace: str) -> asyncio.Task[BundleLayout]:
@@ -86,26 +88,28 @@ class LayoutCache:
                     with self._lock:
                         if self._generation.get(namespace, 0) == started:
                             self._cache[namespace] = (t.result(), time.monotonic())
+                            self._invalid.discard(namespace)
 
             task.add_done_callback(done)
         return task
 
     def invalidate(self, namespace: str) -> None:
-        """Forget ``namespace``'s layout (a bundle of it was split). Thread-safe; called on the channel
-        follower's thread, in log order, before the table change is visible to anyone else."""
+        """The cached layout of ``namespace`` is outdated (a bundle of it was split): the next lookup reads
+        ZooKeeper. Thread-safe; called on the channel follower's thread, in log order, before the split
+        parent's Deleted record (or tombstone) is visible to any lookup."""
         with self._lock:
             self._generation[namespace] = self._generation.get(namespace, 0) + 1
-            self._cache.pop(namespace, None)
+            self._invalid.add(namespace)
             self._inflight.pop(namespace, None)  # a read in progress may predate the split
 
     def holds(self, bundle: str) -> bool:
-        """Whether the cached layout (not invalidated since) still has ``bundle`` as one of its bundles."""
+        """Whether the current (not outdated) cached layout has ``bundle`` as one of its bundles."""
         try:
             namespace, rng = parse_bundle(bundle)
         except BundleError:
             return False
         hit = self._cache.get(namespace)
-        if hit is None:
+        if hit is None or namespace in self._invalid:
             return False
         b = hit[0].boundaries
         i = bisect.bisect_left(b, rng.lower)
@@ -113,7 +117,7 @@ class LayoutCache:
 
     async def get(self, namespace: str, *, force: bool = False) -> BundleLayout:
         hit = self._cache.get(namespace)
-        if hit is not None and not force:
+        if hit is not None and not force and namespace not in self._invalid:
             if time.monotonic() - hit[1] >= self.ttl_s:
                 self._refresh(namespace)  # answer from the cache now, refresh behind it
             return hit[0]
@@ -126,6 +130,7 @@ class LayoutCache:
             raise
 
     def cached(self) -> dict[str, BundleLayout]:
+        """The last layout read of every namespace (possibly outdated)."""
         return {ns: v[0] for ns, v in self._cache.items()}
 
 

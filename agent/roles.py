@@ -17,7 +17,7 @@ Releasing{src=me, dst=None}        fence, close, publish Free{src=me}           
 Owned{dst=B, src=me}, B != me      close with a redirect to B                     (transfer, phase 2)
 Splitting{src=me, children}        split on the broker, publish children Owned{dst=me, v=1},
                                    update the namespace layout, publish Deleted{src=me}
-Deleted{src=me}                    forget the parent, publish the tombstone       (Pulsar #22743)
+Deleted{src=me}, still serving     forget the parent (its topics live on in the children)
 Owned{dst=me}, not serving         acquire                                        (override, split child)
 anything else while serving        close with a redirect to the new owner, if any (forced override)
 =================================  ====================================================================
@@ -116,7 +116,10 @@ def plan(
         )
 
     if s is State.DELETED and cur.src == me:
-        return Plan("tombstone_deleted", (Forget(), Publish(None)))
+        # The parent stays Deleted (not tombstoned) until the leader's tombstone delay: a lookup with an
+        # outdated layout that lands on it re-reads the layout, whereas a tombstoned parent would look
+        # unowned and could be assigned again while its children are owned (overlapping ranges).
+        return Plan("forget_split_parent", (Forget(),)) if serving or fenced else None
 
     if s is State.OWNED and cur.dst == me:
         return None if serving else Plan("acquire_owned", (Acquire(),))

@@ -11,6 +11,7 @@ failure-domain, anti-affinity and isolation filters to the same chain.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,11 +57,16 @@ class BrokerFilter(Protocol):
     ) -> dict[str, BrokerInfo]: ...
 
 
-def _version_key(v: str) -> tuple[tuple[int, str], ...]:
-    parts = []
-    for piece in v.replace("-", ".").split("."):
-        parts.append((int(piece), "") if piece.isdigit() else (-1, piece))
-    return tuple(parts)
+_Parts = tuple[tuple[int, str], ...]
+
+
+def _version_key(v: str) -> tuple[_Parts, int, _Parts]:
+    def parts(text: str) -> _Parts:
+        return tuple((int(p), "") if p.isdigit() else (-1, p) for p in text.split("."))
+
+    # Semver: a pre-release (``2.0.0-rc1``) orders before its release (``2.0.0``).
+    core, sep, pre = v.partition("-")
+    return (parts(core), 0 if sep else 1, parts(pre))
 
 
 class VersionFilter:
@@ -127,8 +133,10 @@ def least_resource_usage(
         b: loads[b].weighted_max_ema for b in candidates if b in loads and is_fresh(loads[b], now_ms, ttl_s)
     }
     if scored:
-        avg = sum(scored.values()) / len(scored)
-        best = sorted(b for b, s in scored.items() if s + diff <= avg)
+        # fsum: the average must not depend on the candidates' order; the tolerance keeps a broker that
+        # sits exactly on the line (the documented 10%/30%/80% example) on the right side of it.
+        avg = math.fsum(scored.values()) / len(scored)
+        best = sorted(b for b, s in scored.items() if s + diff <= avg + 1e-9)
         if best:
             return rng.choice(best)
     return rng.choice(sorted(candidates))

@@ -9,14 +9,15 @@
 * **Throttling**: at most ``max_in_flight`` bundles in Assigning cluster-wide and
   ``max_in_flight_per_broker`` into one broker; the rest wait for the next round.
 * **Monitor**: in-flight states older than the in-flight timeout while their brokers are alive are
-  stuck and get forced onward; Free/Deleted entries are tombstoned after the tombstone delay (Deleted at
-  once when its source broker is gone).
+  stuck and get forced onward; Free/Deleted entries are tombstoned after the tombstone delay. (A split
+  parent stays Deleted that long on purpose: a lookup with an outdated layout that lands on it re-reads
+  the layout, whereas a tombstoned parent would look unowned and could be assigned a second time.)
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from channel.records import IN_FLIGHT, Record, State, make
@@ -63,9 +64,9 @@ def dependents(rec: Record) -> frozenset[str]:
         return frozenset({rec.dst}) if rec.dst else frozenset()
     if s is State.RELEASING:
         return frozenset(b for b in (rec.src, rec.dst) if b)
-    if s is State.SPLITTING or s is State.DELETED:
+    if s is State.SPLITTING:
         return frozenset({rec.src}) if rec.src else frozenset()
-    return frozenset()
+    return frozenset()  # Free, Deleted: nobody has work left to do (the leader tombstones them later)
 
 
 def needs_healing(rec: Record, gone: frozenset[str]) -> bool:
@@ -135,8 +136,6 @@ def override_for(
             state, dst=dst, src=src, version=v, force=True, ts=now_ms, writer=writer, children=children
         )
 
-    if s is State.DELETED:
-        return None, None
     if s is State.SPLITTING:
         new_src = choose(bundle, gone)
         if new_src is None:
@@ -174,8 +173,16 @@ def throttle(
     writer: str,
     reason: str,
     broker: str | None,
+    *,
+    planned: Mapping[str, str | None] | None = None,
+    live: Collection[str] | None = None,
 ) -> tuple[list[Override], int]:
-    """Overrides for ``candidates`` in order, within the in-flight limits. Returns (overrides, deferred)."""
+    """Overrides for ``candidates`` in order, within the in-flight limits. Returns (overrides, deferred).
+
+    ``planned`` gives each bundle's destination from a persisted plan; it is used while that broker is in
+    ``live``, not gone and not full, otherwise ``choose`` picks another. ``in_flight`` is updated with the
+    Assigning records produced, so successive calls share the budget.
+    """
     total = sum(in_flight.values())
     out: list[Override] = []
     deferred = 0
@@ -184,7 +191,14 @@ def throttle(
             deferred += 1
             continue
         full = frozenset(b for b, n in in_flight.items() if n >= cfg.max_in_flight_per_broker)
-        got = override_for(bundle, cur, gone | full, choose, now_ms, writer)
+        target = (planned or {}).get(bundle)
+
+        def pick(b: str, exclude: frozenset[str], target: str | None = target) -> str | None:
+            if target is not None and (live is None or target in live) and target not in exclude:
+                return target
+            return choose(b, exclude)
+
+        got = override_for(bundle, cur, gone | full, pick, now_ms, writer)
         if got is None:
             continue
         rec, dst = got
@@ -213,8 +227,9 @@ def monitor(
     for bundle, r in items:
         age = now_ms - r.ts
         if r.state in IN_FLIGHT:
-            named = {b for b in (r.src, r.dst) if b is not None}
-            if age <= timeout or not named <= live:
+            # dependents, not every named broker: Assigning{dst=live, src=dead} is not healing's (see
+            # dependents), so if its destination never confirms, only this monitor can move it on.
+            if age <= timeout or not dependents(r) <= live:
                 continue  # young, or a failed broker's (healing handles those, with its grace)
             # Stuck with live brokers: push it on, away from the broker that did not act.
             stuck = frozenset(
@@ -223,8 +238,6 @@ def monitor(
             got = override_for(bundle, r, stuck, choose, now_ms, writer)
             if got is not None:
                 out.append(Override(bundle, got[0], "stuck", next(iter(stuck), None), got[1]))
-        elif r.state in (State.FREE, State.DELETED) and (
-            age > delay or (r.state is State.DELETED and r.src not in live)
-        ):
+        elif r.state in (State.FREE, State.DELETED) and age > delay:
             out.append(Override(bundle, None, "tombstone", r.src, None))
     return out

@@ -193,7 +193,7 @@ def transfer_shedder(
             continue
         gap = (load[hi] - load[lo]) / 2
         if load[hi] <= 0 or tput[hi] <= 0 or gap <= 0:
-            last_skip = "no_load_data" if tput[hi] <= 0 else "balanced"
+            last_skip = "no_load_data" if tput[hi] <= 0 else "no_gap"
             continue
         budget = tput[hi] * gap / load[hi]
         report = top.get(hi)

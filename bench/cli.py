@@ -142,5 +142,11 @@ def channel_cmd(
     _emit(result, output)
 
 
+# lookup, shed and failover (bench/lookup.py, bench/shed.py, bench/failover.py; commands in bench/commands.py)
+from bench.commands import register as _register_commands  # noqa: E402
+
+_register_commands(bench, logs_to_stderr=_logs_to_stderr, emit=_emit)
+
+
 if __name__ == "__main__":
     bench()

@@ -105,6 +105,18 @@ _intern = sys.intern
 # value would otherwise crash replay on every node.
 _DecodeError = (msgspec.DecodeError, RecursionError)
 
+SKIP_TOO_DEEP = Skip("too_deep")
+# Where msgspec gives up on nesting depends on how deep the *caller's* stack already is, so two nodes could
+# disagree about one record. A fixed, stack-independent rule comes first: a value over 1 KiB with more than
+# 64 JSON containers is skipped. A protocol record has at most three containers; a short value cannot nest
+# deep enough to reach any interpreter's recursion limit, so only long values are counted.
+MAX_CHECKED_LEN = 1024
+MAX_CONTAINERS = 64
+
+
+def too_deep(value: bytes) -> bool:
+    return len(value) > MAX_CHECKED_LEN and value.count(b"{") + value.count(b"[") > MAX_CONTAINERS
+
 
 def make(
     state: State,
@@ -156,6 +168,8 @@ def _classify(value: bytes) -> Skip:
 
 def decode(value: bytes) -> Record | Skip:
     """Decode and validate one wire value. Never raises."""
+    if too_deep(value):
+        return SKIP_TOO_DEEP
     try:
         return _decoder.decode(value)
     except _DecodeError:

@@ -8,13 +8,14 @@ and replays the channel from those positions.
 Snapshot topic layout (one partition, so its order is total):
 
 * ``chunk/<id>/<seq>`` -> ``{"schema":1,"id":..,"seq":n,"bundles":{name: record, ...}}``
-* ``manifest`` -> ``{"schema":1,"id":..,"chunks":n,"bundles":N,"channel":topic,"partitions":P,
-  "positions":{"0":o0,...},"ts":..,"writer":..,"term":..}``
+* ``manifest/<term>`` -> ``{"schema":1,"id":..,"chunks":n,"bundles":N,"channel":topic,"partitions":P,
+  "positions":{"0":o0,...},"ts":..,"writer":..,"term":..}`` (one key per leader term)
 
 A writer appends every chunk, waits until they are durable, then appends the manifest, and only then
-tombstones the chunks of older snapshots. A crash at any point leaves the previous manifest and its chunks
-intact; a reader takes the newest manifest whose chunks are all present, or replays from offset zero when
-there is none. Everything here except :class:`SnapshotWriter` is pure.
+tombstones the chunks of older snapshots and the manifests of older terms. A crash at any point leaves the
+previous manifest and its chunks intact; a reader takes the newest (term, time) manifest whose chunks are
+all present, or replays from offset zero when there is none. Manifests are keyed by term so that a stale
+leader finishing a snapshot late cannot replace a newer leader's manifest under compaction. Everything here except :class:`SnapshotWriter` is pure.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from channel.transport import Message, Transport
 
 log = structlog.get_logger("trimtab.snapshot")
 
-MANIFEST_KEY = b"manifest"
+MANIFEST_PREFIX = b"manifest/"
 CHUNK_PREFIX = b"chunk/"
 DEFAULT_CHUNK_BUNDLES = 2000  # ~300 KB of JSON: well under Kafka's 1 MB default message limit
 
@@ -73,6 +74,12 @@ _chunk_dec = msgspec.json.Decoder(Chunk)
 _manifest_dec = msgspec.json.Decoder(Manifest)
 
 
+def manifest_key(channel: str, term: int) -> bytes:
+    """One manifest key per channel topic and leader term: a stale leader's late manifest cannot replace a
+    newer one, and channels sharing a snapshot topic do not collide."""
+    return MANIFEST_PREFIX + f"{channel}/{term:012d}".encode()
+
+
 def chunk_key(snapshot_id: str, seq: int) -> bytes:
     return CHUNK_PREFIX + f"{snapshot_id}/{seq:06d}".encode()
 
@@ -109,14 +116,23 @@ def snapshot_messages(
         writer=writer,
         term=term,
     )
-    out.append((MANIFEST_KEY, _enc.encode(manifest)))
+    out.append((manifest_key(channel, term), _enc.encode(manifest)))
     return out
 
 
-def garbage(topic_keys: Iterable[bytes], keep_id: str) -> list[bytes]:
-    """Chunk keys that belong to any snapshot but ``keep_id``: to be tombstoned after a new manifest."""
+def garbage(
+    topic_keys: Iterable[bytes], keep_id: str, term: int | None = None, channel: str | None = None
+) -> list[bytes]:
+    """Keys to tombstone once the snapshot ``keep_id`` is durable: the chunks of every other snapshot and,
+    given the writer's ``channel`` and ``term``, that channel's manifests of older terms (never a newer
+    leader's)."""
     keep = CHUNK_PREFIX + keep_id.encode() + b"/"
-    return sorted({k for k in topic_keys if k.startswith(CHUNK_PREFIX) and not k.startswith(keep)})
+    out = {k for k in topic_keys if k.startswith(CHUNK_PREFIX) and not k.startswith(keep)}
+    if term is not None and channel is not None:
+        mine = manifest_key(channel, term)
+        prefix = MANIFEST_PREFIX + channel.encode() + b"/"
+        out |= {k for k in topic_keys if k.startswith(prefix) and len(k) == len(mine) and k < mine}
+    return sorted(out)
 
 
 def choose(
@@ -124,22 +140,25 @@ def choose(
 ) -> Snapshot | None:
     """The newest complete snapshot in the snapshot topic's messages (in log order), or None.
 
-    Total: undecodable messages are ignored. A manifest counts only if every chunk it names is present
-    (compaction keeps the latest value per key; tombstones delete). ``channel`` restricts to snapshots of
-    that channel topic.
+    Total: undecodable messages are ignored. Manifests are compared by (term, ts): a snapshot of a later
+    leader wins, whenever its manifest landed. A manifest counts only if every chunk it names is present
+    (compaction keeps the latest value per key; tombstones delete); otherwise the next newest is tried.
+    ``channel`` restricts to snapshots of that channel topic.
     """
     chunks: dict[bytes, Chunk] = {}
-    manifests: list[Manifest] = []
-    for key, value in messages:
+    manifests: dict[bytes, tuple[int, Manifest]] = {}  # key -> (position in the log, manifest)
+    for i, (key, value) in enumerate(messages):
         if key is None:
             continue
-        if key == MANIFEST_KEY:
+        if key.startswith(MANIFEST_PREFIX):
             if value is None:
+                manifests.pop(key, None)
                 continue
             try:
-                manifests.append(_manifest_dec.decode(value))
+                manifests[key] = (i, _manifest_dec.decode(value))
             except (msgspec.DecodeError, RecursionError):
-                log.warning("snapshot_manifest_unreadable")
+                manifests.pop(key, None)
+                log.warning("snapshot_manifest_unreadable", key=key.decode(errors="replace"))
             continue
         if not key.startswith(CHUNK_PREFIX):
             continue
@@ -150,7 +169,8 @@ def choose(
             chunks[key] = _chunk_dec.decode(value)
         except (msgspec.DecodeError, RecursionError):
             chunks.pop(key, None)
-    for m in reversed(manifests):
+    # Newest first: by term, then time, then position in the log.
+    for _, m in sorted(manifests.values(), key=lambda x: (x[1].term, x[1].ts, x[0]), reverse=True):
         if m.schema != 1 or (channel is not None and m.channel != channel):
             continue
         states: dict[str, Record] = {}
@@ -218,7 +238,7 @@ class SnapshotWriter:
     def observe(self, messages: Iterable[tuple[bytes | None, bytes | None]]) -> None:
         """Learn which chunk keys exist (from reading the snapshot topic) so they can be collected."""
         for key, value in messages:
-            if key is None or not key.startswith(CHUNK_PREFIX):
+            if key is None or not (key.startswith(CHUNK_PREFIX) or key.startswith(MANIFEST_PREFIX)):
                 continue
             if value is None:
                 self.known_keys.discard(key)
@@ -246,7 +266,8 @@ class SnapshotWriter:
             f.result(self.timeout)  # every chunk durable before the manifest names them
         self.transport.produce(self.topic, mkey, mvalue).result(self.timeout)
         self.known_keys.update(k for k, _ in chunk_msgs)
-        stale = garbage(self.known_keys, sid)
+        self.known_keys.add(mkey)
+        stale = garbage(self.known_keys, sid, term, self.channel)
         for k in stale:
             self.transport.produce(self.topic, k, None)
         self.transport.flush(self.timeout)

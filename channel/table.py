@@ -24,7 +24,17 @@ from dataclasses import dataclass, field
 import msgspec
 
 from channel.bundles import BundleRange, is_bundle_name, parse_bundle
-from channel.records import SKIP_BAD_KEY, Record, State, _classify, _decoder, intern_brokers
+from channel.records import (
+    MAX_CHECKED_LEN,
+    SKIP_BAD_KEY,
+    SKIP_TOO_DEEP,
+    Record,
+    State,
+    _classify,
+    _decoder,
+    intern_brokers,
+    too_deep,
+)
 from channel.resolve import ACCEPT, resolve
 
 # (key, old, new): old/new None means Init.
@@ -210,6 +220,9 @@ class TableView:
             if value is None:
                 new: Record | None = None
             else:
+                if len(value) > MAX_CHECKED_LEN and too_deep(value):
+                    outcome = self._skip(name, partition, offset, SKIP_TOO_DEEP.reason)
+                    continue
                 try:
                     new = decode_raw(value)
                 except decode_err:

@@ -262,8 +262,10 @@ class SheddingSettings(Section):
         True,
         description="Transfer to a chosen broker instead of a plain unload. [loadBalancerTransferEnabled]",
     )
-    threshold_pct: Pct = Field(
+    threshold_pct: float = Field(
         10.0,
+        gt=0,
+        le=100,
         description="ThresholdShedder margin over the average. [loadBalancerBrokerThresholdShedderPercentage]",
     )
     min_unload_throughput_bytes: float = Field(

@@ -187,7 +187,9 @@ class Controller:
 
     def safe_mode(self) -> str | None:
         """Why destructive work must wait right now, or None."""
-        if not self.is_leader:
+        # A leader whose session is suspended still holds the leadership (it resumes if the session
+        # survives): say that it is paused by ZooKeeper, not that it is a follower.
+        if self.election.term is None:
             return "not_leader"
         if not self.zk.connected:
             return "zookeeper_" + self.zk.state

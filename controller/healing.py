@@ -30,10 +30,10 @@ from balance.heal import (
     in_flight_by_broker,
     mass_failure,
     needs_healing,
-    override_for,
     plan_destinations,
+    throttle,
 )
-from channel.records import Record, State
+from channel.records import Record
 from controller.stores import FailedBroker, FailedBrokers, Reassignments
 
 log = structlog.get_logger("trimtab.healing")
@@ -118,50 +118,40 @@ class Healer:
             return [], info
         in_flight = in_flight_by_broker(items)
         out: list[Override] = []
-        total = sum(in_flight.values())
         for dead in ripe:
             chunks = self.plans.read(dead)
             if not chunks:
                 mine = sorted(b for b, r in needing if needs_healing(r, frozenset({dead})))
                 if not mine:
                     continue
-                owned = {k: v for k, v in in_flight.items()}
-                dests = plan_destinations(mine, dict(live), owned)
+                dests = plan_destinations(mine, dict(live), dict(in_flight))
                 parts = [mine[i : i + self.chunk_size] for i in range(0, len(mine), self.chunk_size)]
                 self.plans.write_plan(dead, [{b: dests[b] for b in p} for p in parts], self._term())
                 chunks = self.plans.read(dead)
             for seq, chunk in chunks.items():
-                unsatisfied = 0
-                for bundle, planned in chunk.bundles.items():
-                    cur = table_get(bundle)
-                    if cur is None or not needs_healing(cur, gone):
-                        continue
-                    unsatisfied += 1
-                    if total >= self.cfg.max_in_flight:
-                        info["deferred"] += 1
-                        continue
-
-                    def pick(b: str, exclude: frozenset[str], planned: str | None = planned) -> str | None:
-                        full = {x for x, n in in_flight.items() if n >= self.cfg.max_in_flight_per_broker}
-                        if (
-                            planned is not None
-                            and planned in live
-                            and planned not in exclude
-                            and planned not in full
-                        ):
-                            return planned
-                        return choose(b, exclude | full)
-
-                    got = override_for(bundle, cur, gone, pick, now_ms, self._writer())
-                    if got is None:
-                        continue
-                    rec, dst = got
-                    out.append(Override(bundle, rec, "failed_broker", dead, dst))
-                    if rec is not None and rec.state is State.ASSIGNING and dst is not None:
-                        in_flight[dst] += 1
-                        total += 1
-                if unsatisfied == 0:
-                    self.plans.done(dead, seq)
+                todo = [
+                    (b, cur)
+                    for b in chunk.bundles
+                    if (cur := table_get(b)) is not None and needs_healing(cur, gone)
+                ]
+                if not todo:
+                    self.plans.done(dead, seq)  # satisfied (moved, or moving): a new leader skips it too
+                    continue
+                got, deferred = throttle(
+                    todo,
+                    gone,
+                    choose,
+                    in_flight,
+                    self.cfg,
+                    now_ms,
+                    self._writer(),
+                    "failed_broker",
+                    dead,
+                    planned=chunk.bundles,
+                    live=live,
+                )
+                out.extend(got)
+                info["deferred"] += deferred
         return out, info
 
     def status(self) -> dict[str, Any]:

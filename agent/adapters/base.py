@@ -98,18 +98,17 @@ class RetryingAdapter:
             except (AdapterError, TimeoutError, OSError) as e:
                 final = attempt == self.retries
                 self._observe(op, "failed" if final else "retry", time.perf_counter() - t0)
+                reason = str(e) or type(e).__name__  # a bare TimeoutError has an empty message
                 log.warning(
                     "adapter_call_failed",
                     op=op,
                     attempt=attempt + 1,
                     of=self.retries + 1,
-                    error=str(e) or type(e).__name__,
+                    error=reason,
                     final=final,
                 )
                 if final:
-                    raise AdapterError(
-                        f"{op} failed after {attempt + 1} attempt(s): {e or type(e).__name__}"
-                    ) from e
+                    raise AdapterError(f"{op} failed after {attempt + 1} attempt(s): {reason}") from e
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
             else:

@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from channel.bundles import (
     BundleLayout,
+    BundleRange,
     TopicName,
     parse_bundle,
     range_equally_divide,
@@ -478,14 +479,16 @@ def _check_split(
     owner: str,
     children: list[str],
 ) -> None:
-    """Children Owned (v1) by the parent's owner everywhere, the parent gone, the layout in ZooKeeper cut
-    at the children's boundaries, every topic of the parent's range resolving to a child via every agent,
-    and the parent never assigned again."""
+    """Children Owned (v1) by the parent's owner everywhere, the parent Deleted (it stays so until the
+    leader's tombstone delay, so a lookup with an outdated layout re-reads it instead of re-assigning the
+    parent's range), the layout in ZooKeeper cut at the children's boundaries, every topic of the parent's
+    range resolving to a child via every agent, and the parent never assigned again."""
     ns, prange = parse_bundle(parent)
 
     def settled() -> bool:
         for n in cluster.agents:
-            if record(cluster, n, parent) is not None:
+            rec = record(cluster, n, parent)
+            if rec is None or rec["state"] != "deleted":
                 return False
             if not all(owned_by(record(cluster, n, c), owner, 1) for c in children):
                 return False
@@ -495,7 +498,7 @@ def _check_split(
         settled,
         15,
         message=lambda: (
-            f"children of {parent} Owned by {owner}, parent tombstoned: "
+            f"children of {parent} Owned by {owner}, parent Deleted: "
             f"{ {c: records_everywhere(cluster, c) for c in [parent, *children]} }"
         ),
     )
@@ -519,9 +522,9 @@ def _check_split(
             assert got["bundle"] == layout.bundle_for_topic(TopicName.parse(t))
             assert got["owner"] == owner
     # Nobody re-assigned the parent through a stale layout.
-    assert all(record(cluster, n, parent) is None for n in cluster.agents)
+    assert all(record(cluster, n, parent)["state"] == "deleted" for n in cluster.agents)
     accepted = [(r.state if r is not None else None) for r in ch.accepted(parent)]
-    assert accepted[-3:] == [State.SPLITTING, State.DELETED, None], accepted
+    assert accepted[-2:] == [State.SPLITTING, State.DELETED], accepted
 
     owner_node = cluster.by_broker(owner)
     wait_for(
@@ -601,21 +604,40 @@ def test_admin_split_children_owned_by_parent_owner(
     _check_split(shared, shared_channel, parent, owner, expected)
 
 
+def expected_auto_split(parent: str, max_topics: int) -> list[BundleRange]:
+    """Where range_equally_divide ends when every bundle over ``max_topics`` synthetic topics is split."""
+    ns, prange = parse_bundle(parent)
+    hashes = sim_topic_hashes(ns)
+    todo, done = [prange], []
+    while todo:
+        r = todo.pop()
+        n = sum(r.contains(h) for h in hashes)
+        if n > max_topics:
+            todo.extend(split_range(r, range_equally_divide(r)))
+        else:
+            done.append(r)
+    return sorted(done)
+
+
 def test_automatic_split_of_bundles_over_max_topics(tmp_path: Path) -> None:
+    max_topics = 5
     cluster = start_cluster(
         tmp_path / "cluster",
         brokers=2,
         settings={
-            "split": {"interval_s": 1.0, "max_topics": 5, "hit_count_threshold": 0},
+            "split": {"interval_s": 1.0, "max_topics": max_topics, "hit_count_threshold": 0},
             "sim": {"topics_per_namespace": SIM_TOPICS},
         },
     )
+    ch = ChannelAccess(cluster)
     try:
         ns = "auto/ns"
         ans = cluster.lookup(f"persistent://{ns}/t-0000", via=cluster.agents[0])
         parent, owner = ans["bundle"], ans["owner"]
         owner_node = cluster.by_broker(owner)
         _, prange = parse_bundle(parent)
+        final = expected_auto_split(parent, max_topics)
+        assert len(final) > 2, "the scenario needs a split of the children too"
         wait_for(
             lambda: metric(owner_node, "trimtab_splits_total", result="published") > 0,
             20,
@@ -625,9 +647,10 @@ def test_automatic_split_of_bundles_over_max_topics(tmp_path: Path) -> None:
 
         def settled() -> dict[str, dict[str, Any]] | None:
             table = converged_ownership(cluster)
-            if table is None or parent in table:
+            if table is None or table.get(parent, {}).get("state") != "deleted":
                 return None
-            inside = {b: r for b, r in table.items() if parse_bundle(b)[0] == ns}
+            # Split parents stay Deleted (until the leader's tombstone delay); the live bundles are the rest.
+            inside = {b: r for b, r in table.items() if parse_bundle(b)[0] == ns and r["state"] != "deleted"}
             ranges = sorted(parse_bundle(b)[1] for b in inside)
             if len(ranges) < 2 or not all(owned_by(r, owner) for r in inside.values()):
                 return None
@@ -639,13 +662,33 @@ def test_automatic_split_of_bundles_over_max_topics(tmp_path: Path) -> None:
             zk = [b for b in zk_boundaries(cluster, ns) if prange.lower <= b <= prange.upper]
             if zk != sorted({r.lower for r in ranges} | {prange.upper}):
                 return None
+            # Splitting goes on while a bundle has more than max_topics topics.
+            if ranges != final:
+                return None
             return inside
 
-        inside = wait_for(settled, 30, message=lambda: f"split children of {parent}: {cluster.ownership()}")
+        inside = wait_for(
+            settled,
+            30,
+            message=lambda: (
+                f"split of {parent} ends at {[r.name for r in final]}: "
+                f"{sorted(cluster.ownership(via=owner_node))}"
+            ),
+        )
         assert inside is not None
-        # Split children start at version 1 on the parent's owner.
-        first_children = [b for b, r in inside.items() if r["version"] == 1 and r["writer"] == owner]
-        assert first_children, inside
+        # Every descendant is a split child: Owned by the parent's owner from version 1, written by it.
+        assert all(
+            r["version"] == 1 and r["writer"] == owner and r["src"] is None for r in inside.values()
+        ), inside
+        history = [r.state if r is not None else None for r in ch.accepted(parent)]
+        assert history == [State.ASSIGNING, State.OWNED, State.SPLITTING, State.DELETED], history
+        splitting = ch.accepted(parent)[2]
+        assert splitting is not None and sorted(splitting.children or {}) == [
+            c.name for c in split_range(prange, range_equally_divide(prange))
+        ]
+        assert (
+            metric(owner_node, "trimtab_splits_total", reason="topics", result="published") == len(final) - 1
+        )
         for t in [f"persistent://{ns}/t-{i:04d}" for i in range(SIM_TOPICS)]:
             if prange.contains(topic_hash(t)):
                 got = cluster.lookup(t, via=cluster.agents[1])
@@ -653,6 +696,7 @@ def test_automatic_split_of_bundles_over_max_topics(tmp_path: Path) -> None:
         wait_for(lambda: sims_match_channel(cluster), 10, message=lambda: mismatch_report(cluster))
         check_single_owner(cluster.timelines())
     finally:
+        ch.close()
         cluster.stop()
 
 
@@ -732,7 +776,7 @@ def test_sigterm_drains_every_bundle_before_exiting(
     for b in bundles:
         rec = table[b]
         assert rec["state"] == "owned" and rec["dst"] != me and rec["src"] == me, (b, rec)
-        assert rec["dst"] in {n.broker for n in others}
+        assert rec["dst"] in {n.broker for n in shared.agents}  # a live agent (the drainee has exited)
         new_owner[b] = rec["dst"]
 
     timelines = shared.timelines()

@@ -240,7 +240,10 @@ def _reject_constant(name: str) -> Any:
 
 
 def oracle_decode(value: bytes) -> dict[str, Any] | str:
-    """A record dict, or the skip reason: malformed, unknown_state or future_schema."""
+    """A record dict, or the skip reason: too_deep, malformed, unknown_state or future_schema."""
+    # The protocol's fixed nesting rule (docs/protocol.md 2.2), written independently of channel.records.
+    if len(value) > 1024 and sum(value.count(c) for c in (b"{", b"[")) > 64:
+        return "too_deep"
     try:
         obj = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):

@@ -60,6 +60,7 @@ def assert_partitions(parent: BundleRange, boundaries: list[int], extra: list[in
 samples = st.lists(st.integers(0, FULL_UPPER), max_size=20)
 
 
+@settings(deadline=None)
 @given(parent=bundle_ranges(), extra=samples)
 def test_range_equally_divide_partitions_in_halves(parent: BundleRange, extra: list[int]) -> None:
     cuts = range_equally_divide(parent)
@@ -71,6 +72,7 @@ def test_range_equally_divide_partitions_in_halves(parent: BundleRange, extra: l
     assert abs(left.size - right.size) <= 2
 
 
+@settings(deadline=None)
 @given(parent=bundle_ranges(), data=st.data())
 def test_topic_count_equally_divide_halves_the_topics(parent: BundleRange, data: st.DataObject) -> None:
     inside = sorted(data.draw(st.sets(st.integers(parent.lower, parent.upper), max_size=12)))
@@ -88,6 +90,7 @@ def test_topic_count_equally_divide_halves_the_topics(parent: BundleRange, data:
         assert sum(right.contains(h) for h in inside) == n - n // 2
 
 
+@settings(deadline=None)
 @given(parent=bundle_ranges(), data=st.data())
 def test_topic_count_equally_divide_with_colliding_hashes(parent: BundleRange, data: st.DataObject) -> None:
     pool = data.draw(st.lists(st.integers(parent.lower, parent.upper), min_size=1, max_size=4))
@@ -103,6 +106,7 @@ def test_topic_count_equally_divide_with_colliding_hashes(parent: BundleRange, d
         assert len(distinct) < 2 or distinct[-2:] == [FULL_UPPER - 1, FULL_UPPER]
 
 
+@settings(deadline=None)
 @given(parent=bundle_ranges(), positions=st.lists(hashes, max_size=8), extra=samples)
 def test_specified_positions_divide(parent: BundleRange, positions: list[int], extra: list[int]) -> None:
     cuts = specified_positions_divide(parent, positions)
@@ -114,6 +118,7 @@ def test_specified_positions_divide(parent: BundleRange, positions: list[int], e
 loads = st.tuples(st.integers(0, 50).map(float), st.integers(0, 50).map(float))
 
 
+@settings(deadline=None)
 @given(
     parent=bundle_ranges(),
     data=st.data(),
@@ -148,6 +153,7 @@ def test_flow_or_qps_equally_divide(
             )
 
 
+@settings(deadline=None)
 @given(parent=bundle_ranges(), algorithm=st.sampled_from(SPLIT_ALGORITHMS), data=st.data())
 def test_split_boundaries_results_always_partition(
     parent: BundleRange, algorithm: str, data: st.DataObject
@@ -165,6 +171,7 @@ def test_split_boundaries_results_always_partition(
         assert_partitions(parent, cuts, probe)
 
 
+@settings(deadline=None)
 @given(rng=bundle_ranges(), ns=namespaces)
 def test_names_round_trip(rng: BundleRange, ns: str) -> None:
     assert BundleRange.parse(rng.name) == rng
@@ -174,6 +181,7 @@ def test_names_round_trip(rng: BundleRange, ns: str) -> None:
     assert parse_bundle(name) == (ns, rng)
 
 
+@settings(deadline=None)
 @given(
     st.one_of(
         st.text(max_size=40),
@@ -189,6 +197,7 @@ def test_is_bundle_name_agrees_with_parse_bundle(text: str) -> None:
     assert is_bundle_name(text) == parsed
 
 
+@settings(deadline=None)
 @given(topic=topic_names)
 def test_topic_hash_is_crc32_of_utf8_name(topic: str) -> None:
     assert topic_hash(topic) == zlib.crc32(topic.encode("utf-8"))
@@ -213,7 +222,7 @@ def test_default_layout_covers_the_space(count: int, probe: list[int]) -> None:
         assert layout.range_for_hash(h) == owners[0]
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(
     count=st.integers(1, 8),
     splits=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPLIT_ALGORITHMS)), max_size=6),

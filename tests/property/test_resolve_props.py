@@ -65,7 +65,7 @@ def as_dict(r: Record | None) -> dict[str, Any] | None:
     return None if r is None else r.to_json()
 
 
-@settings(max_examples=600)
+@settings(max_examples=600, deadline=None)
 @given(cases())
 def test_resolve_agrees_with_the_reference_model(
     case: tuple[BundleRange, Record | None, Record | None],
@@ -75,6 +75,7 @@ def test_resolve_agrees_with_the_reference_model(
     assert (verdict is ACCEPT) == oracle_accepts(rng.lower, rng.upper, as_dict(cur), as_dict(new))
 
 
+@settings(deadline=None)
 @given(cases())
 def test_verdict_reasons(case: tuple[BundleRange, Record | None, Record | None]) -> None:
     """The reason follows the order of the checks: version, then shape, then force, then transition."""
@@ -98,6 +99,7 @@ def test_verdict_reasons(case: tuple[BundleRange, Record | None, Record | None])
         assert verdict in (ACCEPT, Verdict.BROKER_MISMATCH)
 
 
+@settings(deadline=None)
 @given(cases())
 def test_resolve_is_deterministic_and_pure(case: tuple[BundleRange, Record | None, Record | None]) -> None:
     rng, cur, new = case
@@ -111,6 +113,7 @@ def test_resolve_is_deterministic_and_pure(case: tuple[BundleRange, Record | Non
     assert as_dict(cur) == cur_before and as_dict(new) == new_before
 
 
+@settings(deadline=None)
 @given(data=st.data())
 def test_at_most_one_record_per_version_is_accepted(data: st.DataObject) -> None:
     """Racing writers that computed the same version: whatever order they land in, at most one wins,

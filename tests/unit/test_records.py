@@ -169,7 +169,8 @@ def test_deep_nesting_is_skipped_not_raised(depth: int) -> None:
     """msgspec raises RecursionError on deeply nested unknown fields; decode must stay total."""
     nested = b"[" * depth + b"]" * depth
     assert isinstance(decode(b'{"extra":' + nested + b"}"), Skip)
-    assert decode(nested) == Skip("malformed")
+    # Long, deeply nested values hit the fixed rule; short ones are plain malformed.
+    assert decode(nested) == (Skip("too_deep") if len(nested) > 1024 else Skip("malformed"))
     assert isinstance(decode(wire()[:-1] + b', "extra": ' + nested + b"}"), (Record, Skip))
 
 
@@ -234,19 +235,20 @@ def _check(result: object) -> None:
         assert result.reason in ("malformed", "unknown_state", "future_schema")
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_decode_arbitrary_bytes_never_raises(raw: bytes) -> None:
     _check(decode(raw))
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.one_of(json_values, record_like()))
 def test_decode_arbitrary_json_never_raises(value: Any) -> None:
     _check(decode(json.dumps(value).encode()))  # json.dumps may write NaN/Infinity: not JSON either
     _check(decode_obj(value))
 
 
+@settings(deadline=None)
 @given(
     state=st.sampled_from(list(State)),
     version=st.integers(1, 2**63),

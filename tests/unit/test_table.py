@@ -90,7 +90,8 @@ def test_splitting_uses_the_key_range_for_children() -> None:
         (b"[]", "malformed"),
         (b'{"schema":2,"state":"owned"}', "future_schema"),
         (b'{"schema":1,"state":"migrating"}', "unknown_state"),
-        (b'{"x":' + b"[" * 5000 + b"]" * 5000 + b"}", "malformed"),
+        (b'{"x":' + b"[" * 5000 + b"]" * 5000 + b"}", "too_deep"),
+        (b'{"x":' + b"[" * 300 + b"]" * 300 + b"}", "malformed"),
     ],
 )
 def test_bad_values_are_skipped(value: bytes, reason: str) -> None:

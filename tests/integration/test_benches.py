@@ -1,0 +1,125 @@
+"""Smoke tests of the lookup, shed and failover benchmarks at tiny sizes.
+
+Each runs the real command end to end (the lookup and failover ones with a LocalCluster: real ZooKeeper,
+the Kafka mock, agent and controller processes), parses the one JSON object on stdout and checks that every
+figure is there and that the bench's own correctness checks held. Speed is never asserted (DESIGN.md
+section 11: performance is measured by benchmarks, not by timed tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from bench.cli import bench
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def invoke(*args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(bench, list(args))
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    out: dict[str, Any] = orjson.loads(result.stdout)  # stdout is the JSON object alone
+    return out
+
+
+def assert_checks(out: dict[str, Any]) -> None:
+    checks = {k: v for k, v in out["checks"].items() if k != "note"}
+    assert checks and all(v is True for v in checks.values()), checks
+    assert {"python", "cpu_count", "loadavg_start", "loadavg_end"} <= out["env"].keys()
+
+
+def assert_number(out: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        assert isinstance(out[key], int | float) and out[key] >= 0, f"{key}: {out.get(key)!r}"
+
+
+def test_bench_shed_small() -> None:
+    out = invoke("shed", "--brokers", "50", "--bundles", "2000", "--runs", "3")
+    assert out["bench"] == "shed"
+    assert_number(
+        out,
+        "decision_ms",
+        "decision_ms_p99",
+        "threshold_decision_ms",
+        "decision_with_inputs_ms",
+        "shed_cycle_ms",
+        "inputs_only_ms",
+    )
+    assert out["decision_ms_target"] == 50.0
+    assert out["decisions"] > 0 and out["threshold_decisions"] > 0
+    assert out["inputs"]["brokers"] == 50 and out["inputs"]["bundles"] == 2000
+    assert len(out["transfer_shedder"]["timing_ms"]["runs"]) == 3
+    assert set(out["meets_targets"]) == {"decision_ms", "decision_ms_p99", "decision_with_inputs_ms"}
+    assert_checks(out)
+
+
+def test_bench_lookup_small() -> None:
+    out = invoke(
+        "lookup",
+        "--topics", "32",
+        "--lookups", "50",
+        "--concurrency", "3",
+        "--assign-samples", "50",
+        "--rtt-samples", "50",
+        "--follower-samples", "20",
+        "--alternative-fetch-wait-ms", "1",
+    )  # fmt: skip
+    headline = (
+        "owned_lookup_p50_ms",
+        "owned_lookup_p99_ms",
+        "owned_lookups_per_s",
+        "assign_p50_ms",
+        "assign_p99_ms",
+        "raw_rtt_p50_ms",
+        "raw_rtt_p99_ms",
+        "assign_vs_rtt_ratio",
+        "follower_rtt_p50_ms",
+        "follower_rtt_p99_ms",
+    )
+    assert out["bench"] == "lookup"
+    assert_number(out, *headline)
+    assert out["assign_vs_rtt_ratio_target"] == 3.0
+    assert out["settings"]["kafka.fetch_wait_max_ms"] == 5  # the default
+    assert out["owned"]["concurrency"] == 3 and out["owned"]["lookups"] == 50
+    assert out["assign"]["samples"] == 50 and out["raw_rtt"]["samples"] == 50
+    assert out["assign"]["breakdown"]["segments_ms"]["assigning_to_owned"]["n"] == 50
+    alt = out["alternative"]
+    assert alt["settings"]["kafka.fetch_wait_max_ms"] == 1
+    assert_number(alt, *headline)
+    assert_checks(out)
+
+
+def test_bench_failover_small() -> None:
+    # A per-broker throttle below the bundle count: healing needs several rounds and must defer, not
+    # orphan, what does not fit (the bench fails if a bundle ends Free).
+    out = invoke(
+        "failover",
+        "--bundles", "500",
+        "--per-namespace", "250",
+        "--session-timeout-s", "3",
+        "--raised", "never",
+        "--set", "healing.max_in_flight_per_broker=100",
+    )  # fmt: skip
+    assert out["bench"] == "failover"
+    assert_number(
+        out,
+        "failover_s",
+        "failover_s_target",
+        "detection_s",
+        "detection_measured_s",
+        "first_override_s",
+        "failover_after_detection_s",
+    )
+    assert out["detection_s"] == 3.0 and out["failover_s_target"] == 4.0
+    assert out["bundles"] == 500
+    assert out["settings"]["healing.max_in_flight_per_broker"] == 100
+    healing = out["healing"]
+    assert healing["overrides_accepted"] == 500
+    assert sum(healing["final_owners"].values()) == 500
+    assert sum(1 for r in healing["leader_rounds"] if r["event"] == "healing_overrides") >= 2
+    assert out["raised_throttles"] is None
+    assert_checks(out)

@@ -1,0 +1,117 @@
+"""The README's main command, `trimtab dev up`, run for real as a subprocess and driven through its state
+file, plus the `trimtab admin` CLI against the cluster it started."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import Procs
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -> None:
+    state_file = tmp_path / "state.json"
+    proc = procs.trimtab(
+        "dev",
+        "up",
+        "--brokers",
+        "3",
+        "--namespaces",
+        "4",
+        "--hot",
+        "1",
+        "--duration",
+        "25",
+        "--no-view",
+        "--state-file",
+        str(state_file),
+        "--workdir",
+        str(tmp_path / "work"),
+        name="dev-up",
+    )
+    state = wait_for(
+        lambda: state_file.exists() and json.loads(state_file.read_text()),
+        timeout=90,
+        message=lambda: f"no state file; dev up stderr:\n{proc.stderr()[-2000:]}",
+    )
+    assert len(state["agents"]) == 3 and len(state["controllers"]) == 2
+    assert all(a["broker"] and a["http"].startswith("http://") and a["pid"] > 0 for a in state["agents"])
+
+    # Lookups work through any agent, and every agent agrees on the owner.
+    topic = "persistent://public/dev-test/t-0001"
+    answers = [
+        httpx.get(f"{a['http']}/v1/lookup", params={"topic": topic}, timeout=40).json()
+        for a in state["agents"]
+    ]
+    assert len({a["owner"] for a in answers}) == 1, answers
+    assert answers[0]["owner"] in {a["broker"] for a in state["agents"]}
+
+    # The admin CLI reaches the leader through any controller (followers redirect).
+    for c in state["controllers"]:
+        out = procs.run_trimtab("admin", "--controller", c["http"], "leader", timeout=30).check().json()
+        assert out["leader"]["term"] >= 1
+    status = procs.run_trimtab(
+        "admin", "--controller", state["controllers"][-1]["http"], "status", timeout=30
+    )
+    brokers = status.check().json()["brokers"]
+    assert set(brokers) == {a["broker"] for a in state["agents"]}
+
+    finished = proc.wait(timeout=120).check()
+    summary = finished.json()
+    assert summary["brokers"] == 3 and summary["controllers"] == 2
+    assert summary["lookups"]["ok"] == 4 * 64 and summary["lookups"]["failed"] == 0
+    assert summary["exited_unexpectedly"] == []
+    assert summary["load"]["initial_std"] is not None and summary["load"]["final_std"] is not None
+    assert summary["leader"]["term"] >= 1
+    assert not state_file.exists(), "the state file should be removed when the cluster stops"
+    # Every process it started is gone.
+    for p in state["agents"] + state["controllers"]:
+        with pytest.raises(ProcessLookupError):
+            import os
+
+            os.kill(p["pid"], 0)
+
+
+def test_dev_up_stops_cleanly_on_ctrl_c(tmp_path: Path, procs: Procs) -> None:
+    state_file = tmp_path / "state.json"
+    proc = procs.trimtab(
+        "dev",
+        "up",
+        "--brokers",
+        "2",
+        "--controllers",
+        "1",
+        "--namespaces",
+        "2",
+        "--no-view",
+        "--state-file",
+        str(state_file),
+        "--workdir",
+        str(tmp_path / "work"),
+        name="dev-up-ctrl-c",
+    )
+    state = wait_for(
+        lambda: state_file.exists() and json.loads(state_file.read_text()),
+        timeout=90,
+        message=lambda: f"no state file; dev up stderr:\n{proc.stderr()[-2000:]}",
+    )
+    # Wait until the warm-up is done (the summary needs it), then interrupt as a user would.
+    wait_for(
+        lambda: "assigned bundles for" in proc.stderr(), timeout=90, message=lambda: proc.stderr()[-2000:]
+    )
+    proc.signal_group(signal.SIGINT)
+    finished = proc.wait(timeout=90).check()
+    assert finished.json()["brokers"] == 2
+    assert "stopped." in finished.stderr
+    import os
+
+    for p in state["agents"] + state["controllers"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(p["pid"], 0)

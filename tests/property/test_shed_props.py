@@ -1,0 +1,207 @@
+"""Properties of the shedders (DESIGN.md 5.2) over random clusters, reports, ownership and memory."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from balance.load import BrokerLoadData, BundleStats, TopBundles
+from balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
+
+NOW = 5_000_000_000
+IDS = [f"b{i}" for i in range(7)]
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@dataclass
+class Case:
+    brokers: dict[str, bool]
+    loads: dict[str, BrokerLoadData]
+    top: dict[str, TopBundles]
+    owners: dict[str, str | None]
+    denied: frozenset[str]
+    state: ShedState
+    cfg: ShedConfig
+
+    def owner(self, bundle: str) -> str | None:
+        return self.owners.get(bundle)
+
+    def transferable(self, bundle: str, src: str, dst: str | None) -> bool:
+        return bundle not in self.denied
+
+    def run(self, fn: Any, state: ShedState | None = None) -> ShedResult:
+        return fn(
+            self.brokers,
+            self.loads,
+            self.top,
+            self.owner,
+            self.state if state is None else state,
+            self.cfg,
+            NOW,
+            self.transferable,
+        )
+
+    def cooling(self) -> set[str]:
+        return {
+            b for b, t in self.state.recent_brokers.items() if NOW - t < self.cfg.broker_cooldown_s * 1000
+        }
+
+    def in_grace(self) -> set[str]:
+        return {b for b, t in self.state.recent_bundles.items() if NOW - t <= self.cfg.bundle_grace_s * 1000}
+
+
+@st.composite
+def cases(draw: Any) -> Case:
+    small = draw(st.integers(0, 9)) == 0
+    ids = draw(st.lists(st.sampled_from(IDS), min_size=0 if small else 2, max_size=len(IDS), unique=True))
+    brokers = {b: draw(st.integers(0, 4)) > 0 for b in ids}  # False: draining
+    bundles: dict[str, list[BundleStats]] = {}
+    owners: dict[str, str | None] = {}
+    for b in ids:
+        mine = []
+        for i in range(draw(st.integers(0, 6))):
+            name = f"{b}/{i}"
+            tin = draw(st.sampled_from([0, 1, 10, 50, 100, 250, 500, 1000]))
+            mine.append(
+                BundleStats(bundle=name, msg_throughput_in=tin, msg_throughput_out=draw(st.integers(0, 9)))
+            )
+            # the channel mostly agrees with the report; sometimes the bundle moved or was unloaded
+            owners[name] = draw(st.sampled_from([b, b, b, b, None, *ids]))
+        bundles[b] = mine
+    loads: dict[str, BrokerLoadData] = {}
+    top: dict[str, TopBundles] = {}
+    silent = draw(st.sampled_from(ids)) if ids and draw(st.integers(0, 9)) == 0 else None
+    for b in ids:
+        if b == silent:
+            continue  # no report yet
+        tput = sum(s.throughput for s in bundles[b])
+        loads[b] = BrokerLoadData(
+            broker=b,
+            weighted_max_ema=draw(st.sampled_from([0.0, 0.05, 0.1, 0.3, 0.5, 0.7, 0.86, 0.95, 1.2])),
+            msg_throughput_in=tput if draw(st.booleans()) else float(draw(st.integers(0, 5000))),
+            msg_throughput_ema=float(draw(st.integers(0, 5000))),
+            updated_at=NOW - draw(st.sampled_from([0, 1_000, 100_000, 170_000, 1_800_000, 1_800_001])),
+        )
+        if bundles[b] or draw(st.booleans()):
+            top[b] = TopBundles(
+                broker=b,
+                bundles=sorted(bundles[b], key=lambda s: -s.throughput)[: draw(st.integers(0, 6))],
+            )
+    every = sorted(owners)
+    denied = frozenset(draw(st.lists(st.sampled_from(every), max_size=3))) if every else frozenset()
+    recent_bundles = (
+        {
+            n: NOW - draw(st.sampled_from([0, 60_000, 1_800_000, 1_800_001]))
+            for n in draw(st.lists(st.sampled_from(every), max_size=4))
+        }
+        if every
+        else {}
+    )
+    recent_brokers = (
+        {
+            b: NOW - draw(st.sampled_from([0, 2_000, 150_000, 180_000, 500_000]))
+            for b in draw(st.lists(st.sampled_from(ids), max_size=2))
+        }
+        if ids and draw(st.booleans())
+        else {}
+    )
+    state = ShedState(
+        hit_count=draw(st.integers(0, 5)), recent_bundles=recent_bundles, recent_brokers=recent_brokers
+    )
+    cfg = ShedConfig(
+        target_std=draw(st.sampled_from([0.05, 0.25])),
+        hit_count_threshold=draw(st.integers(0, 2)),
+        max_broker_pairs=draw(st.integers(1, 3)),
+        transfer=draw(st.booleans()),
+        threshold=draw(st.sampled_from([0.05, 0.1])),
+        min_unload_throughput=draw(st.sampled_from([0.0, 100.0])),
+    )
+    return Case(brokers, loads, top, owners, denied, state, cfg)
+
+
+def common_checks(c: Case, res: ShedResult) -> None:
+    us = res.decisions
+    # never the same bundle twice
+    assert len({u.bundle for u in us}) == len(us)
+    cooling, grace = c.cooling(), c.in_grace()
+    for u in us:
+        # owned by its source, per the channel, at decision time
+        assert c.owner(u.bundle) == u.src
+        # a bundle the source reported
+        assert u.bundle in {s.bundle for s in c.top[u.src].bundles}
+        assert u.throughput > 0
+        assert u.bundle not in grace
+        assert u.bundle not in c.denied
+        assert u.src not in cooling
+        assert u.src in c.brokers
+        if u.dst is not None:
+            assert c.cfg.transfer
+            assert u.dst != u.src
+            assert c.brokers.get(u.dst) is True  # live and not draining
+            assert u.dst not in cooling
+            assert u.dst_load is not None and u.src_load > u.dst_load
+    # no source loses all the bundles of its top-k report
+    for src, n in Counter(u.src for u in us).items():
+        assert n < len(c.top[src].bundles)
+    assert (res.result == "success") == bool(us)
+
+
+@SETTINGS
+@given(cases())
+def test_transfer_shedder_invariants(c: Case) -> None:
+    before = copy.deepcopy(c.state)
+    res = c.run(transfer_shedder)
+    c.state, after = before, c.state  # check against the memory the cycle started from
+    common_checks(c, res)
+    us = res.decisions
+    # at most max_broker_pairs sources, each paired with one destination
+    srcs = {u.src for u in us}
+    assert len(srcs) <= c.cfg.max_broker_pairs
+    for src in srcs:
+        mine = [u for u in us if u.src == src]
+        assert len({u.dst_load for u in mine}) == 1
+        if c.cfg.transfer:
+            assert len({u.dst for u in mine}) == 1
+        # about half the gap: never more than T_max * (L_max - L_min) / 2 / L_max
+        u0 = mine[0]
+        assert u0.dst_load is not None
+        budget = c.loads[src].throughput * (u0.src_load - u0.dst_load) / 2 / u0.src_load
+        assert sum(u.throughput for u in mine) <= budget * (1 + 1e-9)
+        assert u0.src_load == c.loads[src].weighted_max_ema
+    dsts = [u.dst for u in us if u.dst is not None]
+    assert not srcs & set(dsts)  # a broker is a source or a destination, not both
+    # the memory it keeps
+    if us:
+        assert after.hit_count == 0
+        assert all(after.recent_bundles[u.bundle] == NOW for u in us)
+        assert all(after.recent_brokers[u.src] == NOW for u in us)
+    else:
+        assert after.hit_count == res.hit_count
+        if res.reason in ("no_brokers", "no_load_data", "stale_load_data") and not res.loads:
+            assert after.hit_count == before.hit_count  # a cycle that never looked neither counts nor resets
+
+
+@SETTINGS
+@given(cases())
+def test_threshold_shedder_invariants(c: Case) -> None:
+    before = copy.deepcopy(c.state)
+    res = c.run(threshold_shedder)
+    c.state = before
+    common_checks(c, res)
+    for u in res.decisions:
+        assert u.src_load >= res.avg + c.cfg.threshold - 1e-12
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_shedders_are_pure(c: Case) -> None:
+    for fn in (transfer_shedder, threshold_shedder):
+        s1, s2 = copy.deepcopy(c.state), copy.deepcopy(c.state)
+        r1, r2 = c.run(fn, s1), c.run(fn, s2)
+        assert r1 == r2
+        assert s1 == s2

@@ -1,0 +1,264 @@
+"""Choosing a broker for an unowned bundle (DESIGN.md 5.1; digest pulsar_elb.md 5.1-5.2)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from balance.assign import (
+    DEFAULT_FILTERS,
+    AssignContext,
+    BrokerInfo,
+    MaxTopicsFilter,
+    VersionFilter,
+    least_resource_usage,
+    select_broker,
+)
+from balance.load import BrokerLoadData
+
+NOW = 100_000_000
+TTL = 1800.0
+BUNDLE = "t/ns/0x00000000_0x40000000"
+
+
+def info(bid: str, **kw: object) -> BrokerInfo:
+    return BrokerInfo(id=bid, service_url=f"svc://{bid}", http_url=f"http://{bid}", **kw)  # type: ignore[arg-type]
+
+
+def ld(bid: str, ema: float, *, topics: int = 0, age_s: float = 0.0) -> BrokerLoadData:
+    return BrokerLoadData(broker=bid, weighted_max_ema=ema, topics=topics, updated_at=int(NOW - age_s * 1000))
+
+
+def ctx(loads: dict[str, BrokerLoadData] | None = None, **kw: object) -> AssignContext:
+    return AssignContext(loads=loads or {}, now_ms=NOW, load_ttl_s=TTL, **kw)  # type: ignore[arg-type]
+
+
+def picks(fn: object, n: int = 300) -> set[str | None]:
+    """Every broker a selection can return, over many seeds."""
+    return {fn(random.Random(seed)) for seed in range(n)}  # type: ignore[operator]
+
+
+# ------------------------------------------------------------------------------ least resource usage
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(["a", "b", "c"])))
+def test_documented_example_best_is_10_and_30_percent(order: tuple[str, ...]) -> None:
+    # usages 10%, 30%, 80% -> avg 40% -> best = {10%, 30%} with diff 10% (30% + 10% <= 40%, on the line).
+    loads = {"a": ld("a", 0.10), "b": ld("b", 0.30), "c": ld("c", 0.80)}
+    got = picks(lambda r: least_resource_usage(list(order), loads, 0.10, r, NOW, TTL))
+    assert got == {"a", "b"}
+
+
+def test_best_excludes_brokers_above_the_line() -> None:
+    loads = {"a": ld("a", 0.10), "b": ld("b", 0.31), "c": ld("c", 0.80)}  # avg .403: b + .1 > avg
+    got = picks(lambda r: least_resource_usage(["a", "b", "c"], loads, 0.10, r, NOW, TTL))
+    assert got == {"a"}
+
+
+def test_falls_back_to_all_candidates_when_none_is_best() -> None:
+    loads = {b: ld(b, 0.5) for b in "abc"}  # all equal: nobody is 10% below the average
+    got = picks(lambda r: least_resource_usage(["a", "b", "c", "d"], loads, 0.10, r, NOW, TTL))
+    assert got == {"a", "b", "c", "d"}  # including d, which has no report
+
+
+def test_brokers_without_a_fresh_report_are_never_best() -> None:
+    loads = {
+        "a": ld("a", 0.40),
+        "b": ld("b", 0.90),
+        "stale": ld("stale", 0.0, age_s=TTL + 1),  # looks idle, but its report is outdated
+    }
+    got = picks(lambda r: least_resource_usage(["a", "b", "stale", "silent"], loads, 0.10, r, NOW, TTL))
+    assert got == {"a"}  # avg over a, b = .65; a is best; stale and silent never are
+
+
+def test_single_fresh_report_falls_back_to_all() -> None:
+    loads = {"a": ld("a", 0.0)}
+    got = picks(lambda r: least_resource_usage(["a", "b"], loads, 0.10, r, NOW, TTL))
+    assert got == {"a", "b"}
+
+
+def test_no_candidates() -> None:
+    assert least_resource_usage([], {}, 0.1, random.Random(1), NOW, TTL) is None
+
+
+def test_least_resource_usage_is_deterministic_for_a_seed() -> None:
+    loads = {b: ld(b, i / 20) for i, b in enumerate("abcdefgh")}
+    cands = list("abcdefgh")
+    first = [least_resource_usage(cands, loads, 0.1, random.Random(s), NOW, TTL) for s in range(50)]
+    again = [least_resource_usage(cands[::-1], loads, 0.1, random.Random(s), NOW, TTL) for s in range(50)]
+    assert first == again  # same seed, same answer, whatever the candidate order
+
+
+# ------------------------------------------------------------------------------------ select_broker
+
+
+def test_select_excludes_and_draining_are_never_chosen() -> None:
+    brokers = {"a": info("a"), "b": info("b", draining=True), "c": info("c"), "d": info("d")}
+    loads = {b: ld(b, 0.0) for b in brokers}  # b and a would be the best choices by load
+    c = ctx(loads, exclude=frozenset({"a"}))
+    got = picks(lambda r: select_broker(BUNDLE, brokers, c, r).broker)
+    assert got == {"c", "d"}
+
+
+@pytest.mark.parametrize(
+    ("brokers", "exclude"),
+    [
+        ({}, frozenset()),
+        ({"a": info("a", draining=True)}, frozenset()),
+        ({"a": info("a"), "b": info("b")}, frozenset({"a", "b"})),
+    ],
+)
+def test_select_no_eligible_broker(brokers: dict[str, BrokerInfo], exclude: frozenset[str]) -> None:
+    sel = select_broker(BUNDLE, brokers, ctx(exclude=exclude), random.Random(0))
+    assert sel.broker is None
+    assert sel.reason == "no_brokers"
+    assert sel.candidates == 0
+
+
+def test_select_uses_least_resource_usage() -> None:
+    brokers = {b: info(b) for b in "abc"}
+    loads = {"a": ld("a", 0.10), "b": ld("b", 0.30), "c": ld("c", 0.80)}
+    sels = [select_broker(BUNDLE, brokers, ctx(loads), random.Random(s)) for s in range(200)]
+    assert {s.broker for s in sels} == {"a", "b"}
+    assert all(s.reason == "selected" and s.candidates == 3 and s.skipped_filters == [] for s in sels)
+
+
+class Nobody:
+    name = "nobody"
+
+    def apply(
+        self, bundle: str, candidates: dict[str, BrokerInfo], c: AssignContext
+    ) -> dict[str, BrokerInfo]:
+        return {}
+
+
+class OnlyPrefix:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.name = f"only_{prefix}"
+        self.seen: list[set[str]] = []
+
+    def apply(
+        self, bundle: str, candidates: dict[str, BrokerInfo], c: AssignContext
+    ) -> dict[str, BrokerInfo]:
+        self.seen.append(set(candidates))
+        return {k: v for k, v in candidates.items() if k.startswith(self.prefix)}
+
+
+def test_each_filter_narrows_never_empties() -> None:
+    brokers = {b: info(b) for b in ("x1", "x2", "y1")}
+    f1, f3 = OnlyPrefix("x"), OnlyPrefix("x2")
+    sel = select_broker(BUNDLE, brokers, ctx(), random.Random(3), filters=(f1, Nobody(), f3, OnlyPrefix("z")))
+    assert sel.broker == "x2"
+    assert sel.skipped_filters == ["nobody", "only_z"]
+    assert sel.candidates == 1
+    # each filter sees what the previous ones left (the skipped one changed nothing)
+    assert f1.seen == [{"x1", "x2", "y1"}]
+    assert f3.seen == [{"x1", "x2"}]
+
+
+def test_a_filter_may_not_see_excluded_or_draining_brokers() -> None:
+    brokers = {"a": info("a"), "b": info("b", draining=True), "c": info("c")}
+    f = OnlyPrefix("")
+    select_broker(BUNDLE, brokers, ctx(exclude=frozenset({"c"})), random.Random(0), filters=(f,))
+    assert f.seen == [{"a"}]
+
+
+def test_filter_mutating_its_input_does_not_leak() -> None:
+    class Greedy:
+        name = "greedy"
+
+        def apply(self, bundle: str, cands: dict[str, BrokerInfo], c: AssignContext) -> dict[str, BrokerInfo]:
+            cands.clear()
+            return cands
+
+    brokers = {b: info(b) for b in "ab"}
+    sel = select_broker(BUNDLE, brokers, ctx(), random.Random(0), filters=(Greedy(),))
+    assert sel.broker in {"a", "b"}
+    assert sel.skipped_filters == ["greedy"]
+    assert set(brokers) == {"a", "b"}
+
+
+# ------------------------------------------------------------------------------------ version filter
+
+
+def test_version_filter_off_by_default() -> None:
+    brokers = {"a": info("a", version="1.0.0"), "b": info("b", version="2.0.0")}
+    got = picks(lambda r: select_broker(BUNDLE, brokers, ctx(), r).broker, 100)
+    assert got == {"a", "b"}
+
+
+@pytest.mark.parametrize(
+    ("versions", "newest"),
+    [
+        ({"a": "1.0.0", "b": "2.0.0", "c": "2.0.0"}, {"b", "c"}),
+        ({"a": "1.9.0", "b": "1.10.0"}, {"b"}),  # numeric, not lexical
+        ({"a": "3.0.1", "b": "3.0.0", "c": "2.99.99"}, {"a"}),
+        ({"a": "2.0.0-rc1", "b": "2.0.0"}, {"b"}),  # a release is newer than its pre-release (semver)
+        ({"a": "2.0.0-rc1", "b": "1.9.9"}, {"a"}),
+        ({"a": "2.0.0-rc2", "b": "2.0.0-rc1"}, {"a"}),
+    ],
+)
+def test_version_filter_prefers_later_versions(versions: dict[str, str], newest: set[str]) -> None:
+    brokers = {b: info(b, version=v) for b, v in versions.items()}
+    c = ctx(prefer_later_versions=True)
+    assert set(VersionFilter().apply(BUNDLE, dict(brokers), c)) == newest
+    got = picks(lambda r: select_broker(BUNDLE, brokers, c, r).broker, 100)
+    assert got == newest
+
+
+def test_version_filter_newest_may_be_excluded() -> None:
+    brokers = {
+        "a": info("a", version="1.0.0"),
+        "b": info("b", version="2.0.0"),
+        "c": info("c", version="1.0.0"),
+    }
+    c = ctx(prefer_later_versions=True, exclude=frozenset({"b"}))
+    got = picks(lambda r: select_broker(BUNDLE, brokers, c, r).broker, 100)
+    assert got == {"a", "c"}  # the newest among the eligible
+
+
+# --------------------------------------------------------------------------------- max topics filter
+
+
+def test_max_topics_filter_drops_full_brokers() -> None:
+    brokers = {b: info(b) for b in "abc"}
+    loads = {"a": ld("a", 0.5, topics=100), "b": ld("b", 0.5, topics=99), "c": ld("c", 0.5, topics=150)}
+    c = ctx(loads, max_topics=100)
+    assert set(MaxTopicsFilter().apply(BUNDLE, dict(brokers), c)) == {"b"}
+    sel = select_broker(BUNDLE, brokers, c, random.Random(0))
+    assert sel.broker == "b" and sel.skipped_filters == []
+
+
+def test_max_topics_filter_ignores_missing_and_stale_reports() -> None:
+    brokers = {b: info(b) for b in "abc"}
+    loads = {"a": ld("a", 0.5, topics=500), "b": ld("b", 0.5, topics=500, age_s=TTL + 1)}
+    kept = MaxTopicsFilter().apply(BUNDLE, dict(brokers), ctx(loads, max_topics=100))
+    assert set(kept) == {"b", "c"}
+
+
+def test_max_topics_filter_skipped_when_everyone_is_full() -> None:
+    brokers = {b: info(b) for b in "ab"}
+    loads = {b: ld(b, 0.5, topics=1000) for b in "ab"}
+    sel = select_broker(BUNDLE, brokers, ctx(loads, max_topics=10), random.Random(0))
+    assert sel.broker in {"a", "b"}
+    assert sel.skipped_filters == ["max_topics"]
+
+
+def test_default_filter_names() -> None:
+    assert [f.name for f in DEFAULT_FILTERS] == ["version", "max_topics"]
+
+
+# ------------------------------------------------------------------------------------- determinism
+
+
+def test_select_is_deterministic_for_a_seeded_random() -> None:
+    brokers = {f"b{i}": info(f"b{i}", version="1.1.0" if i < 10 else "1.0.0") for i in range(12)}
+    loads = {b: ld(b, (i * 7 % 10) / 10) for i, b in enumerate(brokers)}
+    c = ctx(loads, prefer_later_versions=True)
+    a = [select_broker(BUNDLE, brokers, c, random.Random(seed)).broker for seed in range(40)]
+    b = [select_broker(BUNDLE, brokers, c, random.Random(seed)).broker for seed in range(40)]
+    assert a == b
+    assert len(set(a)) > 1  # and it is random across seeds
