@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import structlog
@@ -166,9 +167,33 @@ class Reconciler:
         if len(self._done) > 200_000:
             self._done.clear()
 
-    async def _publish(self, bundle: str, record: Any) -> None:
+    def _publish_last(self, bundle: str, record: Any, version: int, kind: str) -> None:
+        """Publish a plan's final record without holding a worker until Kafka acknowledges it.
+
+        Nothing after it depends on the acknowledgement (the channel replay tells us what happened), so
+        the worker moves on; a failed delivery comes back through the callback and retries the bundle.
+        """
+        loop = asyncio.get_running_loop()
         fut = self.channel.publish(bundle, record)
-        await asyncio.wait_for(asyncio.wrap_future(fut), self.publish_timeout_s)
+
+        def delivered(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                loop.call_soon_threadsafe(self._delivery_failed, bundle, version, kind, exc)
+
+        fut.add_done_callback(delivered)
+
+    def _delivery_failed(self, bundle: str, version: int, kind: str, exc: BaseException) -> None:
+        if self._done.get(bundle) == (version, kind):
+            del self._done[bundle]
+        n = self._failures.get(bundle, 0) + 1
+        self._failures[bundle] = n
+        delay = min(0.2 * 2 ** (n - 1), 10.0)
+        self.metrics.reactions.labels(kind, "failed").inc()
+        log.warning(
+            "reaction_failed", bundle=bundle, kind=kind, version=version, error=str(exc), retry_in_s=delay
+        )
+        self._requeue_later(bundle, delay)
 
     def _set_served(self, bundle: str, serving: bool) -> None:
         if serving:
@@ -213,6 +238,7 @@ class Reconciler:
                 self._set_served(bundle, False)
                 self.fenced.discard(bundle)
             elif isinstance(step, Publish):
-                await self._publish(bundle, step.record)
+                cur = self.channel.table.get(bundle)
+                self._publish_last(bundle, step.record, cur.version if cur is not None else 0, p.kind)
             else:  # pragma: no cover - exhaustive over Step
                 raise AssertionError(step)

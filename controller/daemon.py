@@ -367,19 +367,23 @@ class Controller:
         await asyncio.wait_for(asyncio.wrap_future(self.channel.publish(bundle, record)), 30)
 
     async def _publish_overrides(self, overrides: list[Override]) -> int:
-        ok = 0
-        futs = []
+        """Publish a round of forced records and wait for all acknowledgements at once (one wait, not one
+        task per record: a failover round can hold thousands)."""
         assert self.channel is not None
-        for o in overrides:
-            futs.append((o, asyncio.wrap_future(self.channel.publish(o.bundle, o.record))))
-        for o, f in futs:
-            try:
-                await asyncio.wait_for(f, 30)
+        futs = [asyncio.wrap_future(self.channel.publish(o.bundle, o.record)) for o in overrides]
+        if futs:
+            await asyncio.wait(futs, timeout=30)
+        ok = 0
+        for o, f in zip(overrides, futs, strict=True):
+            if f.done() and not f.cancelled() and f.exception() is None:
                 ok += 1
                 self.metrics.overrides.labels(o.reason, "published").inc()
-            except Exception as e:
+            else:
+                if not f.done():
+                    f.cancel()
+                err = "no acknowledgement within 30s" if f.cancelled() else str(f.exception())
                 self.metrics.overrides.labels(o.reason, "failed").inc()
-                log.warning("override_failed", bundle=o.bundle, reason=o.reason, error=str(e))
+                log.warning("override_failed", bundle=o.bundle, reason=o.reason, error=err)
         return ok
 
     # ------------------------------------------------------------------ snapshots

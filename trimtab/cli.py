@@ -550,5 +550,13 @@ def config_docs(output: Path | None) -> None:
         click.echo(text)
 
 
+def _register_benchmarks() -> None:
+    from bench.cli import bench
+
+    main.add_command(bench)
+
+
+_register_benchmarks()
+
 if __name__ == "__main__":
     main()

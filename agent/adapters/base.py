@@ -94,7 +94,10 @@ class RetryingAdapter:
         for attempt in range(self.retries + 1):
             t0 = time.perf_counter()
             try:
-                result = await asyncio.wait_for(fn(), self.timeout_s)
+                # asyncio.timeout (not wait_for): no extra task per call, which matters when a failover
+                # makes one agent acquire thousands of bundles at once.
+                async with asyncio.timeout(self.timeout_s):
+                    result = await fn()
             except (AdapterError, TimeoutError, OSError) as e:
                 final = attempt == self.retries
                 self._observe(op, "failed" if final else "retry", time.perf_counter() - t0)
