@@ -9,12 +9,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from agent.lookup import LookupError
 from channel.bundles import BundleError, parse_bundle
+from cluster.http import add_probes, brokers_view, ownership_view
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
@@ -166,29 +166,11 @@ def create_app(agent: Agent) -> FastAPI:
     @app.get("/v1/ownership", summary="Bundle -> record for every bundle (optionally of one broker)")
     async def ownership(broker: str | None = None, namespace: str | None = None) -> dict[str, Any]:
         assert agent.channel is not None
-        out = {}
-        for k, r in sorted(agent.channel.table.items()):
-            if broker is not None and r.owner() != broker:
-                continue
-            if namespace is not None and not k.startswith(namespace + "/"):
-                continue
-            out[k] = r.to_json()
-        return {"bundles": out, "count": len(out)}
+        return ownership_view(agent.channel.table.items(), broker, namespace)
 
     @app.get("/v1/brokers", summary="Live brokers with their latest load report")
     async def brokers() -> dict[str, Any]:
-        import msgspec
-
-        loads = agent.loads.snapshot()
-        return {
-            "brokers": {
-                k: {
-                    "info": msgspec.to_builtins(v),
-                    "load": msgspec.to_builtins(loads[k]) if k in loads else None,
-                }
-                for k, v in sorted(agent.registry.brokers.items())
-            }
-        }
+        return brokers_view(agent.registry.brokers, agent.loads.snapshot())
 
     @app.post(
         "/v1/admin/split",
@@ -222,21 +204,14 @@ def create_app(agent: Agent) -> FastAPI:
     async def status() -> Any:
         return agent.status()
 
-    @app.get("/healthz", summary="Liveness: the event loop is ticking")
-    async def healthz() -> Any:
-        age = time.monotonic() - agent.last_tick
-        ok = age < 10 or not agent.ready
-        return JSONResponse({"ok": ok, "tick_age_s": round(age, 2)}, status_code=200 if ok else 503)
-
-    @app.get("/readyz", summary="Readiness: registered, channel caught up, not draining")
-    async def readyz() -> Any:
-        ok = agent.ready and not agent.draining
-        body = {"ready": ok, "draining": agent.draining}
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def metrics() -> Response:
-        return PlainTextResponse(generate_latest(agent.prom), media_type=CONTENT_TYPE_LATEST)
+    add_probes(
+        app,
+        tick_age=lambda: time.monotonic() - agent.last_tick,
+        started=lambda: agent.ready,
+        ready=lambda: (agent.ready and not agent.draining, {"draining": agent.draining}),
+        registry=lambda: agent.prom,
+        ready_summary="Readiness: registered, channel caught up, not draining",
+    )
 
     # ------------------------------------------------------------------ simulated broker controls
     @app.get("/v1/sim/state", summary="(simulated broker) serving set, calls and acquire/release timeline")

@@ -43,25 +43,23 @@ from balance.load import BrokerLoadData
 from balance.split import SplitDecision, SplitLimits, children_for, decide_splits
 from channel.bundles import BundleError, parse_bundle
 from channel.client import ChannelClient
-from channel.kafka import KafkaTransport
 from channel.records import Record, State, make
 from channel.table import TableView
 from channel.transport import Transport
 from cluster.events import EventPublisher
-from cluster.http import HttpServer, bind
+from cluster.http import HttpServer, RequestError, bind
 from cluster.kvview import KeyValueView
 from cluster.logs import bind as bind_log
 from cluster.metrics import ChannelCollector, new_registry
-from cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
+from cluster.wiring import kafka_transport, zk_session
+from cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
 from config.settings import Settings
 
 log = structlog.get_logger("trimtab.agent")
 
 
-class SplitRefused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+class SplitRefused(RequestError):
+    """A split this agent will not start (not the owner, bad input, in flight)."""
 
 
 class Agent:
@@ -115,26 +113,11 @@ class Agent:
         )
 
         self.paths = ZkPaths(s.zk_path)
-        self.zk = ZkSession(
-            s.zookeeper.hosts,
-            session_timeout_s=s.zookeeper.session_timeout_s,
-            connect_timeout_s=s.zookeeper.connect_timeout_s,
-        )
+        self.zk = zk_session(s)
         self.registry = BrokerRegistry(self.zk, self.paths)
         self.namespaces = NamespaceStore(self.zk.client, self.paths, s.namespace.default_bundles)
 
-        self.transport: Transport = self._transport or KafkaTransport(
-            s.kafka.bootstrap_servers,
-            client_config=s.kafka.client_config,
-            client_id=f"trimtab-agent-{self.me}",
-            linger_ms=s.kafka.linger_ms,
-            fetch_wait_max_ms=s.kafka.fetch_wait_max_ms,
-            compacted_topics=frozenset(
-                {s.kafka.snapshot_topic, s.kafka.broker_load_topic, s.kafka.top_bundles_topic}
-            ),
-            topic_partitions={s.kafka.channel_topic: s.kafka.channel_partitions},
-            replication_factor=s.kafka.replication_factor,
-        )
+        self.transport: Transport = self._transport or kafka_transport(s, f"trimtab-agent-{self.me}")
         self.channel = ChannelClient(
             self.transport,
             s.kafka.channel_topic,
@@ -208,15 +191,7 @@ class Agent:
         return info.service_url if info else None
 
     def assign_context(self, exclude: frozenset[str] = frozenset()) -> AssignContext:
-        a = self.s.assignment
-        return AssignContext(
-            loads=self.loads.snapshot(),
-            now_ms=int(time.time() * 1000),
-            load_ttl_s=self.s.load.ttl_s,
-            max_topics=a.broker_max_topics,
-            prefer_later_versions=a.prefer_later_versions,
-            exclude=exclude,
-        )
+        return AssignContext.from_settings(self.s, self.loads.snapshot(), int(time.time() * 1000), exclude)
 
     def broker_info(self) -> BrokerInfo:
         b = self.s.broker
@@ -349,18 +324,7 @@ class Agent:
 
     # ------------------------------------------------------------------ splits
     def split_limits(self) -> SplitLimits:
-        sp = self.s.split
-        return SplitLimits(
-            max_topics=sp.max_topics,
-            max_sessions=sp.max_sessions,
-            max_msg_rate=sp.max_msg_rate,
-            max_bandwidth_mbytes=sp.max_bandwidth_mbytes,
-            hit_count_threshold=sp.hit_count_threshold,
-            max_bundles_per_namespace=sp.max_bundles_per_namespace,
-            max_splits_per_cycle=sp.max_splits_per_cycle,
-            algorithm=sp.algorithm,
-            flow_or_qps_diff_threshold_pct=sp.flow_or_qps_diff_threshold_pct,
-        )
+        return SplitLimits.from_settings(self.s)
 
     def owned(self) -> set[str]:
         assert self.channel is not None

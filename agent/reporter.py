@@ -81,12 +81,7 @@ class LoadReporter:
         self.s = settings
         self.metrics = metrics
         self.clock = clock
-        self.weights = Weights(
-            settings.load.cpu_weight,
-            settings.load.memory_weight,
-            settings.load.bandwidth_in_weight,
-            settings.load.bandwidth_out_weight,
-        )
+        self.weights = Weights.from_settings(settings)
         self.host = HostSampler(settings)
         self.current: BrokerLoadData | None = None  # latest computed (EMA state)
         self.published: BrokerLoadData | None = None  # last one published

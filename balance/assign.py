@@ -20,6 +20,7 @@ from typing import Protocol
 import msgspec
 
 from balance.load import BrokerLoadData, is_fresh
+from config.settings import Settings
 
 
 class BrokerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +48,23 @@ class AssignContext:
     prefer_later_versions: bool = False
     exclude: frozenset[str] = frozenset()
     extra: Mapping[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(
+        cls,
+        s: Settings,
+        loads: Mapping[str, BrokerLoadData],
+        now_ms: int,
+        exclude: frozenset[str] = frozenset(),
+    ) -> AssignContext:
+        return cls(
+            loads=loads,
+            now_ms=now_ms,
+            load_ttl_s=s.load.ttl_s,
+            max_topics=s.assignment.broker_max_topics,
+            prefer_later_versions=s.assignment.prefer_later_versions,
+            exclude=exclude,
+        )
 
 
 class BrokerFilter(Protocol):

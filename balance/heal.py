@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from channel.records import IN_FLIGHT, Record, State, make
+from config.settings import Settings
 
 Choose = Callable[[str, frozenset[str]], str | None]  # (bundle, exclude) -> broker or None
 
@@ -34,6 +35,19 @@ class HealConfig:
     mass_failure_max_fraction: float = 0.4
     in_flight_timeout_s: float = 30.0
     tombstone_delay_s: float = 3600.0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> HealConfig:
+        h = s.healing
+        return cls(
+            grace_s=h.grace_s,
+            max_in_flight=h.max_in_flight,
+            max_in_flight_per_broker=h.max_in_flight_per_broker,
+            mass_failure_max_brokers=h.mass_failure_max_brokers,
+            mass_failure_max_fraction=h.mass_failure_max_fraction,
+            in_flight_timeout_s=s.channel.in_flight_timeout_s,
+            tombstone_delay_s=s.channel.tombstone_delay_s,
+        )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import msgspec
 
+from config.settings import Settings
+
 
 class Usage(msgspec.Struct, frozen=True):
     usage: float
@@ -23,7 +25,24 @@ class Usage(msgspec.Struct, frozen=True):
 ZERO = Usage(0.0, 1.0)
 
 
-class BrokerLoadData(msgspec.Struct, frozen=True, kw_only=True):
+class Rates(msgspec.Struct, frozen=True, kw_only=True):
+    """Message rates (msg/s) and throughputs (bytes/s), of a broker or of one bundle."""
+
+    msg_rate_in: float = 0.0
+    msg_rate_out: float = 0.0
+    msg_throughput_in: float = 0.0
+    msg_throughput_out: float = 0.0
+
+    @property
+    def throughput(self) -> float:
+        return self.msg_throughput_in + self.msg_throughput_out
+
+    @property
+    def msg_rate(self) -> float:
+        return self.msg_rate_in + self.msg_rate_out
+
+
+class BrokerLoadData(Rates, frozen=True, kw_only=True):
     """One broker's report; ``weighted_max_ema`` (a fraction, 1.0 = 100%) is what decisions compare."""
 
     schema: int = 1
@@ -32,10 +51,6 @@ class BrokerLoadData(msgspec.Struct, frozen=True, kw_only=True):
     memory: Usage = ZERO
     bandwidth_in: Usage = ZERO  # bytes/s
     bandwidth_out: Usage = ZERO
-    msg_rate_in: float = 0.0
-    msg_rate_out: float = 0.0
-    msg_throughput_in: float = 0.0  # bytes/s
-    msg_throughput_out: float = 0.0
     bundles: int = 0
     topics: int = 0
     max_resource_usage: float = 0.0
@@ -45,36 +60,16 @@ class BrokerLoadData(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: int = 0  # ms, when the sample was taken
     reported_at: int = 0  # ms, when it was published
 
-    @property
-    def throughput(self) -> float:
-        return self.msg_throughput_in + self.msg_throughput_out
 
-    @property
-    def msg_rate(self) -> float:
-        return self.msg_rate_in + self.msg_rate_out
-
-
-class BundleStats(msgspec.Struct, frozen=True, kw_only=True):
+class BundleStats(Rates, frozen=True, kw_only=True):
     """Per-bundle figures as a broker reports them (the adapter's sample, the top-k report, splits)."""
 
     bundle: str
-    msg_rate_in: float = 0.0
-    msg_rate_out: float = 0.0
-    msg_throughput_in: float = 0.0
-    msg_throughput_out: float = 0.0
     topics: int = 0
     producers: int = 0
     consumers: int = 0
     # topic hash -> (msg rate, throughput): feeds topic_count / flow_or_qps split algorithms.
     topic_loads: dict[int, tuple[float, float]] = msgspec.field(default_factory=dict)
-
-    @property
-    def throughput(self) -> float:
-        return self.msg_throughput_in + self.msg_throughput_out
-
-    @property
-    def msg_rate(self) -> float:
-        return self.msg_rate_in + self.msg_rate_out
 
     @property
     def sessions(self) -> int:
@@ -94,6 +89,11 @@ class Weights:
     memory: float = 1.0
     bandwidth_in: float = 1.0
     bandwidth_out: float = 1.0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Weights:
+        ld = s.load
+        return cls(ld.cpu_weight, ld.memory_weight, ld.bandwidth_in_weight, ld.bandwidth_out_weight)
 
 
 def weighted_max(load: BrokerLoadData, w: Weights) -> float:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from balance.load import BrokerLoadData, TopBundles, is_fresh
+from config.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,22 @@ class ShedConfig:
     load_ttl_s: float = 1800.0
     threshold: float = 0.10  # ThresholdShedder margin, fraction
     min_unload_throughput: float = 10 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> ShedConfig:
+        sh = s.shedding
+        return cls(
+            target_std=sh.target_std,
+            hit_count_threshold=sh.hit_count_threshold,
+            overload_threshold=sh.overload_threshold_pct / 100,
+            max_broker_pairs=sh.max_broker_pairs,
+            bundle_grace_s=sh.bundle_grace_s,
+            broker_cooldown_s=sh.broker_cooldown_s,
+            transfer=sh.transfer_enabled,
+            load_ttl_s=s.load.ttl_s,
+            threshold=sh.threshold_pct / 100,
+            min_unload_throughput=sh.min_unload_throughput_bytes,
+        )
 
 
 @dataclass
@@ -97,7 +114,11 @@ def _population(
     cfg: ShedConfig,
     now_ms: int,
 ) -> tuple[dict[str, BrokerLoadData] | None, set[str], str]:
-    """(fresh loads of live brokers, brokers cooling down after a move, skip reason if no cycle)."""
+    """(fresh loads of live brokers, brokers cooling down after a move, skip reason if no cycle).
+
+    Also forgets bundle moves older than the grace period: both shedders start here.
+    """
+    _expire(state, cfg, now_ms)
     pop: dict[str, BrokerLoadData] = {}
     cooling: set[str] = set()
     for b in sorted(brokers):
@@ -141,7 +162,6 @@ def transfer_shedder(
 
     Mutates ``state`` (hit count, recent moves): that is the shedder's memory between cycles.
     """
-    _expire(state, cfg, now_ms)
     pop, cooling, why = _population(brokers, loads, state, cfg, now_ms)
     if pop is None:
         return ShedResult([], "skip", why, hit_count=state.hit_count)
@@ -264,7 +284,6 @@ def threshold_shedder(
     transferable: Transferable = lambda bundle, src, dst: True,
 ) -> ShedResult:
     """One ThresholdShedder cycle: unload ``usage - (avg + threshold) + 5%`` of each hot broker's traffic."""
-    _expire(state, cfg, now_ms)
     pop, cooling, why = _population(brokers, loads, state, cfg, now_ms)
     if pop is None:
         return ShedResult([], "skip", why)

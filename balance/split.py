@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from balance.load import BundleStats
 from channel.bundles import BundleRange, parse_bundle, split_boundaries, split_range
+from config.settings import Settings
 
 MB = 1024 * 1024
 
@@ -27,6 +28,21 @@ class SplitLimits:
     max_splits_per_cycle: int = 10
     algorithm: str = "range_equally_divide"
     flow_or_qps_diff_threshold_pct: float = 10.0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> SplitLimits:
+        sp = s.split
+        return cls(
+            max_topics=sp.max_topics,
+            max_sessions=sp.max_sessions,
+            max_msg_rate=sp.max_msg_rate,
+            max_bandwidth_mbytes=sp.max_bandwidth_mbytes,
+            hit_count_threshold=sp.hit_count_threshold,
+            max_bundles_per_namespace=sp.max_bundles_per_namespace,
+            max_splits_per_cycle=sp.max_splits_per_cycle,
+            algorithm=sp.algorithm,
+            flow_or_qps_diff_threshold_pct=sp.flow_or_qps_diff_threshold_pct,
+        )
 
 
 @dataclass(frozen=True)

@@ -334,6 +334,7 @@ def time_with_inputs(
     from prometheus_client import CollectorRegistry
 
     from cluster.events import EventPublisher
+    from controller.daemon import observe_shed_cycle, shed_event
     from controller.metrics import ControllerMetrics
 
     metrics = ControllerMetrics.create(CollectorRegistry())
@@ -371,26 +372,8 @@ def time_with_inputs(
             assert cur is not None and cur.dst == u.src
         t2 = time.perf_counter()
         # What shed_once does after deciding (minus the channel writes and the log line).
-        metrics.shed_seconds.observe(t2 - t1)
-        metrics.shed_cycles.labels(res.result, res.reason).inc()
-        metrics.load_avg.set(res.avg)
-        metrics.load_std.set(res.std)
-        for b, v in res.loads.items():
-            metrics.broker_load.labels(b).set(v)
-        events.publish(
-            "shed",
-            key="shed",
-            result=res.result,
-            reason=res.reason,
-            avg=round(res.avg, 4),
-            std=round(res.std, 4),
-            loads={b: round(v, 4) for b, v in res.loads.items()},
-            moves=[
-                {"bundle": u.bundle, "src": u.src, "dst": u.dst, "throughput": round(u.throughput)}
-                for u in res.decisions
-            ],
-            skipped=res.skipped_bundles[:20],
-        )
+        observe_shed_cycle(metrics, res, t2 - t1)
+        events.publish("shed", **shed_event(res))
         t3 = time.perf_counter()
         totals.append(t2 - t0)
         inputs_only.append(t1 - t0)

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
 from channel.bundles import BundleError, parse_bundle
+from cluster.http import add_probes, brokers_view, ownership_view
 from controller.daemon import AdminError, NotLeader
 
 if TYPE_CHECKING:
@@ -85,27 +85,11 @@ def create_app(ctl: Controller) -> FastAPI:
     @app.get("/v1/ownership", summary="Bundle -> record (optionally of one broker or namespace)")
     async def ownership(broker: str | None = None, namespace: str | None = None) -> Any:
         assert ctl.channel is not None
-        out = {}
-        for k, r in sorted(ctl.channel.table.items()):
-            if broker is not None and r.owner() != broker:
-                continue
-            if namespace is not None and not k.startswith(namespace + "/"):
-                continue
-            out[k] = r.to_json()
-        return {"bundles": out, "count": len(out)}
+        return ownership_view(ctl.channel.table.items(), broker, namespace)
 
     @app.get("/v1/brokers", summary="Live brokers with their latest load")
     async def brokers() -> Any:
-        loads = ctl.loads.snapshot()
-        return {
-            "brokers": {
-                k: {
-                    "info": msgspec.to_builtins(v),
-                    "load": msgspec.to_builtins(loads[k]) if k in loads else None,
-                }
-                for k, v in sorted(ctl.registry.brokers.items())
-            }
-        }
+        return brokers_view(ctl.registry.brokers, ctl.loads.snapshot())
 
     @app.post(
         "/v1/admin/transfer",
@@ -172,19 +156,13 @@ def create_app(ctl: Controller) -> FastAPI:
         rec = ctl.channel.table.get(bundle)
         return {"bundle": bundle, "record": rec.to_json() if rec else None}
 
-    @app.get("/healthz", summary="Liveness: the event loop is ticking")
-    async def healthz() -> Any:
-        age = time.monotonic() - ctl.last_tick
-        ok = age < 10 or not ctl.ready
-        return JSONResponse({"ok": ok, "tick_age_s": round(age, 2)}, status_code=200 if ok else 503)
-
-    @app.get("/readyz", summary="Readiness: warm (channel and load views caught up) and connected")
-    async def readyz() -> Any:
-        ok = ctl.ready and ctl.zk.connected
-        return JSONResponse({"ready": ok, "leader": ctl.is_leader}, status_code=200 if ok else 503)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return PlainTextResponse(generate_latest(ctl.prom), media_type=CONTENT_TYPE_LATEST)
+    add_probes(
+        app,
+        tick_age=lambda: time.monotonic() - ctl.last_tick,
+        started=lambda: ctl.ready,
+        ready=lambda: (ctl.ready and ctl.zk.connected, {"leader": ctl.is_leader}),
+        registry=lambda: ctl.prom,
+        ready_summary="Readiness: warm (channel and load views caught up) and connected",
+    )
 
     return app

@@ -36,16 +36,16 @@ from balance.heal import HealConfig, Override, monitor
 from balance.load import BrokerLoadData, TopBundles
 from balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
 from channel.client import ChannelClient
-from channel.kafka import KafkaTransport
 from channel.records import Record, State, make
 from channel.snapshot import SnapshotWriter, read_all
 from channel.transport import Transport
 from cluster.events import EventPublisher
-from cluster.http import HttpServer, bind
+from cluster.http import HttpServer, RequestError, bind
 from cluster.kvview import KeyValueView
 from cluster.logs import bind as bind_log
 from cluster.metrics import ChannelCollector, new_registry
-from cluster.zk import BrokerRegistry, ZkPaths, ZkSession
+from cluster.wiring import kafka_transport, zk_session
+from cluster.zk import BrokerRegistry, ZkPaths
 from config.settings import Settings
 from controller.election import LeaderElection
 from controller.healing import Healer
@@ -55,16 +55,48 @@ from controller.stores import ControllerSwitches, FailedBrokers, Reassignments, 
 log = structlog.get_logger("trimtab.controller")
 
 
+def observe_shed_cycle(metrics: ControllerMetrics, res: ShedResult, seconds: float) -> None:
+    """Metrics for one shedding cycle, whatever its outcome."""
+    metrics.shed_seconds.observe(seconds)
+    metrics.shed_cycles.labels(res.result, res.reason).inc()
+    if res.loads:
+        metrics.load_avg.set(res.avg)
+        metrics.load_std.set(res.std)
+        for b, v in res.loads.items():
+            metrics.broker_load.labels(b).set(v)
+
+
+def shed_event(res: ShedResult) -> dict[str, Any]:
+    """The events-topic record of one shedding cycle: the decision or skip and the load behind it."""
+    return {
+        "key": "shed",
+        "result": res.result,
+        "reason": res.reason,
+        "avg": round(res.avg, 4),
+        "std": round(res.std, 4),
+        "loads": {b: round(v, 4) for b, v in res.loads.items()},
+        "moves": [
+            {
+                "bundle": u.bundle,
+                "src": u.src,
+                "dst": u.dst,
+                "throughput": round(u.throughput),
+                "reason": u.reason,
+            }
+            for u in res.decisions
+        ],
+        "skipped": res.skipped_bundles[:20],
+    }
+
+
 class NotLeader(Exception):
     def __init__(self, leader_url: str | None) -> None:
         super().__init__("this controller is not the leader")
         self.leader_url = leader_url
 
 
-class AdminError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+class AdminError(RequestError):
+    """An admin operation the leader refuses (unknown bundle, not owned, bad destination)."""
 
 
 class Controller:
@@ -105,11 +137,7 @@ class Controller:
             self.me = f"{s.advertised_host()}:{port}"
         bind_log(controller=self.me, role="controller")
         self.paths = ZkPaths(s.zk_path)
-        self.zk = ZkSession(
-            s.zookeeper.hosts,
-            session_timeout_s=s.zookeeper.session_timeout_s,
-            connect_timeout_s=s.zookeeper.connect_timeout_s,
-        )
+        self.zk = zk_session(s)
         self.registry = BrokerRegistry(self.zk, self.paths)
         self.election = LeaderElection(
             self.zk,
@@ -124,15 +152,7 @@ class Controller:
         self.plans = Reassignments(self.zk.client, self.paths)
         self.switch_store = Switches(self.zk.client, self.paths)
         h = s.healing
-        self.heal_cfg = HealConfig(
-            grace_s=h.grace_s,
-            max_in_flight=h.max_in_flight,
-            max_in_flight_per_broker=h.max_in_flight_per_broker,
-            mass_failure_max_brokers=h.mass_failure_max_brokers,
-            mass_failure_max_fraction=h.mass_failure_max_fraction,
-            in_flight_timeout_s=s.channel.in_flight_timeout_s,
-            tombstone_delay_s=s.channel.tombstone_delay_s,
-        )
+        self.heal_cfg = HealConfig.from_settings(s)
         self.healer = Healer(
             self.failed_store,
             self.plans,
@@ -141,18 +161,7 @@ class Controller:
             writer=self.writer,
             term=self.term,
         )
-        self.transport: Transport = self._transport or KafkaTransport(
-            s.kafka.bootstrap_servers,
-            client_config=s.kafka.client_config,
-            client_id=f"trimtab-controller-{self.me}",
-            linger_ms=s.kafka.linger_ms,
-            fetch_wait_max_ms=s.kafka.fetch_wait_max_ms,
-            compacted_topics=frozenset(
-                {s.kafka.snapshot_topic, s.kafka.broker_load_topic, s.kafka.top_bundles_topic}
-            ),
-            topic_partitions={s.kafka.channel_topic: s.kafka.channel_partitions},
-            replication_factor=s.kafka.replication_factor,
-        )
+        self.transport: Transport = self._transport or kafka_transport(s, f"trimtab-controller-{self.me}")
         self.channel = ChannelClient(self.transport, s.kafka.channel_topic, s.kafka.snapshot_topic)
         self.channel.table.add_listener(lambda key, old, new: loop.call_soon_threadsafe(self._wake_healing))
         self.loads: KeyValueView[BrokerLoadData] = KeyValueView(
@@ -341,15 +350,7 @@ class Controller:
         return dict(self.registry.brokers)
 
     def assign_context(self, exclude: frozenset[str] = frozenset()) -> AssignContext:
-        a = self.s.assignment
-        return AssignContext(
-            loads=self.loads.snapshot(),
-            now_ms=int(self.clock() * 1000),
-            load_ttl_s=self.s.load.ttl_s,
-            max_topics=a.broker_max_topics,
-            prefer_later_versions=a.prefer_later_versions,
-            exclude=exclude,
-        )
+        return AssignContext.from_settings(self.s, self.loads.snapshot(), int(self.clock() * 1000), exclude)
 
     def choose(self, bundle: str, exclude: frozenset[str]) -> str | None:
         sel = select_broker(
@@ -495,19 +496,7 @@ class Controller:
 
     # ------------------------------------------------------------------ shedding
     def shed_config(self) -> ShedConfig:
-        sh = self.s.shedding
-        return ShedConfig(
-            target_std=sh.target_std,
-            hit_count_threshold=sh.hit_count_threshold,
-            overload_threshold=sh.overload_threshold_pct / 100,
-            max_broker_pairs=sh.max_broker_pairs,
-            bundle_grace_s=sh.bundle_grace_s,
-            broker_cooldown_s=sh.broker_cooldown_s,
-            transfer=sh.transfer_enabled,
-            load_ttl_s=self.s.load.ttl_s,
-            threshold=sh.threshold_pct / 100,
-            min_unload_throughput=sh.min_unload_throughput_bytes,
-        )
+        return ShedConfig.from_settings(self.s)
 
     async def shed_once(self) -> ShedResult | None:
         assert self.channel is not None
@@ -541,14 +530,8 @@ class Controller:
             self.shed_config(),
             now,
         )
-        self.metrics.shed_seconds.observe(time.perf_counter() - t0)
         self.last_shed = res
-        self.metrics.shed_cycles.labels(res.result, res.reason).inc()
-        if res.loads:
-            self.metrics.load_avg.set(res.avg)
-            self.metrics.load_std.set(res.std)
-            for b, v in res.loads.items():
-                self.metrics.broker_load.labels(b).set(v)
+        observe_shed_cycle(self.metrics, res, time.perf_counter() - t0)
         published = 0
         for u in res.decisions:
             cur = table.get(u.bundle)
@@ -573,33 +556,16 @@ class Controller:
             decisions=len(res.decisions),
             published=published,
         )
-        self._record(
-            "shed",
-            key="shed",
-            result=res.result,
-            reason=res.reason,
-            avg=round(res.avg, 4),
-            std=round(res.std, 4),
-            loads={b: round(v, 4) for b, v in res.loads.items()},
-            moves=[
-                {
-                    "bundle": u.bundle,
-                    "src": u.src,
-                    "dst": u.dst,
-                    "throughput": round(u.throughput),
-                    "reason": u.reason,
-                }
-                for u in res.decisions
-            ],
-            skipped=res.skipped_bundles[:20],
-        )
+        self._record("shed", **shed_event(res))
         return res
 
     # ------------------------------------------------------------------ admin
     def require_leader(self) -> None:
         if not self.is_leader:
             cur = self.election.leader()
-            raise NotLeader(cur.http_url if cur is not None else None)
+            # A leader paused by a suspended session still names itself as leader: redirecting to that
+            # would loop. Nobody can lead right now: a retryable 503.
+            raise NotLeader(cur.http_url if cur is not None and cur.id != self.me else None)
 
     async def admin_move(self, bundle: str, dst: str | None) -> Record:
         """Transfer (dst set) or unload (dst None) a bundle, as an operator asked."""

@@ -90,6 +90,24 @@ def _common_flags(
     }
 
 
+def _run_daemon(role: str, build: Any, s: Settings) -> None:
+    """Configure logging, run the daemon's event loop, and turn a start-up failure into a clear exit."""
+    import asyncio
+
+    from cluster.logs import configure_logging
+
+    configure_logging(s.logging.level, s.logging.json_logs, role=role)
+    try:
+        code = asyncio.run(build(s).run())
+    except Exception as e:
+        import structlog
+
+        structlog.get_logger("trimtab").exception(f"{role}_failed", error=str(e))
+        click.echo(f"{role} failed: {e}", err=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
 @main.command()
 @daemon_options
 @click.option("--broker-id", default=None, help="Stable broker id (broker.id; default host:port).")
@@ -104,27 +122,10 @@ def agent(
     broker_id: str | None,
 ) -> None:
     """Run the sidecar agent for one broker."""
-    import asyncio
-
     from agent.daemon import Agent
-    from cluster.logs import configure_logging
 
-    s = settings_from(
-        config_file,
-        sets,
-        **_common_flags(zookeeper, kafka, cluster, http_host, http_port),
-        **{"broker.id": broker_id},
-    )
-    configure_logging(s.logging.level, s.logging.json_logs, role="agent")
-    try:
-        code = asyncio.run(Agent(s).run())
-    except Exception as e:
-        import structlog
-
-        structlog.get_logger("trimtab").exception("agent_failed", error=str(e))
-        click.echo(f"agent failed: {e}", err=True)
-        sys.exit(1)
-    sys.exit(code)
+    flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
+    _run_daemon("agent", Agent, settings_from(config_file, sets, **flags, **{"broker.id": broker_id}))
 
 
 @main.command()
@@ -141,27 +142,14 @@ def controller(
     controller_id: str | None,
 ) -> None:
     """Run a controller (several may run; one is elected leader)."""
-    import asyncio
-
-    from cluster.logs import configure_logging
     from controller.daemon import Controller
 
-    s = settings_from(
-        config_file,
-        sets,
-        **_common_flags(zookeeper, kafka, cluster, http_host, http_port),
-        **{"controller.id": controller_id},
+    flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
+    _run_daemon(
+        "controller",
+        Controller,
+        settings_from(config_file, sets, **flags, **{"controller.id": controller_id}),
     )
-    configure_logging(s.logging.level, s.logging.json_logs, role="controller")
-    try:
-        code = asyncio.run(Controller(s).run())
-    except Exception as e:
-        import structlog
-
-        structlog.get_logger("trimtab").exception("controller_failed", error=str(e))
-        click.echo(f"controller failed: {e}", err=True)
-        sys.exit(1)
-    sys.exit(code)
 
 
 @main.command("sim-broker")
@@ -245,15 +233,15 @@ def channel_dump(
 ) -> None:
     """Read the live channel to its end and show the resolved table."""
     from channel.client import ChannelClient
-    from channel.kafka import KafkaTransport
     from channel.replayfile import table_report
     from cluster.logs import configure_logging
+    from cluster.wiring import kafka_transport
 
     s = settings_from(
         config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers, "kafka.channel_topic": topic}
     )
     configure_logging("warning", json_logs=True)
-    transport = KafkaTransport(s.kafka.bootstrap_servers, client_config=s.kafka.client_config)
+    transport = kafka_transport(s, "trimtab-channel-dump")
     client = ChannelClient(
         transport, s.kafka.channel_topic, s.kafka.snapshot_topic, use_snapshot=not no_snapshot
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import structlog
@@ -62,6 +62,29 @@ class BrokerAdapter(Protocol):
     async def split(self, bundle: str, children: list[str]) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+class OperationAdapter:
+    """The five bundle operations as one request each (``op`` plus a JSON body): what the webhook and
+    command adapters share. Subclasses implement :meth:`_op` and :meth:`sample`."""
+
+    async def _op(self, op: str, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def acquire(self, bundle: str) -> None:
+        await self._op("acquire", {"bundle": bundle})
+
+    async def fence(self, bundle: str) -> None:
+        await self._op("fence", {"bundle": bundle})
+
+    async def close(self, bundle: str, redirect_url: str | None) -> None:
+        await self._op("close", {"bundle": bundle, "redirect_url": redirect_url})
+
+    async def prewarm(self, bundle: str) -> None:
+        await self._op("prewarm", {"bundle": bundle})
+
+    async def split(self, bundle: str, children: list[str]) -> None:
+        await self._op("split", {"bundle": bundle, "children": children})
 
 
 # Called with (operation, result, seconds); result is "ok", "retry" or "failed".

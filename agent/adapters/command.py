@@ -13,18 +13,21 @@ from typing import Any
 import msgspec
 import orjson
 
-from agent.adapters.base import AdapterError, BrokerSample
+from agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
 
 _sample_dec = msgspec.json.Decoder(BrokerSample)
 
 
-class CommandAdapter:
+class CommandAdapter(OperationAdapter):
     kind = "command"
 
     def __init__(self, command: list[str]) -> None:
         if not command:
             raise ValueError("the command adapter needs a command")
         self.command = list(command)
+
+    async def _op(self, op: str, body: dict[str, Any]) -> None:
+        await self._run(op, body)
 
     async def _run(self, op: str, body: dict[str, Any]) -> bytes:
         try:
@@ -53,21 +56,6 @@ class CommandAdapter:
             return _sample_dec.decode(out)
         except msgspec.DecodeError as e:
             raise AdapterError(f"sample: output is not a valid BrokerSample: {e}") from e
-
-    async def acquire(self, bundle: str) -> None:
-        await self._run("acquire", {"bundle": bundle})
-
-    async def fence(self, bundle: str) -> None:
-        await self._run("fence", {"bundle": bundle})
-
-    async def close(self, bundle: str, redirect_url: str | None) -> None:
-        await self._run("close", {"bundle": bundle, "redirect_url": redirect_url})
-
-    async def prewarm(self, bundle: str) -> None:
-        await self._run("prewarm", {"bundle": bundle})
-
-    async def split(self, bundle: str, children: list[str]) -> None:
-        await self._run("split", {"bundle": bundle, "children": children})
 
     async def aclose(self) -> None:
         return None

@@ -23,20 +23,20 @@ from typing import Any
 import httpx
 import msgspec
 
-from agent.adapters.base import AdapterError, BrokerSample
+from agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
 
 PREFIX = "/trimtab/v1"
 _sample_dec = msgspec.json.Decoder(BrokerSample)
 
 
-class WebhookAdapter:
+class WebhookAdapter(OperationAdapter):
     kind = "webhook"
 
     def __init__(self, base_url: str, timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
 
-    async def _post(self, op: str, body: dict[str, Any]) -> None:
+    async def _op(self, op: str, body: dict[str, Any]) -> None:
         try:
             r = await self._client.post(f"{PREFIX}/bundles/{op}", json=body)
         except httpx.HTTPError as e:
@@ -55,21 +55,6 @@ class WebhookAdapter:
             return _sample_dec.decode(r.content)
         except msgspec.DecodeError as e:
             raise AdapterError(f"sample: the broker's load report is not a valid BrokerSample: {e}") from e
-
-    async def acquire(self, bundle: str) -> None:
-        await self._post("acquire", {"bundle": bundle})
-
-    async def fence(self, bundle: str) -> None:
-        await self._post("fence", {"bundle": bundle})
-
-    async def close(self, bundle: str, redirect_url: str | None) -> None:
-        await self._post("close", {"bundle": bundle, "redirect_url": redirect_url})
-
-    async def prewarm(self, bundle: str) -> None:
-        await self._post("prewarm", {"bundle": bundle})
-
-    async def split(self, bundle: str, children: list[str]) -> None:
-        await self._post("split", {"bundle": bundle, "children": children})
 
     async def aclose(self) -> None:
         await self._client.aclose()
