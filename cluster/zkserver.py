@@ -22,21 +22,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import importlib.util
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from cluster.procs import die_with_parent_hook
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 CLASSPATH_ENV = "TRIMTAB_ZK_CLASSPATH"
@@ -79,7 +79,6 @@ INSTALL_HINT = (
 )
 LOG_NAME = "zookeeper.log"
 CONFIG_NAME = "zoo.cfg"
-_PR_SET_PDEATHSIG = 1
 _LOOPBACK = "127.0.0.1"
 
 
@@ -199,26 +198,6 @@ def _kill_leftovers() -> None:
     for server in list(_RUNNING):
         with contextlib.suppress(Exception):
             server.kill()
-
-
-def _pdeathsig_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when its parent dies (Linux), or None.
-
-    ``prctl`` is looked up here, in the parent: between fork and exec the child must do as little as
-    possible (no imports, no library search, no allocation-heavy work).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    sigkill = int(signal.SIGKILL)
-
-    def hook() -> None:  # pragma: no cover - runs in the child
-        prctl(_PR_SET_PDEATHSIG, sigkill)
-
-    return hook
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -368,12 +347,7 @@ class ZooKeeperServer:
                 f"\n===== trimtab: start #{self.starts + 1} on port {self.port} at {stamp} =====\n".encode()
             )
             log.flush()
-            # PDEATHSIG fires when the *thread* that forked exits: only safe from the main thread.
-            hook = (
-                _pdeathsig_hook()
-                if self.die_with_parent and threading.current_thread() is threading.main_thread()
-                else None
-            )
+            hook = die_with_parent_hook() if self.die_with_parent else None
             try:
                 return subprocess.Popen(
                     cmd,

@@ -367,10 +367,19 @@ class Controller:
         assert self.channel is not None
         await asyncio.wait_for(asyncio.wrap_future(self.channel.publish(bundle, record)), 30)
 
+    async def still_leader(self) -> bool:
+        """Confirm leadership with ZooKeeper before destructive writes (see LeaderElection.confirm)."""
+        if await asyncio.to_thread(self.election.confirm):
+            return True
+        log.warning("leadership_not_confirmed", action="skipping this round of writes")
+        return False
+
     async def _publish_overrides(self, overrides: list[Override]) -> int:
         """Publish a round of forced records and wait for all acknowledgements at once (one wait, not one
         task per record: a failover round can hold thousands)."""
         assert self.channel is not None
+        if not await self.still_leader():
+            return 0
         futs = [asyncio.wrap_future(self.channel.publish(o.bundle, o.record)) for o in overrides]
         if futs:
             await asyncio.wait(futs, timeout=30)
@@ -533,6 +542,8 @@ class Controller:
         self.last_shed = res
         observe_shed_cycle(self.metrics, res, time.perf_counter() - t0)
         published = 0
+        if res.decisions and not await self.still_leader():
+            res.decisions = []
         for u in res.decisions:
             cur = table.get(u.bundle)
             if cur is None or cur.state is not State.OWNED or cur.dst != u.src:

@@ -181,3 +181,24 @@ class LeaderElection:
 
     def leader(self) -> LeaderInfo | None:
         return self.current
+
+    def confirm(self) -> bool:
+        """One ZooKeeper round trip: do we still hold the leader node, in this very session?
+
+        Called right before each round of destructive writes. A leader process that was paused past its
+        session timeout (a long GC, SIGSTOP) still believes it leads until kazoo notices; the read fails
+        on an expired session, or shows the node now belongs to another session, and the round is
+        skipped. (The channel would stay single-owner either way -- the first valid record wins -- but a
+        stale leader could make moves a new leader then has to undo.)
+        """
+        if self.term is None:
+            return False
+        try:
+            _, stat = self.zk.get(self.paths.leader)
+        except (NoNodeError, KazooException, KazooTimeoutError):
+            self._wake.set()
+            return False
+        if stat.ephemeralOwner != self.session.session_id:
+            self._wake.set()
+            return False
+        return True

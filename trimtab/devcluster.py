@@ -24,6 +24,7 @@ import httpx
 import orjson
 
 from channel.kafka import MockCluster
+from cluster.procs import die_with_parent_hook
 from cluster.zkserver import ZooKeeperServer, free_port
 from config.loader import load_settings
 
@@ -189,8 +190,15 @@ class LocalCluster:
             *extra,
         ]
         with log.open("ab") as out:
+            # Own session (signals to the orchestrator are not forwarded), yet killed if the orchestrator
+            # dies: a dev cluster or a test run must never leave daemons behind.
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
             )
         node = Node(name, kind, port, proc, log)
         self.nodes[name] = node
