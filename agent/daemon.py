@@ -13,7 +13,8 @@ until they are owned elsewhere -- then tombstone the load report, deregister and
 or the drain deadline, exits at once and says how many bundles were left.
 
 Threads: kazoo and librdkafka have their own; the channel follower applies records on its thread and
-hands events to the asyncio loop with ``call_soon_threadsafe``. All decisions run on the loop.
+hands events to the asyncio loop through a :class:`cluster.bridge.LoopBridge` (one wakeup per burst, in
+order). All decisions run on the loop.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from channel.client import ChannelClient
 from channel.records import Record, State, make
 from channel.table import TableView
 from channel.transport import Transport
+from cluster.bridge import LoopBridge
 from cluster.events import EventPublisher
 from cluster.http import HttpServer, RequestError, bind
 from cluster.kvview import KeyValueView
@@ -125,9 +127,10 @@ class Agent:
             on_skip=self._on_skip,
             on_ready=lambda table: loop.call_soon_threadsafe(self._channel_ready, table),
         )
-        self.channel.table.add_listener(
-            lambda key, old, new: loop.call_soon_threadsafe(self._on_change, key, old, new)
+        changes: LoopBridge[tuple[str, Record | None, Record | None]] = LoopBridge(
+            loop, lambda c: self._on_change(*c)
         )
+        self.channel.table.add_listener(lambda key, old, new: changes.push((key, old, new)))
         # On the follower thread, before anyone can see the split parent tombstoned: cached layouts of the
         # namespace are stale from here on (the owner updated ZooKeeper before publishing Deleted).
         self.channel.table.add_listener(self._invalidate_split_layout)
@@ -172,8 +175,8 @@ class Agent:
             self.layouts.invalidate(key.rsplit("/", 1)[0])
 
     def _observe_adapter(self, op: str, result: str, secs: float) -> None:
-        self.metrics.adapter_calls.labels(op, result).inc()
-        self.metrics.adapter_seconds.labels(op).observe(secs)
+        self.metrics.adapter_call(op, result).inc()
+        self.metrics.adapter_time(op).observe(secs)
 
     _skip_logged: dict[str, int] = {}
 

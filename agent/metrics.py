@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-@dataclass
+@dataclass(eq=False)
 class AgentMetrics:
     lookups: Counter
     lookup_seconds: Histogram
@@ -25,6 +27,24 @@ class AgentMetrics:
     draining: Gauge
     zk_connected: Gauge
     ready: Gauge
+
+    # The per-bundle path (a failover makes one agent take thousands of bundles) resolves its labelled
+    # children once per label set: ``labels()`` takes a lock and builds a key on every call.
+    @functools.cache  # noqa: B019 - one instance per process, the cache lives as long as it
+    def reaction(self, kind: str, result: str) -> Any:
+        return self.reactions.labels(kind, result)
+
+    @functools.cache  # noqa: B019
+    def reaction_time(self, kind: str) -> Any:
+        return self.reaction_seconds.labels(kind)
+
+    @functools.cache  # noqa: B019
+    def adapter_call(self, op: str, result: str) -> Any:
+        return self.adapter_calls.labels(op, result)
+
+    @functools.cache  # noqa: B019
+    def adapter_time(self, op: str) -> Any:
+        return self.adapter_seconds.labels(op)
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> AgentMetrics:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -74,6 +75,7 @@ class Reconciler:
         self.idle = asyncio.Event()
         self.idle.set()
         self.on_served_change: Callable[[str, bool], None] | None = None
+        self._summary: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ queueing (event loop thread only)
     def mark(self, bundle: str) -> None:
@@ -146,7 +148,7 @@ class Reconciler:
             n = self._failures.get(bundle, 0) + 1
             self._failures[bundle] = n
             delay = min(0.2 * 2 ** (n - 1), 10.0)
-            self.metrics.reactions.labels(p.kind, "failed").inc()
+            self.metrics.reaction(p.kind, "failed").inc()
             log.warning(
                 "reaction_failed",
                 bundle=bundle,
@@ -159,9 +161,12 @@ class Reconciler:
             return
         self._failures.pop(bundle, None)
         self._done[bundle] = (version, p.kind)
-        self.metrics.reactions.labels(p.kind, "ok").inc()
-        self.metrics.reaction_seconds.labels(p.kind).observe(time.perf_counter() - t0)
-        log.info(
+        self.metrics.reaction(p.kind, "ok").inc()
+        self.metrics.reaction_time(p.kind).observe(time.perf_counter() - t0)
+        # Per bundle at debug (the channel itself is the per-bundle audit log); a summary every few
+        # seconds at info, so a failover moving thousands of bundles is a handful of lines.
+        self._summary[p.kind] += 1
+        log.debug(
             "reaction", bundle=bundle, kind=p.kind, version=version, state=cur.state.value if cur else "init"
         )
         if len(self._done) > 200_000:
@@ -189,7 +194,7 @@ class Reconciler:
         n = self._failures.get(bundle, 0) + 1
         self._failures[bundle] = n
         delay = min(0.2 * 2 ** (n - 1), 10.0)
-        self.metrics.reactions.labels(kind, "failed").inc()
+        self.metrics.reaction(kind, "failed").inc()
         log.warning(
             "reaction_failed", bundle=bundle, kind=kind, version=version, error=str(exc), retry_in_s=delay
         )

@@ -29,8 +29,8 @@ Choose = Callable[[str, frozenset[str]], str | None]  # (bundle, exclude) -> bro
 @dataclass(frozen=True)
 class HealConfig:
     grace_s: float = 0.0  # -1 disables auto-healing
-    max_in_flight: int = 5000
-    max_in_flight_per_broker: int = 1000
+    max_in_flight: int = 10_000
+    max_in_flight_per_broker: int = 5000
     mass_failure_max_brokers: int = 10
     mass_failure_max_fraction: float = 0.4
     in_flight_timeout_s: float = 30.0
@@ -84,8 +84,16 @@ def dependents(rec: Record) -> frozenset[str]:
 
 
 def needs_healing(rec: Record, gone: frozenset[str]) -> bool:
-    """Whether ``rec`` depends on a broker in ``gone``."""
-    return not dependents(rec).isdisjoint(gone)
+    """Whether ``rec`` depends on a broker in ``gone`` (:func:`dependents`, without allocating: the leader
+    runs this over the whole table in every healing round)."""
+    s = rec.state
+    if s is State.OWNED or s is State.ASSIGNING:
+        return rec.dst in gone
+    if s is State.RELEASING:
+        return rec.src in gone or rec.dst in gone
+    if s is State.SPLITTING:
+        return rec.src in gone
+    return False
 
 
 def orphaned(items: Iterable[tuple[str, Record]], gone: frozenset[str]) -> list[tuple[str, Record]]:

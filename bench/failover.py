@@ -276,35 +276,41 @@ def run_config(
         cpu0 = _cpu(procs)
         armed.set()
         t_kill = time.time()
-        cluster.kill(victim_node.name)
 
-        scanned = [n_changes]
+        # Event-driven: the bench's channel replica drops each bundle from ``remaining`` the moment a
+        # survivor owns it (on the replica's follower thread), so waiting costs nothing while the cluster
+        # works -- polling 10 000 bundles every few ms would take a core the cluster needs on this box.
         name_set = set(names)
+        remaining = set(names)
+        unowned: list[str] = []
+        all_moved = threading.Event()
 
-        def moved() -> int:
-            changes = watch.changes
-            end = len(changes)
-            for key, rec, _seen in changes[scanned[0] : end]:
-                if key in name_set and (rec is None or rec.state is State.FREE):
-                    raise BenchError(
-                        f"healing left {key} unowned ({rec.state.value if rec else 'tombstone'}) instead of "
-                        "reassigning it"
-                    )
-            scanned[0] = end
-            get = watch.table.get
-            n = 0
-            for b in names:
-                r = get(b)
-                if r is not None and r.state is State.OWNED and r.dst in survivors:
-                    n += 1
-            return n
+        def track(key: str, old: Any, new: Any) -> None:
+            if key not in name_set:
+                return
+            if new is None or new.state is State.FREE:
+                unowned.append(key)
+                all_moved.set()
+            elif new.state is State.OWNED and new.dst in survivors and key in remaining:
+                remaining.discard(key)
+                if not remaining:
+                    all_moved.set()
 
-        _wait(
-            lambda: moved() == len(names),
-            session_timeout_s + timeout_s,
-            f"all {len(names)} bundles Owned by surviving brokers",
-            progress,
-        )
+        watch.client.table.add_listener(track)
+        cluster.kill(victim_node.name)
+        deadline = time.monotonic() + session_timeout_s + timeout_s
+        while not all_moved.wait(5.0):
+            if time.monotonic() > deadline:
+                raise BenchError(
+                    f"timed out: {len(remaining)} of {len(names)} bundles not owned by a survivor"
+                )
+            progress(
+                f"still waiting: {len(remaining)} of {len(names)} bundles not yet owned by a survivor..."
+            )
+        if unowned:
+            raise BenchError(
+                f"healing left {unowned[0]} unowned (Free or tombstoned) instead of reassigning it"
+            )
         t_seen_all = time.time()
         cpu1 = _cpu(procs)
         cpu_heal = (

@@ -131,6 +131,9 @@ class KafkaTransport:
             log.warning("kafka_client_error", error=err.str())
 
     def _get_producer(self) -> Producer:
+        p = self._producer
+        if p is not None and not self._fatal:
+            return p  # the common case, without the lock: it is taken once per record otherwise
         with self._lock:
             if self._producer is None or self._fatal:
                 if self._producer is not None:

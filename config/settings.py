@@ -329,10 +329,14 @@ class HealingSettings(Section):
         description="Raise the failed-broker alert this long after the first failure. [broker.failure.alert.threshold.ms]",
     )
     max_in_flight: int = Field(
-        5000, ge=1, description="Cluster-wide reassignments in flight. [max.num.cluster.movements]"
+        10_000,
+        ge=1,
+        description="Cluster-wide reassignments in flight (Assigning). Bundles of stateless brokers are cheap "
+        "to acquire, so the default lets a 10 000-bundle broker fail over in one round; lower it if taking "
+        "bundles over is expensive for your brokers. [max.num.cluster.movements]",
     )
     max_in_flight_per_broker: int = Field(
-        1000,
+        5000,
         ge=1,
         description="Reassignments in flight into one broker. [num.concurrent.partition.movements.per.broker]",
     )

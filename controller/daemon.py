@@ -18,6 +18,7 @@ trustworthy while sessions re-establish. The term is bound to every log line and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import random
@@ -39,6 +40,7 @@ from channel.client import ChannelClient
 from channel.records import Record, State, make
 from channel.snapshot import SnapshotWriter, read_all
 from channel.transport import Transport
+from cluster.bridge import LoopBridge
 from cluster.events import EventPublisher
 from cluster.http import HttpServer, RequestError, bind
 from cluster.kvview import KeyValueView
@@ -163,7 +165,8 @@ class Controller:
         )
         self.transport: Transport = self._transport or kafka_transport(s, f"trimtab-controller-{self.me}")
         self.channel = ChannelClient(self.transport, s.kafka.channel_topic, s.kafka.snapshot_topic)
-        self.channel.table.add_listener(lambda key, old, new: loop.call_soon_threadsafe(self._wake_healing))
+        heal_wakeups: LoopBridge[None] = LoopBridge(loop, lambda _: self._wake_healing())
+        self.channel.table.add_listener(lambda key, old, new: heal_wakeups.push(None))
         self.loads: KeyValueView[BrokerLoadData] = KeyValueView(
             self.transport, s.kafka.broker_load_topic, BrokerLoadData
         )
@@ -178,10 +181,12 @@ class Controller:
             writer=self.me,
             chunk_bundles=s.channel.snapshot_chunk_bundles,
         )
-        self.registry.add_listener(lambda brokers: loop.call_soon_threadsafe(self._wake_healing))
+        self.registry.add_listener(lambda brokers: loop.call_soon_threadsafe(self._membership_change))
         self.zk.add_listener(lambda st: loop.call_soon_threadsafe(self._session_changed, st))
         self.prom.register(ChannelCollector(lambda: self.channel))
         self._heal_wake = asyncio.Event()
+        self._membership_changed = True
+        self._last_bookkeeping = 0.0
 
     # ------------------------------------------------------------------ identity & gates
     def term(self) -> int:
@@ -225,6 +230,7 @@ class Controller:
             self.leader_since = time.monotonic()
             self.shed_state = ShedState()
             self._next.clear()
+            self._membership_changed = True  # look for failed brokers straight away
             log.info("leadership_acquired", term=term)
             self.events.publish("leader_elected", key="leader", leader=self.me, term=term)
             asyncio.get_running_loop().create_task(self._on_lead())
@@ -244,6 +250,10 @@ class Controller:
         self._wake_healing()
 
     def _wake_healing(self) -> None:
+        self._heal_wake.set()
+
+    def _membership_change(self) -> None:
+        self._membership_changed = True
         self._heal_wake.set()
 
     def _record(self, kind: str, **fields: Any) -> None:
@@ -375,23 +385,22 @@ class Controller:
         return False
 
     async def _publish_overrides(self, overrides: list[Override]) -> int:
-        """Publish a round of forced records and wait for all acknowledgements at once (one wait, not one
-        task per record: a failover round can hold thousands)."""
+        """Publish a round of forced records and wait for their acknowledgements in one worker thread:
+        wrapping each producer future for the event loop would cost a loop wakeup per record, and a
+        failover round holds thousands."""
         assert self.channel is not None
         if not await self.still_leader():
             return 0
-        futs = [asyncio.wrap_future(self.channel.publish(o.bundle, o.record)) for o in overrides]
+        futs = [self.channel.publish(o.bundle, o.record) for o in overrides]
         if futs:
-            await asyncio.wait(futs, timeout=30)
+            await asyncio.to_thread(concurrent.futures.wait, futs, 30)
         ok = 0
         for o, f in zip(overrides, futs, strict=True):
-            if f.done() and not f.cancelled() and f.exception() is None:
+            if f.done() and f.exception() is None:
                 ok += 1
                 self.metrics.overrides.labels(o.reason, "published").inc()
             else:
-                if not f.done():
-                    f.cancel()
-                err = "no acknowledgement within 30s" if f.cancelled() else str(f.exception())
+                err = str(f.exception()) if f.done() else "no acknowledgement within 30s"
                 self.metrics.overrides.labels(o.reason, "failed").inc()
                 log.warning("override_failed", bundle=o.bundle, reason=o.reason, error=err)
         return ok
@@ -428,7 +437,7 @@ class Controller:
                 await self.heal_once()
             except Exception:
                 log.exception("healing_round_failed")
-            await asyncio.sleep(0.05)  # coalesce bursts of channel events into one round
+            await asyncio.sleep(0.1)  # coalesce bursts of channel events into one round
 
     async def heal_once(self) -> None:
         assert self.channel is not None
@@ -438,12 +447,23 @@ class Controller:
         now = int(self.clock() * 1000)
         live = self.live_brokers()
         items = self.channel.table.items()
-        events = await asyncio.to_thread(self.healer.bookkeeping, set(live), items, now)
+        # Failures are found when membership changes (the registry wakes us), re-checked every few seconds
+        # as a safety net; not on every channel change, which in a failover arrives thousands at a time.
+        if self._membership_changed or time.monotonic() - self._last_bookkeeping > 5.0:
+            self._membership_changed = False
+            self._last_bookkeeping = time.monotonic()
+            events = await asyncio.to_thread(self.healer.bookkeeping, set(live), items, now)
+        else:
+            events = []
         for event, broker in events:
             self.metrics.broker_failures.labels(event).inc()
             level = log.warning if event == "recorded" else log.info
             level("broker_failure", change=event, broker=broker)
             self._record(f"broker_{event}", key=broker, broker=broker)
+        if not self.healer.failed:
+            self.metrics.failed_brokers.set(0)
+            self.metrics.healing_pending.set(0)
+            return
         loads = self.loads.snapshot()
         candidates = {
             b: (loads[b].weighted_max_ema if b in loads else 0.5) for b, i in live.items() if not i.draining

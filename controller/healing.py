@@ -34,7 +34,7 @@ from balance.heal import (
     throttle,
 )
 from channel.records import Record
-from controller.stores import FailedBroker, FailedBrokers, Reassignments
+from controller.stores import Chunk, FailedBroker, FailedBrokers, Reassignments
 
 log = structlog.get_logger("trimtab.healing")
 
@@ -60,10 +60,14 @@ class Healer:
         self.paused_reason: str | None = None
         self.pending = 0
         self.loaded = False
+        # The persisted plans, as this leader last read or wrote them: it is their only writer while it
+        # leads, so rounds need not read ZooKeeper again (load() re-reads them on every new leadership).
+        self._chunks: dict[str, dict[int, Chunk]] = {}
 
     def load(self) -> None:
         """Read what a previous leader left (failed brokers); called when leadership starts."""
         self.failed = self.failed_store.read()
+        self._chunks = {b: self.plans.read(b) for b in self.plans.brokers()}
         self.loaded = True
 
     # ------------------------------------------------------------------ 1. bookkeeping (blocking)
@@ -81,13 +85,16 @@ class Healer:
         for b in sorted(set(self.failed) & live):
             self.failed_store.clear(b)
             self.plans.drop(b)
+            self._chunks.pop(b, None)
             events.append(("cancelled", b))
         for b in sorted(set(self.failed) - named - live):
             # Nothing names it any more: healed (or it owned nothing). Forget it.
             self.failed_store.clear(b)
             self.plans.drop(b)
+            self._chunks.pop(b, None)
             events.append(("healed", b))
-        self.failed = self.failed_store.read()
+        if events:
+            self.failed = self.failed_store.read()
         return events
 
     # ------------------------------------------------------------------ 2-4. one round (blocking)
@@ -119,7 +126,7 @@ class Healer:
         in_flight = in_flight_by_broker(items)
         out: list[Override] = []
         for dead in ripe:
-            chunks = self.plans.read(dead)
+            chunks = self._chunks.get(dead) or {}
             if not chunks:
                 mine = sorted(b for b, r in needing if needs_healing(r, frozenset({dead})))
                 if not mine:
@@ -127,8 +134,8 @@ class Healer:
                 dests = plan_destinations(mine, dict(live), dict(in_flight))
                 parts = [mine[i : i + self.chunk_size] for i in range(0, len(mine), self.chunk_size)]
                 self.plans.write_plan(dead, [{b: dests[b] for b in p} for p in parts], self._term())
-                chunks = self.plans.read(dead)
-            for seq, chunk in chunks.items():
+                chunks = self._chunks[dead] = self.plans.read(dead)
+            for seq, chunk in list(chunks.items()):
                 todo = [
                     (b, cur)
                     for b in chunk.bundles
@@ -136,6 +143,7 @@ class Healer:
                 ]
                 if not todo:
                     self.plans.done(dead, seq)  # satisfied (moved, or moving): a new leader skips it too
+                    del chunks[seq]
                     continue
                 got, deferred = throttle(
                     todo,
