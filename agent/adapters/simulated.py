@@ -13,6 +13,7 @@ operation, add latency).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import random
 import threading
@@ -24,7 +25,7 @@ import msgspec
 
 from agent.adapters.base import AdapterError, BrokerSample
 from balance.load import BundleStats, Usage
-from channel.bundles import BundleRange, parse_bundle, split_range, topic_hash
+from channel.bundles import FULL_UPPER, BundleRange, parse_bundle, split_range, topic_hash
 from config.settings import SimulationSettings
 
 DOMAIN = "persistent"
@@ -53,6 +54,14 @@ def _namespace_topics(
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4096)
+def _sorted_topics(
+    namespace: str, count: int, rate: float, skew: float, seed: int
+) -> tuple[list[int], list[SyntheticTopic]]:
+    ordered = sorted(_namespace_topics(namespace, count, rate, skew, seed), key=lambda t: t.hash)
+    return [t.hash for t in ordered], ordered
+
+
 class LoadModel:
     """The synthetic load of every topic; ``scale`` and per-namespace multipliers change at runtime."""
 
@@ -65,11 +74,18 @@ class LoadModel:
         s = self.s
         return _namespace_topics(namespace, s.topics_per_namespace, s.msg_rate_per_topic, s.skew, s.seed)
 
+    def _by_hash(self, namespace: str) -> tuple[list[int], list[SyntheticTopic]]:
+        s = self.s
+        return _sorted_topics(namespace, s.topics_per_namespace, s.msg_rate_per_topic, s.skew, s.seed)
+
     def bundle_stats(self, bundle: str) -> BundleStats:
         ns, rng = parse_bundle(bundle)
         mult = self.scale * self.namespace_scale.get(ns, 1.0)
         size = self.s.msg_size_bytes
-        inside = [t for t in self.topics(ns) if rng.contains(t.hash)]
+        hashes, topics = self._by_hash(ns)
+        # Only the topics inside the range (a sample covers every bundle a broker serves: thousands).
+        hi = len(hashes) if rng.upper == FULL_UPPER else bisect.bisect_left(hashes, rng.upper)
+        inside = topics[bisect.bisect_left(hashes, rng.lower) : hi]
         rate = sum(t.msg_rate for t in inside) * mult
         return BundleStats(
             bundle=bundle,
