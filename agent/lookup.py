@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import random
 import threading
 import time
@@ -239,8 +240,9 @@ class LookupService:
             elif cur is None or cur.state is State.FREE:
                 version = 1 if cur is None else cur.version + 1
                 if published_for != version and not self.layouts.holds(bundle):
-                    # The layout this lookup used is gone: the namespace was split since (a tombstoned split
-                    # parent is back in Init). Assigning it would give its topics a second owner.
+                    # The layout this lookup used is gone: the namespace was split since (a split parent the
+                    # leader tombstoned after the delay reads as Init). Assigning it would give its topics
+                    # a second owner.
                     raise _Moved(bundle)
                 if published_for != version:
                     self._assign(bundle, version)
@@ -261,7 +263,7 @@ class LookupService:
     def _assign(self, bundle: str, version: int) -> None:
         ctx = self._assign_ctx()
         if self.exclude_self:
-            ctx = AssignContext(**{**ctx.__dict__, "exclude": ctx.exclude | {self.me}})
+            ctx = dataclasses.replace(ctx, exclude=ctx.exclude | {self.me})
         sel = select_broker(bundle, self._brokers(), ctx, self.rng, filters=self.filters, diff=self.diff)
         if sel.broker is None:
             raise LookupError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
