@@ -23,7 +23,6 @@ import gc
 import hashlib
 import heapq
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ import tracemalloc
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 import orjson
 
 import channel
+from bench.common import BenchError, Progress, environment, loadavg, progress_printer
 from channel.bundles import BundleLayout
 from channel.records import Record, State, encode, make
 from channel.table import TableView
@@ -62,12 +62,6 @@ RACE_DELAY = 64  # a racer lands within this many messages after the winner
 ASSIGN_PHASE = 0.5  # every bundle gets its first assignment within this share of the log
 INFLIGHT_K = 100  # the more operations in flight, the likelier the next message continues one
 P_TRANSFER = 0.7  # an operation on an owned bundle is a transfer, otherwise an unload
-
-Progress = Callable[[str], None]
-
-
-class BenchError(RuntimeError):
-    """A correctness check failed: the measured run did not produce what the log says it must."""
 
 
 # ---------------------------------------------------------------------------------------------- the log
@@ -743,31 +737,6 @@ def kafka_part(
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def _stderr(msg: str) -> None:
-    print(f"[bench channel {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    out = {}
-    for dist in ("msgspec", "orjson", "confluent-kafka"):
-        with contextlib.suppress(Exception):
-            out[dist] = version(dist)
-    with contextlib.suppress(Exception):
-        import confluent_kafka
-
-        out["librdkafka"] = confluent_kafka.libversion()[0]
-    return out
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 @contextlib.contextmanager
 def _frozen_gc(enabled: bool) -> Iterator[None]:
     if enabled:
@@ -790,14 +759,15 @@ def run(
     kafka_runs: int = 3,
     memory_bundles: int = 1_000_000,
     gc_freeze: bool = True,
-    progress: Progress = _stderr,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run the whole benchmark and return its JSON-ready result. Raises BenchError on a wrong result."""
     if runs < 1 or kafka_runs < 1:
         raise ValueError("runs and kafka_runs must be at least 1")
     if records < 2 * bundles:
         raise ValueError(f"{records} records cannot assign {bundles} bundles (need at least 2 per bundle)")
-    load_start = _loadavg()
+    progress = progress or progress_printer("channel")
+    load_start = loadavg()
     out: dict[str, Any] = {"bench": "channel"}
 
     progress(f"generating log: {records} records over {bundles} bundles (seed {seed})...")
@@ -999,15 +969,11 @@ def run(
         "kafka_snapshot_bootstrap_matches_generator": True if kafka else None,
         "note": "any failed check aborts the bench with a non-zero exit before this JSON is printed",
     }
-    out["env"] = {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "loadavg_start": load_start,
-        "loadavg_end": _loadavg(),
-        "versions": _versions(),
-        "note": "single-threaded replay; other processes on the machine share its cores (see loadavg)",
-    }
+    out["env"] = environment(
+        load_start,
+        "msgspec",
+        "orjson",
+        "confluent-kafka",
+        note="single-threaded replay; other processes on the machine share its cores (see loadavg)",
+    )
     return out

@@ -118,7 +118,8 @@ def channel_cmd(
     output: str | None,
 ) -> None:
     """Channel replay speed, bootstrap over the Kafka protocol, and memory per bundle."""
-    from bench.channel import BenchError, run
+    from bench.channel import run
+    from bench.common import BenchError
 
     if records < 2 * bundles:
         raise click.BadParameter(

@@ -7,9 +7,12 @@ import contextlib
 import math
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 Progress = Callable[[str], None]
@@ -46,6 +49,22 @@ def summary_ms(values_s: Sequence[float], digits: int = 3) -> dict[str, float | 
         "max": round(max(ms), digits),
         "mean": round(sum(ms) / len(ms), digits),
     }
+
+
+@contextlib.contextmanager
+def bench_workdir(
+    workdir: Path | None, prefix: str, progress: Progress, *, keep: bool = False
+) -> Iterator[Path]:
+    """The clusters' directory: a temporary one unless given. Removed after a successful run (unless kept
+    or given), kept -- and said where -- after a failed one, so its logs can be read."""
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield base
+    except BaseException:
+        progress(f"logs kept in {base}")
+        raise
+    if not keep and workdir is None:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def loadavg() -> list[float] | None:

@@ -34,8 +34,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -51,6 +49,7 @@ from bench.common import (
     BenchError,
     ChannelWatch,
     Progress,
+    bench_workdir,
     environment,
     loadavg,
     percentile,
@@ -582,7 +581,6 @@ def run(
         raise ValueError("raised must be auto, always or never")
     progress = progress or progress_printer("failover")
     load_start = loadavg()
-    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="trimtab-bench-failover-"))
     kw: dict[str, Any] = {
         "bundles": bundles,
         "per_namespace": per_namespace,
@@ -591,8 +589,7 @@ def run(
         "session_timeout_s": session_timeout_s,
         "timeout_s": timeout_s,
     }
-    ok = False
-    try:
+    with bench_workdir(workdir, "trimtab-bench-failover-", progress, keep=keep_workdir) as base:
         extra = dict(settings or {})
         main = run_config(base / "default", extra, **kw, progress=progress)
         alt = None
@@ -600,12 +597,6 @@ def run(
             progress(f"repeating with raised throttles {RAISED_THROTTLES}...")
             raised_settings = _merge(extra, {"healing": RAISED_THROTTLES})
             alt = run_config(base / "raised", raised_settings, **kw, progress=progress)
-        ok = True
-    finally:
-        if ok and not keep_workdir and workdir is None:
-            shutil.rmtree(base, ignore_errors=True)
-        elif not ok:
-            progress(f"logs kept in {base}")
     out: dict[str, Any] = {"bench": "failover"}
     out.update({k: main[k] for k in HEADLINE})
     out["meets_targets"] = main["meets_targets"]

@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -48,6 +46,7 @@ from bench.common import (
     BenchError,
     ChannelWatch,
     Progress,
+    bench_workdir,
     environment,
     loadavg,
     progress_printer,
@@ -646,7 +645,6 @@ def run(
     """The whole benchmark; returns its JSON-ready result. Raises BenchError on a wrong answer."""
     progress = progress or progress_printer("lookup")
     load_start = loadavg()
-    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="trimtab-bench-lookup-"))
     sizes: dict[str, Any] = {
         "topics": topics,
         "lookups": lookups,
@@ -656,8 +654,7 @@ def run(
         "follower_samples": follower_samples,
         "seed": seed,
     }
-    ok = False
-    try:
+    with bench_workdir(workdir, "trimtab-bench-lookup-", progress, keep=keep_workdir) as base:
         main = run_config(base / "default", dict(settings or {}), **sizes, progress=progress)
         alt = None
         if alternative_fetch_wait_ms is not None:
@@ -669,12 +666,6 @@ def run(
             alt["detail"] = {
                 k: alt_full[k] for k in ("owned", "assign", "raw_rtt", "follower_rtt", "agents_channel_stats")
             }
-        ok = True
-    finally:
-        if ok and not keep_workdir and workdir is None:
-            shutil.rmtree(base, ignore_errors=True)
-        elif not ok:
-            progress(f"logs kept in {base}")
     out: dict[str, Any] = {"bench": "lookup"}
     out.update({k: main[k] for k in HEADLINE})
     out["meets_targets"] = main["meets_targets"]

@@ -83,10 +83,10 @@ class ZkSession:
         self.trouble_at: float | None = None  # last SUSPENDED/LOST; None = never had trouble
         self.connected_at = 0.0
         self.sessions = 0  # how many distinct sessions we have had (a new one after each LOST)
-        self._listeners: list[Callable[[str], None]] = []
+        self._listeners: list[Callable[[str], object]] = []
         self.client.add_listener(self._on_state)
 
-    def add_listener(self, fn: Callable[[str], None]) -> None:
+    def add_listener(self, fn: Callable[[str], object]) -> None:
         """``fn(state)`` runs on kazoo's thread and must not block."""
         self._listeners.append(fn)
 
@@ -167,11 +167,11 @@ class BrokerRegistry:
         self._mine: BrokerInfo | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._listeners: list[Callable[[dict[str, BrokerInfo]], None]] = []
+        self._listeners: list[Callable[[dict[str, BrokerInfo]], object]] = []
         self._thread: threading.Thread | None = None
         self.registrations = 0
 
-    def add_listener(self, fn: Callable[[dict[str, BrokerInfo]], None]) -> None:
+    def add_listener(self, fn: Callable[[dict[str, BrokerInfo]], object]) -> None:
         """``fn(brokers)`` runs on the registry's worker thread after every cache change."""
         self._listeners.append(fn)
 

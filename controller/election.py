@@ -47,7 +47,7 @@ class LeaderElection:
         paths: ZkPaths,
         me: str,
         http_url: str,
-        on_change: Callable[[bool, int | None], None] | None = None,
+        on_change: Callable[[bool, int | None], object] | None = None,
     ) -> None:
         self.session = session
         self.zk = session.client

@@ -11,8 +11,9 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from bench.channel import BenchError, check_table, generate_log, replay_once
+from bench.channel import check_table, generate_log, replay_once
 from bench.cli import bench
+from bench.common import BenchError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
