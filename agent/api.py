@@ -124,6 +124,11 @@ def create_app(agent: Agent) -> FastAPI:
         if not agent.ready:
             agent.metrics.lookups.labels("unavailable").inc()
             return err(503, "agent is not ready (starting or draining)", retryable=True)
+        channel_ok, channel_why = agent.channel_health()
+        if not channel_ok:
+            # Never answer from a table that is being rebuilt (history gap, follower restart).
+            agent.metrics.lookups.labels("unavailable").inc()
+            return err(503, f"agent's channel view is not ready: {channel_why}", retryable=True)
         try:
             res = await agent.lookups.lookup(topic)
         except LookupError as e:
@@ -208,7 +213,10 @@ def create_app(agent: Agent) -> FastAPI:
         app,
         tick_age=lambda: time.monotonic() - agent.last_tick,
         started=lambda: agent.ready,
-        ready=lambda: (agent.ready and not agent.draining, {"draining": agent.draining}),
+        ready=lambda: (
+            agent.ready and not agent.draining and agent.channel_health()[0],
+            {"draining": agent.draining, "channel": agent.channel_health()[1]},
+        ),
         registry=lambda: agent.prom,
         ready_summary="Readiness: registered, channel caught up, not draining",
     )

@@ -51,8 +51,9 @@ from cluster.bridge import LoopBridge
 from cluster.events import EventPublisher
 from cluster.http import HttpServer, RequestError, bind
 from cluster.kvview import KeyValueView
+from cluster.logs import SkipLog
 from cluster.logs import bind as bind_log
-from cluster.metrics import ChannelCollector, new_registry
+from cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
 from cluster.wiring import kafka_transport, zk_session
 from cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
 from config.settings import Settings
@@ -124,8 +125,9 @@ class Agent:
             self.transport,
             s.kafka.channel_topic,
             s.kafka.snapshot_topic,
-            on_skip=self._on_skip,
+            on_skip=SkipLog(),
             on_ready=lambda table: loop.call_soon_threadsafe(self._channel_ready, table),
+            allow_multi_partition_snapshot_topic=s.kafka.allow_multi_partition_snapshot_topic,
         )
         changes: LoopBridge[tuple[str, Record | None, Record | None]] = LoopBridge(
             loop, lambda c: self._on_change(*c)
@@ -139,6 +141,7 @@ class Agent:
         )
         self.events = EventPublisher(self.transport, s.kafka.events_topic, source=self.me, role="agent")
         self.prom.register(ChannelCollector(lambda: self.channel))
+        self.prom.register(KeyValueCollector(lambda: [self.loads]))
 
         self.reconciler = Reconciler(
             self.me,
@@ -178,17 +181,6 @@ class Agent:
         self.metrics.adapter_call(op, result).inc()
         self.metrics.adapter_time(op).observe(secs)
 
-    _skip_logged: dict[str, int] = {}
-
-    def _on_skip(self, key: str | None, partition: int | None, offset: int | None, reason: str) -> None:
-        # Rate-limited: the first few of each reason, then every 1000th (the metric counts all of them).
-        n = self._skip_logged.get(reason, 0) + 1
-        self._skip_logged[reason] = n
-        if n <= 5 or n % 1000 == 0:
-            log.warning(
-                "channel_record_skipped", key=key, partition=partition, offset=offset, reason=reason, seen=n
-            )
-
     def url_of(self, broker: str) -> str | None:
         info = self.registry.brokers.get(broker)
         return info.service_url if info else None
@@ -215,13 +207,21 @@ class Agent:
         if needs_attention(self.me, new) or needs_attention(self.me, old) or key in self.reconciler.served:
             self.reconciler.mark(key)
 
+    def channel_health(self) -> tuple[bool, str]:
+        return (False, "not started") if self.channel is None else self.channel.health()
+
     def _channel_ready(self, table: TableView) -> None:
+        """The table caught up: at start, or again after a re-bootstrap (history gap, follower restart),
+        when it may differ from what listeners last heard -- so what the broker serves is checked too."""
         n = 0
         for key, rec in table.items():
             if needs_attention(self.me, rec):
                 self.reconciler.mark(key)
                 n += 1
-        log.info("channel_scan", bundles=len(table), naming_me=n)
+        for key in list(self.reconciler.served):
+            self.reconciler.mark(key)
+        self.lookups.wake_all()  # waiters re-read the table they may have missed changes of
+        log.info("channel_scan", bundles=len(table), naming_me=n, serving=len(self.reconciler.served))
 
     def _served_changed(self, bundle: str, serving: bool) -> None:
         self.reporter.load_moved()
@@ -277,10 +277,10 @@ class Agent:
         while not (self.channel.ready and self.loads.ready):
             if self.stop_event.is_set():
                 return
-            if self.channel.error is not None:
-                raise RuntimeError(f"channel bootstrap failed: {self.channel.error}")
             if time.monotonic() > deadline:
-                raise RuntimeError("channel or load view did not catch up within 300s")
+                raise RuntimeError(
+                    f"channel or load view did not catch up within 300s (channel: {self.channel.health()[1]})"
+                )
             await asyncio.sleep(0.02)
         log.info(
             "channel_caught_up",

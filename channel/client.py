@@ -1,8 +1,15 @@
-"""The channel as a node uses it: bootstrap (snapshot + tail), follow, publish.
+"""The channel as a node uses it: bootstrap (snapshot + tail), follow, recover, publish.
 
 Threading: the table is written only by the follower thread. Listeners are called on that thread, in log
 order, only after the table turned live; ``on_ready`` runs on that thread too, at the exact moment of
 catch-up, so a consumer can scan the table and then rely on listeners for everything after the scan.
+
+Recovery: when the follower stops -- a history gap (records deleted before this node read them) or any
+other failure -- the node is not ready from that moment, says why (:meth:`ChannelClient.health`), and a
+recovery thread bootstraps again from the newest snapshot that covers what is still retained, retrying
+with backoff until it succeeds. ``on_ready`` then runs again: whoever scans the table on ready must expect
+to be called more than once. Nothing on the channel can stop the follower (decoding is total, see
+``channel.records``), so a failure here is infrastructure or a bug, and both are reported, not hidden.
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ from concurrent.futures import Future
 import structlog
 
 from channel.records import Record, encode
-from channel.snapshot import Snapshot, choose, read_all
+from channel.snapshot import Snapshot, check_snapshot_topic, choose, read_snapshot_topic
 from channel.table import SkipHook, TableView
-from channel.transport import Follower, Message, Transport, TransportError
+from channel.transport import Follower, HistoryGap, Message, Transport, TransportError
 
 log = structlog.get_logger("trimtab.channel")
 
@@ -32,42 +39,87 @@ class ChannelClient:
         on_skip: SkipHook | None = None,
         on_ready: Callable[[TableView], None] | None = None,
         use_snapshot: bool = True,
+        allow_multi_partition_snapshot_topic: bool = False,
+        retry_s: float = 2.0,
+        max_retry_s: float = 30.0,
     ) -> None:
         self.transport = transport
         self.topic = topic
         self.snapshot_topic = snapshot_topic
         self.use_snapshot = use_snapshot and snapshot_topic is not None
+        self.allow_multi_partition_snapshot_topic = allow_multi_partition_snapshot_topic
         self._on_skip = on_skip
         self._user_on_ready = on_ready
+        self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
         self.table = TableView(on_skip=on_skip)
         self.snapshot: Snapshot | None = None
         self.follower: Follower | None = None
         self.started_at = 0.0
         self.ready_at = 0.0
+        self.gaps = 0  # history gaps detected (a counter)
+        self.recoveries = 0  # times the follower was restarted after it stopped (a counter)
+        self.last_error: BaseException | None = None
+        self._reason = "not started"
         self._ready = threading.Event()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._recovery: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Install the newest snapshot (if any) and start following the channel. Non-blocking after the
-        snapshot read; wait with :meth:`wait_ready`."""
+        """Check the snapshot topic, install the newest usable snapshot and start following the channel.
+
+        Returns once the follower runs (wait with :meth:`wait_ready`). Raises only what no retry can fix:
+        an unusable snapshot topic (:class:`channel.snapshot.SnapshotTopicError`) or a channel that cannot
+        be reached at all. A history gap is not raised: the node stays not ready and retries.
+        """
         self.started_at = time.monotonic()
         partitions = self.transport.partitions(self.topic)
         self.table.partitions = partitions
-        start: dict[int, int] = {}
+        if self.use_snapshot and self.snapshot_topic is not None:
+            check_snapshot_topic(
+                self.transport,
+                self.snapshot_topic,
+                allow_more_partitions=self.allow_multi_partition_snapshot_topic,
+            )
+        self._reason = "catching up with the channel"
+        try:
+            self._bootstrap(partitions)
+        except HistoryGap as e:
+            self._gap(e)
+
+    def _bootstrap(self, partitions: int) -> None:
+        """Load the newest snapshot that covers what the channel still retains and start a follower from
+        its positions (or from offset zero). Raises HistoryGap when no snapshot covers the retained log."""
+        lows: dict[int, int] = {}
+        highs: dict[int, int] = {}
+        for p in range(partitions):
+            lows[p], highs[p] = self.transport.watermarks(self.topic, p)
+        snap: Snapshot | None = None
         if self.use_snapshot and self.snapshot_topic is not None:
             snap = choose(
-                ((m.key, m.value) for m in read_all(self.transport, self.snapshot_topic)), channel=self.topic
+                read_snapshot_topic(self.transport, self.snapshot_topic),
+                channel=self.topic,
+                partitions=partitions,
             )
-            if snap is not None and snap.manifest.partitions == partitions and self._usable(snap, partitions):
-                self.table.load(snap.states, snap.positions)
-                self.snapshot = snap
-                start = snap.positions
-                log.info(
-                    "snapshot_loaded",
+            if snap is not None and any(snap.positions.get(p, 0) > highs[p] for p in range(partitions)):
+                log.error(
+                    "snapshot_ignored",
                     snapshot=snap.manifest.id,
-                    bundles=len(snap.states),
-                    positions=snap.positions,
+                    reason="its positions are past the end of the channel (re-created topic?)",
                 )
+                snap = None
+        start = {p: 0 for p in range(partitions)}
+        if snap is not None:
+            start.update(snap.positions)
+        for p in range(partitions):
+            if start[p] < lows[p]:
+                raise HistoryGap(self.topic, p, start[p], lows[p])
+        self.table.load(snap.states if snap is not None else {}, start if snap is not None else {})
+        self.snapshot = snap
+        if snap is not None:
+            log.info("snapshot_loaded", snapshot=snap.manifest.id, bundles=len(snap.states), positions=start)
         self.follower = Follower(
             self.transport,
             self.topic,
@@ -75,21 +127,10 @@ class ChannelClient:
             start=start,
             name="channel",
             on_ready=self._became_ready,
+            on_error=self._failed,
+            on_gap=self._gap,
         )
         self.follower.start()
-
-    def _usable(self, snap: Snapshot, partitions: int) -> bool:
-        for p in range(partitions):
-            _low, high = self.transport.watermarks(self.topic, p)
-            if snap.positions.get(p, 0) > high:
-                log.error(
-                    "snapshot_ignored",
-                    snapshot=snap.manifest.id,
-                    reason="its positions are past the end of the channel (re-created topic?)",
-                    partition=p,
-                )
-                return False
-        return True
 
     def _apply(self, msgs: list[Message]) -> None:
         self.table.apply_all(msgs)
@@ -99,22 +140,91 @@ class ChannelClient:
         self.ready_at = time.monotonic()
         if self._user_on_ready is not None:
             self._user_on_ready(self.table)
+        self._reason = "ready"
         self._ready.set()
+
+    # ------------------------------------------------------------------ failure and recovery
+    def _gap(self, e: HistoryGap) -> None:
+        self.gaps += 1
+        self._stopped(e, f"history gap: {e}; re-bootstrapping from the newest snapshot")
+
+    def _failed(self, e: BaseException) -> None:
+        self._stopped(e, f"channel follower stopped: {e!r}; restarting")
+
+    def _stopped(self, e: BaseException, reason: str) -> None:
+        """The follower stopped (called on its thread, or by start()): not ready, say why, recover."""
+        self._ready.clear()
+        self.last_error = e
+        self._reason = reason
+        if self._stopping.is_set():
+            return
+        with self._lock:
+            if self._recovery is not None and self._recovery.is_alive():
+                return  # the recovery loop is already at work and will see the failure
+            self._recovery = threading.Thread(target=self._recover, name="channel-recover", daemon=True)
+            self._recovery.start()
+
+    def _recover(self) -> None:
+        delay = 0.0 if isinstance(self.last_error, HistoryGap) else self.retry_s
+        while not self._stopping.wait(delay):
+            old = self.follower
+            if old is not None:
+                old.stop()
+            try:
+                partitions = self.transport.partitions(self.topic)
+                if partitions != self.table.partitions:
+                    raise TransportError(
+                        f"{self.topic} now has {partitions} partitions, not {self.table.partitions}: the channel "
+                        "partition count must never change (replicas would diverge); restore it"
+                    )
+                self.recoveries += 1
+                log.warning("channel_recovering", reason=self._reason, attempt=self.recoveries)
+                self._bootstrap(partitions)
+                return
+            except HistoryGap as e:
+                self.gaps += 1
+                self.last_error = e
+                self._reason = (
+                    f"history gap not covered by any snapshot: {e}; waiting for a snapshot that covers "
+                    "the retained channel"
+                )
+                log.error("history_gap_unrecovered", error=str(e), retry_s=self.max_retry_s)
+                delay = self.max_retry_s
+            except Exception as e:
+                self.last_error = e
+                self._reason = f"channel recovery failed: {e!r}; retrying"
+                log.error("channel_recovery_failed", error=repr(e))
+                delay = min(self.max_retry_s, max(self.retry_s, delay * 2))
 
     def wait_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout)
 
     @property
     def ready(self) -> bool:
+        """Caught up and following; false while recovering from a gap or a failure."""
         return self._ready.is_set()
+
+    def health(self) -> tuple[bool, str]:
+        """(ready, why): the reason a node reports when it is not ready."""
+        return self._ready.is_set(), self._reason
 
     @property
     def error(self) -> BaseException | None:
-        return self.follower.error if self.follower else None
+        """The last failure of the follower or of a recovery (None if there was none)."""
+        return self.last_error
+
+    @property
+    def history_gap(self) -> bool:
+        """A history gap has been seen and not yet recovered from."""
+        return isinstance(self.last_error, HistoryGap) and not self.ready
 
     def stop(self) -> None:
+        self._stopping.set()
         if self.follower is not None:
             self.follower.stop()
+        rec = self._recovery
+        if rec is not None and rec is not threading.current_thread():
+            rec.join(5.0)
 
     def lag(self) -> int:
         return self.follower.lag() if self.follower else 0

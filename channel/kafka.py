@@ -26,11 +26,12 @@ import structlog
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from channel.transport import Message, TransportError
+from channel.transport import HistoryGap, Message, TransportError
 
 log = structlog.get_logger("trimtab.kafka")
 
 _EOF = KafkaError._PARTITION_EOF
+_RESET = KafkaError._AUTO_OFFSET_RESET  # auto.offset.reset=error: the fetch position was deleted
 _new_message = tuple.__new__
 
 
@@ -40,9 +41,12 @@ class KafkaReader:
         self._topic = topic
         self._parts = [TopicPartition(topic, p) for p in sorted(start)]
         self._eof: dict[int, int] = dict(start)
+        self._gap: HistoryGap | None = None
         consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(start.items())])
 
     def poll(self, max_messages: int, timeout: float) -> list[Message]:
+        if self._gap is not None:
+            raise self._gap
         # consume(n, timeout) blocks until it has n messages or the timeout has passed, even when messages
         # are already there: a follower tailing the channel (5000 a batch, 50 ms) would hold every record
         # for the whole timeout. Take what is queued; only when nothing is, wait for the first message and
@@ -67,10 +71,20 @@ class KafkaReader:
                 p, o = m.partition(), m.offset()
                 if p is not None and o is not None:
                     self._eof[p] = o
+            elif err.code() == _RESET:
+                # The consumer stops fetching that partition; deliver the other messages of this batch
+                # and report the gap now or at the next poll.
+                if self._gap is None:
+                    p, pos = m.partition(), m.offset()
+                    self._gap = HistoryGap(
+                        self._topic, -1 if p is None else p, -1 if pos is None or pos < 0 else pos, None
+                    )
             elif err.fatal():
                 raise TransportError(f"fatal consumer error on {self._topic}: {err.str()}")
             else:
                 log.warning("consume_error", topic=self._topic, error=err.str(), retriable=err.retriable())
+        if not out and self._gap is not None:
+            raise self._gap
         return out
 
     def positions(self) -> dict[int, int]:
@@ -165,8 +179,11 @@ class KafkaTransport:
             else:
                 self._stop.wait(0.05)
 
-    def produce(self, topic: str, key: bytes, value: bytes | None) -> Future[Message]:
+    def produce(
+        self, topic: str, key: bytes, value: bytes | None, *, partition: int | None = None
+    ) -> Future[Message]:
         fut: Future[Message] = Future()
+        part = -1 if partition is None else partition  # -1: the configured partitioner decides
 
         def done(err: KafkaError | None, msg: Any) -> None:
             if err is not None:
@@ -176,11 +193,11 @@ class KafkaTransport:
 
         producer = self._get_producer()
         try:
-            producer.produce(topic, key=key, value=value, on_delivery=done)
+            producer.produce(topic, key=key, value=value, on_delivery=done, partition=part)
         except BufferError:
             producer.poll(0.5)
             try:
-                producer.produce(topic, key=key, value=value, on_delivery=done)
+                producer.produce(topic, key=key, value=value, on_delivery=done, partition=part)
             except BufferError as e:
                 fut.set_exception(TransportError(f"producer queue full for {topic}: {e}"))
         except KafkaException as e:
@@ -208,7 +225,12 @@ class KafkaTransport:
         n = self._partitions.get(topic)
         if n:
             return n
-        n = self._ensure_topic(topic)
+        try:
+            n = self._ensure_topic(topic)
+        except KafkaException as e:
+            raise TransportError(
+                f"cannot read the metadata of {topic} from {self.bootstrap_servers}: {e}"
+            ) from e
         self._partitions[topic] = n
         return n
 
@@ -257,7 +279,9 @@ class KafkaTransport:
                 "group.id": f"trimtab-reader-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
+                # Never jump over records this node did not read: a position that retention deleted is
+                # reported (HistoryGap) and the owner re-bootstraps from a snapshot.
+                "auto.offset.reset": "error",
                 "enable.partition.eof": True,
                 "fetch.wait.max.ms": self._fetch_wait_max_ms if low_latency else 200,
                 "fetch.message.max.bytes": 8 << 20,

@@ -12,7 +12,7 @@ import threading
 import zlib
 from concurrent.futures import Future
 
-from channel.transport import Message, TransportError
+from channel.transport import HistoryGap, Message, TransportError
 
 
 class MemoryLog:
@@ -110,14 +110,16 @@ class MemoryReader:
         out: list[Message] = []
         with self._log._cond:
             for p in sorted(self._pos):
+                low = self._log._low.get((self._topic, p), 0)
+                if self._pos[p] < low:
+                    raise HistoryGap(self._topic, p, self._pos[p], low)
+            for p in sorted(self._pos):
                 if len(out) >= max_messages:
                     break
                 got = self._log.read(self._topic, p, self._pos[p], max_messages - len(out))
                 if got:
                     self._pos[p] = got[-1].offset + 1
                     out.extend(got)
-                else:
-                    self._pos[p] = max(self._pos[p], self._log._low.get((self._topic, p), 0))
         return out
 
     def close(self) -> None:
@@ -137,10 +139,12 @@ class MemoryTransport:
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         return self.log.watermarks(topic, partition)
 
-    def produce(self, topic: str, key: bytes, value: bytes | None) -> Future[Message]:
+    def produce(
+        self, topic: str, key: bytes, value: bytes | None, *, partition: int | None = None
+    ) -> Future[Message]:
         fut: Future[Message] = Future()
         try:
-            fut.set_result(self.log.append(topic, key, value))
+            fut.set_result(self.log.append(topic, key, value, partition))
         except TransportError as e:
             fut.set_exception(e)
         return fut

@@ -84,7 +84,8 @@ def shape_ok(rng: BundleRange, new: Record) -> bool:
 def resolve(rng: BundleRange, cur: Record | None, new: Record | None) -> Verdict:
     """Decide whether ``new`` is the next state of a bundle currently at ``cur``.
 
-    ``rng`` is the bundle's hash range; only a split's children are checked against it.
+    ``rng`` is the bundle's hash range; only a split's children are checked against it. The shape rules
+    of :func:`shape_ok` are inlined here (this runs once per replayed record).
     """
     if new is None:
         # A tombstone returns a semi-terminal bundle to Init. It carries no version, so it is only valid
@@ -100,36 +101,49 @@ def resolve(rng: BundleRange, cur: Record | None, new: Record | None) -> Verdict
         cur_state = None
     else:
         cv = cur.version
-        if v <= cv:
-            return _STALE
         if v != cv + 1:
-            return _GAP
+            return _STALE if v <= cv else _GAP
         cur_state = cur.state
 
-    if not shape_ok(rng, new):
+    s = new.state
+    src = new.src
+    dst = new.dst
+    # Shape (shape_ok, inlined).
+    if s is _SPLITTING:
+        children = new.children
+        if src is None or children is None or not children_ok(rng, children):
+            return _BAD
+    elif new.children is not None:
+        return _BAD
+    elif s is _OWNED or s is _ASSIGNING:
+        if dst is None:
+            return _BAD
+    elif s is _RELEASING:
+        if src is None or src == dst:
+            return _BAD
+    elif s is _DELETED and src is None and dst is None:
         return _BAD
     if new.force:
         return ACCEPT
-    s = new.state
     if s not in TRANSITIONS[cur_state]:
         return _INVALID
 
     # Broker checks: the new record must continue the current one.
     if cur is None:
         # Init -> Assigning (a fresh assignment) or Init -> Owned (a split child claimed by its owner).
-        return _MISMATCH if s is _ASSIGNING and new.src is not None else ACCEPT
+        return _MISMATCH if s is _ASSIGNING and src is not None else ACCEPT
     if cur_state is _FREE:  # -> Assigning
-        return _MISMATCH if new.src is not None else ACCEPT
+        return _MISMATCH if src is not None else ACCEPT
     if cur_state is _OWNED:
         # Only the current owner can release or split: src names the broker that does the work.
-        if new.src != cur.dst or (s is _SPLITTING and new.dst is not None):
+        if src != cur.dst or (s is _SPLITTING and dst is not None):
             return _MISMATCH
-        return ACCEPT  # Releasing to itself was refused by shape_ok
+        return ACCEPT  # Releasing to itself was refused by the shape rules
     # Assigning -> Owned, Releasing -> Assigning|Free, Splitting -> Deleted: same src and dst.
-    if new.src != cur.src or new.dst != cur.dst:
+    if src != cur.src or dst != cur.dst:
         return _MISMATCH
     if cur_state is _RELEASING:
-        if s is _ASSIGNING and new.dst is None:
+        if s is _ASSIGNING and dst is None:
             return _MISMATCH  # only a transfer continues to Assigning
         if s is _FREE and cur.dst is not None:
             return _MISMATCH  # a transfer cannot end as an unload

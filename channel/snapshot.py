@@ -1,21 +1,28 @@
-"""Keeping the channel bounded without breaking first-valid-transition (DESIGN.md section 3.4).
+"""Keeping the channel bounded without breaking first-valid-transition (docs/protocol.md section 5).
 
 Kafka compaction keeps the *last* record of a key, which may be one every node rejected; so the channel is
 never compacted. Instead the leader periodically writes the *resolved* table to a compacted snapshot topic
 together with the channel positions it covers, and a node bootstraps from the newest complete snapshot
 and replays the channel from those positions.
 
-Snapshot topic layout (one partition, so its order is total):
+Snapshot topic layout: **one partition** (:data:`SNAPSHOT_PARTITION`), so its order is total and compaction
+sees every key of a snapshot together. Writers produce to that partition explicitly and readers read only
+it; :func:`check_snapshot_topic` refuses a topic with more partitions unless the operator allowed it (the
+librdkafka mock cluster cannot create a one-partition topic).
 
 * ``chunk/<id>/<seq>`` -> ``{"schema":1,"id":..,"seq":n,"bundles":{name: record, ...}}``
-* ``manifest/<term>`` -> ``{"schema":1,"id":..,"chunks":n,"bundles":N,"channel":topic,"partitions":P,
-  "positions":{"0":o0,...},"ts":..,"writer":..,"term":..}`` (one key per leader term)
+* ``manifest/<channel>/<term>`` -> ``{"schema":1,"id":..,"chunks":n,"bundles":N,"channel":topic,
+  "partitions":P,"positions":{"0":o0,...},"ts":..,"writer":..,"term":..}`` (one key per leader term)
 
-A writer appends every chunk, waits until they are durable, then appends the manifest, and only then
-tombstones the chunks of older snapshots and the manifests of older terms. A crash at any point leaves the
-previous manifest and its chunks intact; a reader takes the newest (term, time) manifest whose chunks are
-all present, or replays from offset zero when there is none. Manifests are keyed by term so that a stale
-leader finishing a snapshot late cannot replace a newer leader's manifest under compaction. Everything here except :class:`SnapshotWriter` is pure.
+A snapshot id is ``<term>-<sequence>-<random>``; (term, sequence) orders snapshots (the sequence only
+grows within one writer, and one term has one writer). A writer appends every chunk, waits until they are
+durable, then appends the manifest, and only then tombstones what is *older* than its snapshot: chunks of
+snapshots with a smaller (term, sequence) -- never a newer leader's -- and the manifests of older terms.
+A crash at any point leaves the previous manifest and its chunks intact; the chunk keys of a write that
+failed are remembered and collected by the next one. A reader takes the newest complete manifest of its
+channel and partition count, ordered by (term, position in the topic), or replays from offset zero when
+there is none. Chunks and manifests are decoded like every other value (:mod:`channel.values`): a poisoned
+one is skipped, never fatal. Everything here except :class:`SnapshotWriter` is pure.
 """
 
 from __future__ import annotations
@@ -24,39 +31,54 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 import structlog
 
+from channel.bundles import is_bundle_name
 from channel.records import Record
 from channel.table import TableView
-from channel.transport import Message, Transport
+from channel.transport import Message, Transport, TransportError
+from channel.values import Refused, StrictDecoder
 
 log = structlog.get_logger("trimtab.snapshot")
 
 MANIFEST_PREFIX = b"manifest/"
 CHUNK_PREFIX = b"chunk/"
 DEFAULT_CHUNK_BUNDLES = 2000  # ~300 KB of JSON: well under Kafka's 1 MB default message limit
+SNAPSHOT_PARTITION = 0
+#: A snapshot value longer than this is refused unread (100 000 bundles a chunk, the configurable maximum,
+#: is ~15 MB); the writer refuses to write a longer one.
+MAX_SNAPSHOT_VALUE_BYTES = 32 * 1024 * 1024
 
 
-class Chunk(msgspec.Struct, frozen=True):
+class SnapshotTopicError(TransportError):
+    """The snapshot topic is not usable as configured (the message names it and says what to do)."""
+
+
+_Int64 = msgspec.Meta(ge=-(2**63), le=2**63 - 1)
+_Count = msgspec.Meta(ge=0, le=2**63 - 1)
+
+
+class Chunk(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema: int
     id: str
-    seq: int
+    seq: Annotated[int, _Count]
     bundles: dict[str, Record]
 
 
 class Manifest(msgspec.Struct, frozen=True):
     schema: int
     id: str
-    chunks: int
-    bundles: int
+    chunks: Annotated[int, _Count]
+    bundles: Annotated[int, _Count]
     channel: str
-    partitions: int
-    positions: dict[int, int]
-    ts: int
+    partitions: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+    positions: dict[Annotated[int, _Count], Annotated[int, _Count]]
+    ts: Annotated[int, _Int64]
     writer: str
-    term: int = 0
+    term: Annotated[int, _Count] = 0
 
 
 @dataclass(frozen=True)
@@ -70,8 +92,35 @@ class Snapshot:
 
 
 _enc = msgspec.json.Encoder()
-_chunk_dec = msgspec.json.Decoder(Chunk)
-_manifest_dec = msgspec.json.Decoder(Manifest)
+_chunk_dec = StrictDecoder(Chunk, MAX_SNAPSHOT_VALUE_BYTES)
+_manifest_dec = StrictDecoder(Manifest, MAX_SNAPSHOT_VALUE_BYTES)
+
+
+def decode_chunk(value: bytes) -> Chunk | Refused:
+    """A chunk, or why it is unusable: any value that fails the structure rules or the shape, and a chunk
+    naming something that is not a bundle (a table built from it could not be replayed onto)."""
+    chunk = _chunk_dec.decode(value)
+    if isinstance(chunk, Refused):
+        return chunk
+    if chunk.schema != 1:
+        return Refused("invalid", f"chunk schema {chunk.schema}")
+    for name in chunk.bundles:
+        if not is_bundle_name(name):
+            return Refused("invalid", f"chunk names {name[:100]!r}, not a bundle")
+    return chunk
+
+
+def decode_manifest(value: bytes) -> Manifest | Refused:
+    return _manifest_dec.decode(value)
+
+
+def snapshot_order(snapshot_id: str) -> tuple[int, int] | None:
+    """(term, sequence) of a snapshot id ``<term>-<sequence>-<random>``; None for any other id (never
+    collected: it may be a newer version's)."""
+    parts = snapshot_id.split("-")
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts[:2]):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def manifest_key(channel: str, term: int) -> bytes:
@@ -123,11 +172,23 @@ def snapshot_messages(
 def garbage(
     topic_keys: Iterable[bytes], keep_id: str, term: int | None = None, channel: str | None = None
 ) -> list[bytes]:
-    """Keys to tombstone once the snapshot ``keep_id`` is durable: the chunks of every other snapshot and,
-    given the writer's ``channel`` and ``term``, that channel's manifests of older terms (never a newer
-    leader's)."""
-    keep = CHUNK_PREFIX + keep_id.encode() + b"/"
-    out = {k for k in topic_keys if k.startswith(CHUNK_PREFIX) and not k.startswith(keep)}
+    """Keys to tombstone once the snapshot ``keep_id`` is durable: the chunks of every *older* snapshot
+    (smaller (term, sequence), see :func:`snapshot_order`) and, given the writer's ``channel`` and
+    ``term``, that channel's manifests of older terms. Never a newer leader's chunks or manifest, never
+    a key whose id cannot be ordered."""
+    keep = snapshot_order(keep_id)
+    out: set[bytes] = set()
+    if keep is not None:
+        for k in topic_keys:
+            if not k.startswith(CHUNK_PREFIX):
+                continue
+            sid, _, _ = k[len(CHUNK_PREFIX) :].partition(b"/")
+            try:
+                order = snapshot_order(sid.decode())
+            except UnicodeDecodeError:
+                continue
+            if order is not None and order < keep:
+                out.add(k)
     if term is not None and channel is not None:
         mine = manifest_key(channel, term)
         prefix = MANIFEST_PREFIX + channel.encode() + b"/"
@@ -136,14 +197,19 @@ def garbage(
 
 
 def choose(
-    messages: Iterable[tuple[bytes | None, bytes | None]], *, channel: str | None = None
+    messages: Iterable[tuple[bytes | None, bytes | None]],
+    *,
+    channel: str | None = None,
+    partitions: int | None = None,
 ) -> Snapshot | None:
     """The newest complete snapshot in the snapshot topic's messages (in log order), or None.
 
-    Total: undecodable messages are ignored. Manifests are compared by (term, ts): a snapshot of a later
-    leader wins, whenever its manifest landed. A manifest counts only if every chunk it names is present
-    (compaction keeps the latest value per key; tombstones delete); otherwise the next newest is tried.
-    ``channel`` restricts to snapshots of that channel topic.
+    Total: a message that is not a chunk or manifest, or does not decode, is ignored (a poisoned value
+    replaces the one before it under the same key, so that key counts as absent). Manifests are ordered
+    by (term, position in the topic): a snapshot of a later leader wins wherever its manifest landed, and
+    within a term the later one wins. A manifest counts only if it is of ``channel`` and has
+    ``partitions`` (when given) and every chunk it names is present and belongs to it; otherwise the
+    next newest is tried.
     """
     chunks: dict[bytes, Chunk] = {}
     manifests: dict[bytes, tuple[int, Manifest]] = {}  # key -> (position in the log, manifest)
@@ -151,36 +217,40 @@ def choose(
         if key is None:
             continue
         if key.startswith(MANIFEST_PREFIX):
+            manifests.pop(key, None)
             if value is None:
-                manifests.pop(key, None)
                 continue
-            try:
-                manifests[key] = (i, _manifest_dec.decode(value))
-            except (msgspec.DecodeError, RecursionError):
-                manifests.pop(key, None)
-                log.warning("snapshot_manifest_unreadable", key=key.decode(errors="replace"))
-            continue
-        if not key.startswith(CHUNK_PREFIX):
-            continue
-        if value is None:
+            m = decode_manifest(value)
+            if isinstance(m, Refused):
+                log.warning(
+                    "snapshot_manifest_skipped", key=key[:200].decode(errors="replace"), reason=m.reason
+                )
+                continue
+            manifests[key] = (i, m)
+        elif key.startswith(CHUNK_PREFIX):
             chunks.pop(key, None)
-            continue
-        try:
-            chunks[key] = _chunk_dec.decode(value)
-        except (msgspec.DecodeError, RecursionError):
-            chunks.pop(key, None)
-    # Newest first: by term, then time, then position in the log.
-    for _, m in sorted(manifests.values(), key=lambda x: (x[1].term, x[1].ts, x[0]), reverse=True):
+            if value is None:
+                continue
+            c = decode_chunk(value)
+            if isinstance(c, Refused):
+                log.warning("snapshot_chunk_skipped", key=key[:200].decode(errors="replace"), reason=c.reason)
+                continue
+            chunks[key] = c
+    for _, m in sorted(manifests.values(), key=lambda x: (x[1].term, x[0]), reverse=True):
         if m.schema != 1 or (channel is not None and m.channel != channel):
+            continue
+        if partitions is not None and m.partitions != partitions:
+            continue
+        if set(m.positions) - set(range(m.partitions)):
             continue
         states: dict[str, Record] = {}
         complete = True
         for seq in range(m.chunks):
-            c = chunks.get(chunk_key(m.id, seq))
-            if c is None or c.id != m.id or c.seq != seq:
+            found = chunks.get(chunk_key(m.id, seq))
+            if found is None or found.id != m.id or found.seq != seq:
                 complete = False
                 break
-            states.update(c.bundles)
+            states.update(found.bundles)
         if complete and len(states) == m.bundles:
             return Snapshot(m, states)
     return None
@@ -199,15 +269,34 @@ def bootstrap(
     offsets it has already covered.
     """
     view = TableView(partitions)
-    snap = choose(snapshot_topic, channel=channel)
-    if snap is not None and (partitions is None or snap.manifest.partitions == partitions):
+    snap = choose(snapshot_topic, channel=channel, partitions=partitions)
+    if snap is not None:
         view.load(snap.states, snap.positions)
     view.apply_all(channel_messages)
     return view
 
 
-def new_snapshot_id(term: int) -> str:
-    return f"{term}-{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}"
+def check_snapshot_topic(transport: Transport, topic: str, *, allow_more_partitions: bool) -> int:
+    """The snapshot topic's partition count, refusing a topic trimtab cannot rely on.
+
+    One partition keeps the topic's order total (chunks before their manifest, tombstones after) and lets
+    compaction see a snapshot's keys together. A topic with more partitions is refused with a clear error
+    unless ``allow_more_partitions`` (``kafka.allow_multi_partition_snapshot_topic``): then partition
+    :data:`SNAPSHOT_PARTITION` is used alone, which is equally correct while nothing else writes to the
+    topic -- the option exists for clusters that cannot create a one-partition topic (the librdkafka mock).
+    """
+    n = transport.partitions(topic)
+    if n != 1 and not allow_more_partitions:
+        raise SnapshotTopicError(
+            f"snapshot topic {topic!r} has {n} partitions; it must have exactly 1 (create it with one "
+            "partition and cleanup.policy=compact, or set kafka.allow_multi_partition_snapshot_topic = true "
+            "to use its partition 0 only)"
+        )
+    return n
+
+
+def new_snapshot_id(term: int, sequence: int) -> str:
+    return f"{term}-{sequence}-{uuid.uuid4().hex[:8]}"
 
 
 class SnapshotWriter:
@@ -234,6 +323,9 @@ class SnapshotWriter:
         self.timeout = timeout
         self.known_keys: set[bytes] = set()
         self.last_id: str | None = None
+        # Orders this writer's snapshots (see snapshot_order): starts at the wall clock in ms so that a
+        # restarted writer with the same term (which should not happen) still sorts after itself.
+        self._sequence = int(time.time() * 1000)
 
     def observe(self, messages: Iterable[tuple[bytes | None, bytes | None]]) -> None:
         """Learn which chunk keys exist (from reading the snapshot topic) so they can be collected."""
@@ -248,7 +340,8 @@ class SnapshotWriter:
     def write(
         self, states: dict[str, Record], positions: dict[int, int], partitions: int, term: int
     ) -> Manifest:
-        sid = new_snapshot_id(term)
+        self._sequence = max(self._sequence + 1, int(time.time() * 1000))
+        sid = new_snapshot_id(term, self._sequence)
         msgs = snapshot_messages(
             sid,
             states,
@@ -261,19 +354,27 @@ class SnapshotWriter:
             chunk_bundles=self.chunk_bundles,
         )
         chunk_msgs, (mkey, mvalue) = msgs[:-1], msgs[-1]
-        futures = [self.transport.produce(self.topic, k, v) for k, v in chunk_msgs]
+        for k, v in msgs:
+            if len(v) > MAX_SNAPSHOT_VALUE_BYTES:
+                raise ValueError(
+                    f"snapshot message {k.decode()} is {len(v)} bytes, over {MAX_SNAPSHOT_VALUE_BYTES}: "
+                    "lower channel.snapshot_chunk_bundles"
+                )
+        # Remembered before they are written: if the write fails half-way, the next one collects them.
+        self.known_keys.update(k for k, _ in chunk_msgs)
+        part = SNAPSHOT_PARTITION
+        futures = [self.transport.produce(self.topic, k, v, partition=part) for k, v in chunk_msgs]
         for f in futures:
             f.result(self.timeout)  # every chunk durable before the manifest names them
-        self.transport.produce(self.topic, mkey, mvalue).result(self.timeout)
-        self.known_keys.update(k for k, _ in chunk_msgs)
+        self.transport.produce(self.topic, mkey, mvalue, partition=part).result(self.timeout)
         self.known_keys.add(mkey)
         stale = garbage(self.known_keys, sid, term, self.channel)
         for k in stale:
-            self.transport.produce(self.topic, k, None)
+            self.transport.produce(self.topic, k, None, partition=part)
         self.transport.flush(self.timeout)
         self.known_keys.difference_update(stale)
         self.last_id = sid
-        manifest = _manifest_dec.decode(mvalue)
+        manifest = msgspec.json.decode(mvalue, type=Manifest)
         log.info(
             "snapshot_written",
             snapshot=sid,
@@ -285,23 +386,32 @@ class SnapshotWriter:
         return manifest
 
 
-def read_all(transport: Transport, topic: str, timeout: float = 30.0) -> Iterator[Message]:
-    """Every message of ``topic`` up to the high watermarks seen now, partition by partition."""
-    n = transport.partitions(topic)
-    highs = {p: transport.watermarks(topic, p) for p in range(n)}
+def read_all(
+    transport: Transport, topic: str, timeout: float = 30.0, *, partitions: Iterable[int] | None = None
+) -> Iterator[Message]:
+    """Every message of ``topic`` (or of the given ``partitions``) up to the high watermarks seen now."""
+    parts = sorted(partitions) if partitions is not None else list(range(transport.partitions(topic)))
+    highs = {p: transport.watermarks(topic, p) for p in parts}
     start = {p: lo for p, (lo, _) in highs.items()}
-    if all(start[p] >= highs[p][1] for p in range(n)):
+    if all(start[p] >= highs[p][1] for p in parts):
         return
     reader = transport.reader(topic, start, low_latency=True)
     deadline = time.monotonic() + timeout
     try:
         pos = dict(start)
-        while any(pos[p] < highs[p][1] for p in range(n)):
+        while any(pos[p] < highs[p][1] for p in parts):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} did not reach its end within {timeout}s")
             for m in reader.poll(10_000, 0.1):
-                if m.offset < highs[m.partition][1]:
+                if m.partition in highs and m.offset < highs[m.partition][1]:
                     yield m
-            pos.update(reader.positions())
+            pos.update((p, o) for p, o in reader.positions().items() if p in highs)
     finally:
         reader.close()
+
+
+def read_snapshot_topic(
+    transport: Transport, topic: str, timeout: float = 30.0
+) -> list[tuple[bytes | None, bytes | None]]:
+    """The (key, value) messages of the snapshot topic's one partition, in order."""
+    return [(m.key, m.value) for m in read_all(transport, topic, timeout, partitions=[SNAPSHOT_PARTITION])]

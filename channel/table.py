@@ -21,19 +21,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-import msgspec
-
 from channel.bundles import BundleRange, is_bundle_name, parse_bundle
 from channel.records import (
-    MAX_CHECKED_LEN,
+    MAX_RECORD_BYTES,
     SKIP_BAD_KEY,
-    SKIP_TOO_DEEP,
+    SKIP_WRONG_PARTITION,
     Record,
+    Skip,
     State,
-    _classify,
     _decoder,
+    decode_strict,
     intern_brokers,
-    too_deep,
 )
 from channel.resolve import ACCEPT, resolve
 
@@ -45,7 +43,6 @@ SkipHook = Callable[[str | None, int | None, int | None, str], None]
 _SPLITTING = State.SPLITTING
 _crc32 = zlib.crc32
 _decode_raw = _decoder.decode
-_DecodeError = (msgspec.DecodeError, RecursionError)  # deep nesting raises RecursionError (see records)
 # Only consulted for splitting records, which always get their real range; a placeholder otherwise.
 _ANY_RANGE = BundleRange(0, 0xFFFFFFFF)
 
@@ -143,10 +140,14 @@ class TableView:
 
     # ------------------------------------------------------------------ loading
     def load(self, states: dict[str, Record], positions: dict[int, int]) -> None:
-        """Install a snapshot (see channel.snapshot) before replaying the tail after it."""
+        """Install a snapshot (see channel.snapshot) before replaying the tail after it.
+
+        Also the way back from a history gap: the table is replaced and is no longer live (listeners hear
+        nothing until :meth:`set_live`, when their owner rescans it). Replay counters keep counting."""
         with self._lock:
             self._table = dict(states)
             self.positions = dict(positions)
+            self.live = False
 
     # ------------------------------------------------------------------ applying
     def _skip(self, key: str | None, partition: int | None, offset: int | None, reason: str) -> str:
@@ -186,7 +187,7 @@ class TableView:
         decode_raw = _decode_raw
         intern = intern_brokers
         crc32 = _crc32
-        decode_err = _DecodeError
+        max_len = MAX_RECORD_BYTES
         splitting = _SPLITTING
         accept = ACCEPT
         accepted = 0
@@ -209,7 +210,7 @@ class TableView:
             # key in another partition would otherwise be applied or skipped depending on how this replica
             # interleaved the partitions, and replicas would diverge.
             if parts is not None and partition is not None and crc32(key) % parts != partition:
-                outcome = self._skip(name, partition, offset, "wrong_partition")
+                outcome = self._skip(name, partition, offset, SKIP_WRONG_PARTITION.reason)
                 continue
             cur = table.get(name)
             # A key in the table had its name checked when its first record was accepted.
@@ -220,14 +221,17 @@ class TableView:
             if value is None:
                 new: Record | None = None
             else:
-                if len(value) > MAX_CHECKED_LEN and too_deep(value):
-                    outcome = self._skip(name, partition, offset, SKIP_TOO_DEEP.reason)
-                    continue
+                # channel.records.decode, inlined: msgspec, and the strict reference for whatever it refuses.
                 try:
-                    new = decode_raw(value)
-                except decode_err:
-                    outcome = self._skip(name, partition, offset, _classify(value).reason)
-                    continue
+                    new = decode_raw(value) if len(value) <= max_len else None
+                except Exception:  # whatever msgspec raised, the reference decides
+                    new = None
+                if new is None:
+                    res = decode_strict(value)
+                    if isinstance(res, Skip):
+                        outcome = self._skip(name, partition, offset, res.reason)
+                        continue
+                    new = res
                 if new.state is splitting:
                     rng = parse_bundle(name)[1]
             verdict = resolve(rng, cur, new)

@@ -30,9 +30,26 @@ class TransportError(RuntimeError):
     """The backend refused or could not be reached; the message says which and what to check."""
 
 
+class HistoryGap(TransportError):
+    """Records a reader had not read yet are gone (retention deleted them): reading on would silently
+    skip history. Raised instead of jumping to the first retained offset."""
+
+    def __init__(self, topic: str, partition: int, position: int, low: int | None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.position = position
+        self.low = low
+        first = "unknown" if low is None else str(low)
+        super().__init__(
+            f"{topic}[{partition}]: records from offset {position} were deleted before this node read them "
+            f"(first retained offset: {first}); raise the topic's retention or snapshot more often"
+        )
+
+
 class Reader(Protocol):
     def poll(self, max_messages: int, timeout: float) -> list[Message]:
-        """Up to ``max_messages`` messages in per-partition order; [] after ``timeout`` seconds."""
+        """Up to ``max_messages`` messages in per-partition order; [] after ``timeout`` seconds.
+        Raises :class:`HistoryGap` when the next record to read was deleted, never skips ahead."""
         ...
 
     def positions(self) -> dict[int, int]:
@@ -51,8 +68,11 @@ class Transport(Protocol):
         """``(low, high)``: the first retained offset and the next offset to be written."""
         ...
 
-    def produce(self, topic: str, key: bytes, value: bytes | None) -> Future[Message]:
-        """Append; the future resolves with the written message (its offset) or a TransportError."""
+    def produce(
+        self, topic: str, key: bytes, value: bytes | None, *, partition: int | None = None
+    ) -> Future[Message]:
+        """Append (to ``partition``, or the key's partition ``crc32(key) % partitions``); the future
+        resolves with the written message (its offset) or a TransportError."""
         ...
 
     def flush(self, timeout: float) -> int:
@@ -75,6 +95,12 @@ class Follower:
     reads everything, and positions live in memory (or in a snapshot), never in Kafka.
 
     ``apply`` is called on the follower's thread with each batch, in per-partition order.
+
+    ``start=None`` starts at the first retained offset of every partition (for latest-value topics, where
+    older history does not matter). With explicit positions, a position below the first retained offset is
+    a :class:`HistoryGap`, at start or at any later time: the follower stops and calls ``on_gap`` (or
+    ``on_error`` when there is no ``on_gap``) instead of skipping what it never read. Any other failure
+    stops it too and calls ``on_error``; the owner decides what to do next.
     """
 
     def __init__(
@@ -89,25 +115,31 @@ class Follower:
         low_latency: bool = True,
         on_error: Callable[[BaseException], None] | None = None,
         on_ready: Callable[[], None] | None = None,
+        on_gap: Callable[[HistoryGap], None] | None = None,
     ) -> None:
         self.transport = transport
         self.topic = topic
         self._apply = apply
-        self._start = dict(start or {})
+        self._start = None if start is None else dict(start)
         self.name = name or topic
         self._batch = batch
         self._low_latency = low_latency
         self._on_error = on_error
         self._on_ready = on_ready
+        self._on_gap = on_gap
         self.ready = threading.Event()
         self.positions: dict[int, int] = {}
         self.highwater: dict[int, int] = {}
-        self.history_gap = False
+        self.gap: HistoryGap | None = None
         self.records = 0
         self.last_activity = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+
+    @property
+    def history_gap(self) -> bool:
+        return self.gap is not None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -116,8 +148,12 @@ class Follower:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def wait_ready(self, timeout: float) -> bool:
         return self.ready.wait(timeout)
@@ -132,7 +168,7 @@ class Follower:
         start: dict[int, int] = {}
         for p in range(n):
             low, high = self.transport.watermarks(self.topic, p)
-            pos = self._start.get(p, 0)
+            pos = low if self._start is None else self._start.get(p, 0)
             if pos > high:
                 # Positions from another incarnation of the topic (deleted and re-created): unusable.
                 raise TransportError(
@@ -140,17 +176,7 @@ class Follower:
                     "was the topic re-created? refusing to guess"
                 )
             if pos < low:
-                self.history_gap = True
-                log.error(
-                    "history_gap",
-                    topic=self.topic,
-                    partition=p,
-                    position=pos,
-                    low_watermark=low,
-                    hint="records were deleted by retention before this node read them; "
-                    "raise retention or snapshot more often",
-                )
-                pos = low
+                raise HistoryGap(self.topic, p, pos, low)
             start[p] = pos
             self.highwater[p] = high
         self.positions = dict(start)
@@ -167,14 +193,32 @@ class Follower:
     def _caught_up(self) -> bool:
         return all(self.positions.get(p, 0) >= hw for p, hw in self.highwater.items())
 
+    def _failed(self, e: BaseException) -> None:
+        if isinstance(e, HistoryGap):
+            self.gap = e
+            log.error(
+                "history_gap",
+                topic=e.topic,
+                partition=e.partition,
+                position=e.position,
+                low_watermark=e.low,
+                hint="records were deleted by retention before this node read them; "
+                "raise retention or snapshot more often",
+            )
+            if self._on_gap is not None:
+                self._on_gap(e)
+                return
+        else:
+            log.error("follower_failed", topic=self.topic, error=repr(e), exc_info=e)
+        self.error = e
+        if self._on_error is not None:
+            self._on_error(e)
+
     def _run(self) -> None:
         try:
             reader = self._prepare()
         except BaseException as e:
-            self.error = e
-            log.error("follower_failed", topic=self.topic, error=str(e))
-            if self._on_error:
-                self._on_error(e)
+            self._failed(e)
             return
         try:
             if self._caught_up():
@@ -190,9 +234,6 @@ class Follower:
                     if not self.ready.is_set() and self._caught_up():
                         self._set_ready()
         except BaseException as e:
-            self.error = e
-            log.exception("follower_crashed", topic=self.topic)
-            if self._on_error:
-                self._on_error(e)
+            self._failed(e)
         finally:
             reader.close()

@@ -77,3 +77,26 @@ def bind(**kv: Any) -> None:
             _IDENTITY.pop(k, None)
         else:
             _IDENTITY[k] = v
+
+
+class SkipLog:
+    """Logs skipped channel records: the first five of each reason, then every thousandth (the metric
+    counts all of them), each with its partition and offset so an operator can fetch the bytes."""
+
+    def __init__(self, event: str = "channel_record_skipped") -> None:
+        self.event = event
+        self.seen: dict[str, int] = {}
+        self._log = structlog.get_logger("trimtab.channel")
+
+    def __call__(self, key: str | None, partition: int | None, offset: int | None, reason: str) -> None:
+        n = self.seen.get(reason, 0) + 1
+        self.seen[reason] = n
+        if n <= 5 or n % 1000 == 0:
+            self._log.warning(
+                self.event,
+                key=None if key is None else key[:200],
+                partition=partition,
+                offset=offset,
+                reason=reason,
+                seen=n,
+            )

@@ -11,12 +11,14 @@ at scrape time instead of incrementing a labelled counter per record on the repl
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from channel.client import ChannelClient
+from cluster.kvview import KeyValueView
 
 
 class ChannelCollector(Collector):
@@ -38,7 +40,16 @@ class ChannelCollector(Collector):
             "trimtab_channel_bundles", "Bundles with a channel record, by state.", labels=["state"]
         )
         gap = GaugeMetricFamily(
-            "trimtab_channel_history_gap", "1 if retention deleted records this node never read."
+            "trimtab_channel_history_gap",
+            "1 while this node is recovering from a history gap (retention deleted records it had not read).",
+        )
+        gaps = CounterMetricFamily(
+            "trimtab_channel_history_gaps",
+            "History gaps detected: records deleted before this node read them (each forces a re-bootstrap).",
+        )
+        recoveries = CounterMetricFamily(
+            "trimtab_channel_recoveries",
+            "Times the channel follower was restarted from a snapshot after it stopped (gap or failure).",
         )
         if c is not None:
             st = c.table.stats
@@ -54,13 +65,42 @@ class ChannelCollector(Collector):
                 counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
             for state, n in sorted(counts.items()):
                 bundles.add_metric([state], n)
-            f = c.follower
-            gap.add_metric([], 1.0 if f is not None and f.history_gap else 0.0)
+            gap.add_metric([], 1.0 if c.history_gap else 0.0)
+            gaps.add_metric([], c.gaps)
+            recoveries.add_metric([], c.recoveries)
         yield records
         yield ready
         yield lag
         yield bundles
         yield gap
+        yield gaps
+        yield recoveries
+
+
+class KeyValueCollector(Collector):
+    """Skipped values of the latest-value views (load reports, top bundles), read at scrape time."""
+
+    def __init__(self, views: Callable[[], Iterable[KeyValueView[Any]]]) -> None:
+        self._views = views
+
+    def collect(self) -> Iterable[Metric]:
+        skipped = CounterMetricFamily(
+            "trimtab_kv_values_skipped",
+            "Values of a load or top-bundles topic that were refused, by topic and reason (the key keeps its "
+            "last good value).",
+            labels=["topic", "reason"],
+        )
+        gaps = CounterMetricFamily(
+            "trimtab_kv_history_gaps",
+            "History gaps of a load or top-bundles view (it re-read the topic from the first retained offset).",
+            labels=["topic"],
+        )
+        for v in self._views():
+            for reason, n in sorted(v.skipped.items()):
+                skipped.add_metric([v.topic, reason], n)
+            gaps.add_metric([v.topic], v.gaps)
+        yield skipped
+        yield gaps
 
 
 def new_registry() -> CollectorRegistry:

@@ -9,7 +9,8 @@ from config.settings import Settings
 
 def kafka_transport(s: Settings, client_id: str) -> KafkaTransport:
     """The Kafka transport every trimtab process uses: compacted topics created compacted, the channel
-    with its configured partition count, channel readers tuned by ``kafka.fetch_wait_max_ms``."""
+    with its configured partition count and the snapshot topic with one, channel readers tuned by
+    ``kafka.fetch_wait_max_ms``."""
     k = s.kafka
     return KafkaTransport(
         k.bootstrap_servers,
@@ -18,7 +19,8 @@ def kafka_transport(s: Settings, client_id: str) -> KafkaTransport:
         linger_ms=k.linger_ms,
         fetch_wait_max_ms=k.fetch_wait_max_ms,
         compacted_topics=frozenset({k.snapshot_topic, k.broker_load_topic, k.top_bundles_topic}),
-        topic_partitions={k.channel_topic: k.channel_partitions},
+        # The snapshot topic must have exactly one partition (channel.snapshot.check_snapshot_topic).
+        topic_partitions={k.channel_topic: k.channel_partitions, k.snapshot_topic: 1},
         replication_factor=k.replication_factor,
     )
 

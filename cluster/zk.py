@@ -31,8 +31,17 @@ from kazoo.retry import KazooRetry
 
 from balance.assign import BrokerInfo
 from channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
+from channel.values import Refused, StrictDecoder
 
 log = structlog.get_logger("trimtab.zk")
+
+
+#: ZooKeeper's default jute.maxbuffer: no znode trimtab reads can be longer.
+ZNODE_MAX_BYTES = 1 << 20
+
+
+class NamespaceUnreadable(RuntimeError):
+    """A namespace's policy znode does not decode: its bundle layout is unknown (the message says why)."""
 
 
 class ZkUnavailable(RuntimeError):
@@ -146,7 +155,7 @@ class ZkSession:
         return cid[0] if cid else None
 
 
-_info_dec = msgspec.json.Decoder(BrokerInfo)
+_info_dec = StrictDecoder(BrokerInfo, ZNODE_MAX_BYTES)
 _enc = msgspec.json.Encoder()
 
 
@@ -286,10 +295,13 @@ class BrokerRegistry:
                 data, _ = self.zk.get(self.paths.broker(child), watch=self._data_changed)
             except NoNodeError:
                 continue
-            try:
-                fresh[child] = _info_dec.decode(data)
-            except msgspec.DecodeError:
-                log.warning("broker_registration_unreadable", broker=child)
+            info = _info_dec.decode(data)
+            if isinstance(info, Refused):
+                log.warning(
+                    "broker_registration_unreadable", broker=child, reason=info.reason, detail=info.detail
+                )
+                continue
+            fresh[child] = info
         changed = fresh != self.brokers
         self.brokers = fresh
         self.synced.set()
@@ -316,7 +328,7 @@ def _hex(b: int) -> str:
     return f"0x{b:08x}"
 
 
-_pol_dec = msgspec.json.Decoder(NamespacePolicies)
+_pol_dec = StrictDecoder(NamespacePolicies, ZNODE_MAX_BYTES)
 
 
 class NamespaceStore:
@@ -332,7 +344,14 @@ class NamespaceStore:
             data, stat = self.zk.get(self.paths.namespace(namespace))
         except NoNodeError:
             return None
-        return _pol_dec.decode(data), stat.version
+        pol = _pol_dec.decode(data)
+        if isinstance(pol, Refused):
+            # Never guess a namespace's bundle boundaries: a default layout could overlap the real one.
+            raise NamespaceUnreadable(
+                f"namespace {namespace}: its policy znode is unreadable ({pol.reason}: {pol.detail}); "
+                "fix or delete it with a ZooKeeper tool"
+            )
+        return pol, stat.version
 
     def ensure(self, namespace: str) -> BundleLayout:
         got = self.read(namespace)

@@ -70,6 +70,13 @@ class KafkaSettings(Section):
         description="Compacted top-k bundle loads per broker. [loadbalancer-top-bundles-load-data]",
     )
     events_topic: str = Field("trimtab-events", description="Append-only decision and audit events.")
+    allow_multi_partition_snapshot_topic: bool = Field(
+        False,
+        description="Accept a snapshot topic with more than one partition and use its partition 0 only. For "
+        "clusters that cannot create a one-partition topic (the librdkafka mock auto-creates four); a real "
+        "cluster should create the snapshot topic with one partition, and start-up refuses anything else "
+        "while this is false.",
+    )
     channel_partitions: int = Field(
         4,
         ge=1,

@@ -160,7 +160,10 @@ def create_app(ctl: Controller) -> FastAPI:
         app,
         tick_age=lambda: time.monotonic() - ctl.last_tick,
         started=lambda: ctl.ready,
-        ready=lambda: (ctl.ready and ctl.zk.connected, {"leader": ctl.is_leader}),
+        ready=lambda: (
+            ctl.ready and ctl.zk.connected and ctl.channel_health()[0],
+            {"leader": ctl.is_leader, "channel": ctl.channel_health()[1]},
+        ),
         registry=lambda: ctl.prom,
         ready_summary="Readiness: warm (channel and load views caught up) and connected",
     )

@@ -38,14 +38,15 @@ from balance.load import BrokerLoadData, TopBundles
 from balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
 from channel.client import ChannelClient
 from channel.records import Record, State, make
-from channel.snapshot import SnapshotWriter, read_all
+from channel.snapshot import SnapshotWriter, read_snapshot_topic
 from channel.transport import Transport
 from cluster.bridge import LoopBridge
 from cluster.events import EventPublisher
 from cluster.http import HttpServer, RequestError, bind
 from cluster.kvview import KeyValueView
+from cluster.logs import SkipLog
 from cluster.logs import bind as bind_log
-from cluster.metrics import ChannelCollector, new_registry
+from cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
 from cluster.wiring import kafka_transport, zk_session
 from cluster.zk import BrokerRegistry, ZkPaths
 from config.settings import Settings
@@ -164,7 +165,13 @@ class Controller:
             term=self.term,
         )
         self.transport: Transport = self._transport or kafka_transport(s, f"trimtab-controller-{self.me}")
-        self.channel = ChannelClient(self.transport, s.kafka.channel_topic, s.kafka.snapshot_topic)
+        self.channel = ChannelClient(
+            self.transport,
+            s.kafka.channel_topic,
+            s.kafka.snapshot_topic,
+            on_skip=SkipLog(),
+            allow_multi_partition_snapshot_topic=s.kafka.allow_multi_partition_snapshot_topic,
+        )
         heal_wakeups: LoopBridge[None] = LoopBridge(loop, lambda _: self._wake_healing())
         self.channel.table.add_listener(lambda key, old, new: heal_wakeups.push(None))
         self.loads: KeyValueView[BrokerLoadData] = KeyValueView(
@@ -184,6 +191,7 @@ class Controller:
         self.registry.add_listener(lambda brokers: loop.call_soon_threadsafe(self._membership_change))
         self.zk.add_listener(lambda st: loop.call_soon_threadsafe(self._session_changed, st))
         self.prom.register(ChannelCollector(lambda: self.channel))
+        self.prom.register(KeyValueCollector(lambda: [self.loads, self.top]))
         self._heal_wake = asyncio.Event()
         self._membership_changed = True
         self._last_bookkeeping = 0.0
@@ -215,6 +223,9 @@ class Controller:
             return "warming_up"
         return None
 
+    def channel_health(self) -> tuple[bool, str]:
+        return (False, "not started") if self.channel is None else self.channel.health()
+
     def _session_changed(self, state: str) -> None:
         self.metrics.safe_mode.set(0 if self.safe_mode() is None else 1)
         if state == "suspended" and self.election.term is not None:
@@ -241,9 +252,7 @@ class Controller:
         try:
             await asyncio.to_thread(self.healer.load)
             self.switches = await asyncio.to_thread(self.switch_store.read)
-            msgs = await asyncio.to_thread(
-                lambda: [(m.key, m.value) for m in read_all(self.transport, self.s.kafka.snapshot_topic)]
-            )
+            msgs = await asyncio.to_thread(read_snapshot_topic, self.transport, self.s.kafka.snapshot_topic)
             self.snapshots.observe(msgs)
         except Exception:
             log.exception("leader_init_failed")
@@ -283,8 +292,6 @@ class Controller:
             while not (self.channel.ready and self.loads.ready and self.top.ready):
                 if self.stop_event.is_set():
                     return 0
-                if self.channel.error is not None:
-                    raise RuntimeError(f"channel bootstrap failed: {self.channel.error}")
                 await asyncio.sleep(0.02)
             self.ready = True
             log.info("controller_warm", bundles=len(self.channel.table))

@@ -23,7 +23,8 @@ import structlog
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from cluster.zk import ZkPaths, ZkSession
+from channel.values import Refused, StrictDecoder
+from cluster.zk import ZNODE_MAX_BYTES, ZkPaths, ZkSession
 
 log = structlog.get_logger("trimtab.election")
 
@@ -37,7 +38,7 @@ class LeaderInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _enc = msgspec.json.Encoder()
-_dec = msgspec.json.Decoder(LeaderInfo)
+_dec = StrictDecoder(LeaderInfo, ZNODE_MAX_BYTES)
 
 
 class LeaderElection:
@@ -144,10 +145,9 @@ class LeaderElection:
             if self.candidate:
                 self._campaign()
             return
-        try:
-            info = _dec.decode(data)
-        except msgspec.DecodeError:
-            log.error("leader_node_unreadable", data=data[:200])
+        info = _dec.decode(data)
+        if isinstance(info, Refused):
+            log.error("leader_node_unreadable", reason=info.reason, data=data[:200])
             return
         self.current = info
         ours = stat.ephemeralOwner == self.session.session_id

@@ -17,7 +17,8 @@ import structlog
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 
-from cluster.zk import ZkPaths
+from channel.values import Refused, StrictDecoder
+from cluster.zk import ZNODE_MAX_BYTES, ZkPaths
 
 log = structlog.get_logger("trimtab.controller")
 
@@ -41,9 +42,10 @@ class ControllerSwitches(msgspec.Struct, kw_only=True):
 
 
 _enc = msgspec.json.Encoder()
-_fb = msgspec.json.Decoder(FailedBroker)
-_chunk = msgspec.json.Decoder(Chunk)
-_sw = msgspec.json.Decoder(ControllerSwitches)
+# Znodes are hostile until decoded too: an unreadable one is skipped (and logged), never fatal.
+_fb = StrictDecoder(FailedBroker, ZNODE_MAX_BYTES)
+_chunk = StrictDecoder(Chunk, ZNODE_MAX_BYTES)
+_sw = StrictDecoder(ControllerSwitches, ZNODE_MAX_BYTES)
 
 
 class FailedBrokers:
@@ -60,9 +62,13 @@ class FailedBrokers:
         for c in children:
             try:
                 data, _ = self.zk.get(f"{self.paths.failed_brokers}/{c}")
-                out[c] = _fb.decode(data)
-            except (NoNodeError, msgspec.DecodeError):
+            except NoNodeError:
                 continue
+            fb = _fb.decode(data)
+            if isinstance(fb, Refused):
+                log.warning("failed_broker_record_unreadable", broker=c, reason=fb.reason, detail=fb.detail)
+                continue
+            out[c] = fb
         return out
 
     def record(self, broker: str, when_ms: int, by: str, term: int) -> bool:
@@ -97,11 +103,18 @@ class Reassignments:
         except NoNodeError:
             return out
         for c in children:
+            if not (c.isascii() and c.isdigit() and len(c) < 19):
+                log.warning("heal_chunk_unreadable", broker=broker, chunk=c[:100], reason="bad_name")
+                continue
             try:
                 data, _ = self.zk.get(f"{self._dir(broker)}/{c}")
-                out[int(c)] = _chunk.decode(data)
-            except (NoNodeError, ValueError, msgspec.DecodeError):
+            except NoNodeError:
                 continue
+            chunk = _chunk.decode(data)
+            if isinstance(chunk, Refused):
+                log.warning("heal_chunk_unreadable", broker=broker, chunk=c, reason=chunk.reason)
+                continue
+            out[int(c)] = chunk
         return dict(sorted(out.items()))
 
     def brokers(self) -> list[str]:
@@ -144,9 +157,13 @@ class Switches:
     def read(self) -> ControllerSwitches:
         try:
             data, _ = self.zk.get(self.paths.controller_state)
-            return _sw.decode(data)
-        except (NoNodeError, msgspec.DecodeError):
+        except NoNodeError:
             return ControllerSwitches()
+        sw = _sw.decode(data)
+        if isinstance(sw, Refused):
+            log.warning("controller_switches_unreadable", reason=sw.reason, detail=sw.detail)
+            return ControllerSwitches()
+        return sw
 
     def write(self, sw: ControllerSwitches) -> None:
         data = _enc.encode(sw)

@@ -9,14 +9,20 @@ invalid configuration.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 import orjson
 
 from config.loader import ConfigError, load_settings, parse_assignments, set_path
 from config.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+    from channel.transport import Message, Transport
 
 
 def _emit_json(obj: Any) -> None:
@@ -175,25 +181,67 @@ def channel() -> None:
     """Inspect the bundle state channel."""
 
 
+_BAD_LINES_SHOWN = 5  # bad lines named on stderr by `channel replay`; the count covers all of them
+
+
 @channel.command("replay")
 @click.argument("file", type=click.File("rb"))
 @click.option("--json", "as_json", is_flag=True, help="Print {table, stats} as JSON.")
-def channel_replay(file: Any, as_json: bool) -> None:
-    """Replay a JSON-lines channel export ({"key": bundle, "value": record|null} per line) and show the
-    resolved table, as every node would compute it."""
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Channel partition count: skip records outside their home partition crc32(key) % N, as a node "
+    "does (default: the export header's; without either, no partition check).",
+)
+def channel_replay(file: Any, as_json: bool, partitions: int | None) -> None:
+    """Replay a channel export (JSON lines, docs/protocol.md section 8: what `channel dump --export`
+    writes, or {"key": bundle, "value": record|null} per line) and show the resolved table, exactly as
+    every node computes it from the same messages. Lines that are not export lines are counted as skipped
+    (bad_line) and the first few are named on stderr."""
     from channel.replayfile import replay_lines, table_report
 
-    view = replay_lines(file)
+    bad_lines = 0
+
+    def on_bad_line(lineno: int, why: str) -> None:
+        nonlocal bad_lines
+        bad_lines += 1
+        if bad_lines <= _BAD_LINES_SHOWN:
+            click.echo(f"line {lineno}: not an export line ({why}); skipped as bad_line", err=True)
+
+    view = replay_lines(file, partitions=partitions, on_bad_line=on_bad_line)
+    if bad_lines > _BAD_LINES_SHOWN:
+        click.echo(f"... {bad_lines} bad lines in all", err=True)
     report = table_report(view)
     if as_json:
-        _emit_json(report)
+        _emit_report(report)
         return
     _print_table(report["table"])
-    detail = view.stats.detail()
+    stats = report["stats"]
     click.echo(
-        f"accepted {detail['accepted']}  rejected {detail['rejected']} {detail['rejected_by_reason']}  "
-        f"skipped {detail['skipped']} {detail['skipped_by_reason']}"
+        f"accepted {stats['accepted']}  rejected {stats['rejected']} {stats['rejected_by_reason']}  "
+        f"skipped {stats['skipped']} {stats['skipped_by_reason']}"
     )
+
+
+def _emit_report(report: dict[str, Any]) -> None:
+    """Like _emit_json, with an encoder that cannot fail on anything the channel put in the report."""
+    from channel.replayfile import report_json
+
+    sys.stdout.buffer.write(report_json(report))
+    sys.stdout.flush()
+
+
+def _cell(value: object) -> Text:
+    """A table cell that shows exactly the characters of ``value``: broker ids and writers come off the
+    channel and anyone can write there, so they are never read as rich markup (``[bold]``, ``[link=...]``)
+    and control characters (terminal escape sequences) are shown escaped, not sent to the terminal."""
+    from rich.text import Text
+
+    text = "" if value is None else str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return Text(text)
 
 
 def _print_table(table: dict[str, dict[str, Any]]) -> None:
@@ -203,13 +251,13 @@ def _print_table(table: dict[str, dict[str, Any]]) -> None:
     t = Table("bundle", "state", "dst", "src", "version", "force", "writer")
     for bundle, rec in table.items():
         t.add_row(
-            bundle,
-            rec["state"],
-            rec["dst"] or "",
-            rec["src"] or "",
-            str(rec["version"]),
-            str(rec["force"]),
-            rec["writer"],
+            _cell(bundle),
+            _cell(rec["state"]),
+            _cell(rec["dst"]),
+            _cell(rec["src"]),
+            _cell(rec["version"]),
+            _cell(rec["force"]),
+            _cell(rec["writer"]),
         )
     Console().print(t)
 
@@ -221,6 +269,14 @@ def _print_table(table: dict[str, dict[str, Any]]) -> None:
 @click.option("--topic", default=None, help="Channel topic (kafka.channel_topic).")
 @click.option("--no-snapshot", is_flag=True, help="Replay the whole channel instead of snapshot + tail.")
 @click.option("--json", "as_json", is_flag=True, help="Print {table, stats} as JSON.")
+@click.option(
+    "--export",
+    "export_to",
+    default=None,
+    metavar="FILE",
+    help="Instead of resolving the channel, write every retained message (from the low watermarks, "
+    "snapshots ignored) to FILE ('-': stdout) in the export format `channel replay` reads.",
+)
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for catch-up.")
 def channel_dump(
     config_file: str | None,
@@ -229,24 +285,43 @@ def channel_dump(
     topic: str | None,
     no_snapshot: bool,
     as_json: bool,
+    export_to: str | None,
     timeout: float,
 ) -> None:
-    """Read the live channel to its end and show the resolved table."""
+    """Read the live channel to its end and show the resolved table (or, with --export, save the raw
+    channel: replaying that file gives what `dump --no-snapshot` gives now)."""
     from channel.client import ChannelClient
     from channel.replayfile import table_report
     from cluster.logs import configure_logging
     from cluster.wiring import kafka_transport
 
+    if export_to is not None and as_json:
+        raise click.UsageError(
+            "--export writes the raw channel, not a table; replay it with `trimtab channel replay FILE --json`"
+        )
     s = settings_from(
         config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers, "kafka.channel_topic": topic}
     )
     configure_logging("warning", json_logs=True)
     transport = kafka_transport(s, "trimtab-channel-dump")
+    if export_to is not None:
+        try:
+            _export_channel(transport, s.kafka.channel_topic, export_to, timeout)
+        finally:
+            transport.close()
+        return
     client = ChannelClient(
-        transport, s.kafka.channel_topic, s.kafka.snapshot_topic, use_snapshot=not no_snapshot
+        transport,
+        s.kafka.channel_topic,
+        s.kafka.snapshot_topic,
+        use_snapshot=not no_snapshot,
+        allow_multi_partition_snapshot_topic=s.kafka.allow_multi_partition_snapshot_topic,
     )
     try:
-        client.start()
+        try:
+            client.start()
+        except Exception as e:  # an unusable snapshot topic, an unreachable cluster: say which, no trace
+            raise click.ClickException(f"cannot read {s.kafka.channel_topic}: {e}") from None
         if not client.wait_ready(timeout):
             raise click.ClickException(
                 f"did not catch up with {s.kafka.channel_topic} within {timeout}s "
@@ -259,10 +334,61 @@ def channel_dump(
         client.stop()
         transport.close()
     if as_json:
-        _emit_json(report)
+        _emit_report(report)
     else:
         _print_table(report["table"])
         click.echo(f"stats {report['stats']}")
+
+
+def _export_channel(transport: Transport, topic: str, export_to: str, timeout: float) -> None:
+    """Write every message of ``topic`` from the low to the high watermarks seen at the start, raw bytes
+    and all, in per-partition order. A file is written beside its destination and renamed into place only
+    when complete, so a failed export never leaves a truncated file that looks like a whole channel."""
+    import os
+    import tempfile
+
+    from channel.replayfile import export_lines
+    from channel.snapshot import read_all
+
+    counts: dict[int, int] = {}
+
+    def counted(messages: Iterable[Message]) -> Iterator[Message]:
+        for m in messages:
+            counts[m.partition] = counts.get(m.partition, 0) + 1
+            yield m
+
+    def write(out: BinaryIO) -> int:
+        partitions = transport.partitions(topic)
+        for line in export_lines(
+            counted(read_all(transport, topic, timeout)), topic=topic, partitions=partitions
+        ):
+            out.write(line)
+        out.flush()
+        return partitions
+
+    try:
+        if export_to == "-":
+            partitions = write(sys.stdout.buffer)
+        else:
+            dest = Path(export_to)
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    partitions = write(out)
+                    os.fsync(out.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    except Exception as e:  # the cluster, the file system: an operator error, told plainly
+        raise click.ClickException(f"export of {topic} failed: {type(e).__name__}: {e}") from None
+    total = sum(counts.values())
+    where = "stdout" if export_to == "-" else export_to
+    click.echo(
+        f"exported {total} messages of {topic} ({partitions} partitions; per partition "
+        f"{dict(sorted(counts.items()))}) to {where}",
+        err=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- admin

@@ -158,7 +158,11 @@ class LocalCluster:
         base: dict[str, Any] = {
             "cluster": {"name": self.cluster_name},
             "zookeeper": {"hosts": self.zk.hosts},
-            "kafka": {"bootstrap_servers": self.kafka.bootstrap_servers},
+            # The mock auto-creates every topic with four partitions: use the snapshot topic's first only.
+            "kafka": {
+                "bootstrap_servers": self.kafka.bootstrap_servers,
+                "allow_multi_partition_snapshot_topic": True,
+            },
             "logging": {"level": "info", "json_logs": True},
         }
         cfg = _merge(base, self.settings)

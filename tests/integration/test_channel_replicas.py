@@ -81,21 +81,7 @@ def test_three_dump_processes_agree_after_a_race(kafka: KafkaEnv, procs: Procs) 
 
         # Three replicas in three processes, concurrently, each replaying the channel from offset zero.
         dumps = [
-            procs.trimtab(
-                "channel",
-                "dump",
-                "--bootstrap-servers",
-                kafka.bootstrap_servers,
-                "--topic",
-                kafka.channel_topic,
-                "--set",
-                f"kafka.snapshot_topic={kafka.snapshot_topic}",
-                "--no-snapshot",
-                "--json",
-                "--timeout",
-                "30",
-                name=f"dump{i}",
-            )
+            procs.trimtab(*kafka.dump_args("--no-snapshot", "--json"), name=f"dump{i}")
             for i in range(REPLICAS)
         ]
         reports = [normalise(d.wait(60).check().json()) for d in dumps]

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import zlib
+from typing import Any
 
 import pytest
 
 from channel.bundles import BundleLayout
 from channel.client import ChannelClient
 from channel.records import Record, State, encode, make
-from channel.snapshot import SnapshotWriter, choose, snapshot_messages
+from channel.replayfile import table_report
+from channel.snapshot import (
+    SNAPSHOT_PARTITION,
+    SnapshotTopicError,
+    SnapshotWriter,
+    choose,
+    read_snapshot_topic,
+    snapshot_messages,
+)
 from channel.table import partition_for, replay
 from channel.transport import Follower, Message, TransportError
-from tests.support.kafka import MOCK_PARTITIONS, KafkaEnv, by_partition
+from tests.support.kafka import MOCK_PARTITIONS, KafkaEnv, by_partition, keys_per_partition
+from tests.support.procs import Procs
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -265,7 +276,7 @@ def test_channel_client_bootstrap_from_snapshot_plus_tail_equals_full_replay(kaf
     # The mock does not compact: the first snapshot's chunks are still there, next to their tombstones.
     assert any(m.value is None for m in snap_msgs)
 
-    node = ChannelClient(kafka.transport, topic, snap_topic)
+    node = ChannelClient(kafka.transport, topic, snap_topic, allow_multi_partition_snapshot_topic=True)
     node.start()
     try:
         assert node.wait_ready(15), f"not ready: {node.error}"
@@ -307,9 +318,10 @@ def test_channel_client_ignores_a_snapshot_past_the_end_of_the_channel(kafka: Ka
         partitions=MOCK_PARTITIONS,
         writer="old",
     ):
-        kafka.transport.produce(snap_topic, key, value).result(10)
+        kafka.transport.produce(snap_topic, key, value, partition=SNAPSHOT_PARTITION).result(10)
+    assert choose(read_snapshot_topic(kafka.transport, snap_topic), channel=topic) is not None
 
-    node = ChannelClient(kafka.transport, topic, snap_topic)
+    node = ChannelClient(kafka.transport, topic, snap_topic, allow_multi_partition_snapshot_topic=True)
     node.start()
     try:
         assert node.wait_ready(15)
@@ -318,3 +330,82 @@ def test_channel_client_ignores_a_snapshot_past_the_end_of_the_channel(kafka: Ka
         assert rec is not None and rec.state is State.ASSIGNING and rec.dst == "a"
     finally:
         node.stop()
+
+
+def test_a_snapshot_topic_with_more_than_one_partition_is_refused_by_default(kafka: KafkaEnv) -> None:
+    """The mock auto-creates four partitions: exactly what a misconfigured real cluster looks like."""
+    node = ChannelClient(kafka.transport, kafka.channel_topic, kafka.snapshot_topic)
+    with pytest.raises(SnapshotTopicError) as err:
+        node.start()
+    assert kafka.snapshot_topic in str(err.value) and "exactly 1" in str(err.value)
+    assert not node.ready
+
+
+def test_a_history_gap_over_kafka_is_detected_and_recovered_from_a_snapshot(
+    kafka: KafkaEnv, procs: Procs
+) -> None:
+    """A node paused (SIGSTOP) while retention deletes records it has not read -- the mock keeps ~5 MiB
+    per partition -- must not jump ahead when it resumes. It stops being ready, counts the gap, waits for
+    a snapshot that covers the retained channel, and then rebuilds exactly the table of a node that never
+    paused."""
+    topic, snap_topic = kafka.channel_topic, kafka.snapshot_topic
+    bundles = BundleLayout.default("gap/ns", 8).bundles
+    rng = random.Random(11)
+    produce_all(kafka, topic, channel_log(rng, bundles, 200))
+
+    node = procs.python_module(
+        "tests.support.channel_node",
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--topic",
+        topic,
+        "--snapshot-topic",
+        snap_topic,
+        name="laggard",
+    )
+
+    def status() -> dict[str, Any]:
+        lines = [e for e in node.json_lines() if e.get("event") == "status"]
+        return lines[-1] if lines else {}
+
+    healthy = ChannelClient(kafka.transport, topic, snap_topic, allow_multi_partition_snapshot_topic=True)
+    healthy.start()
+    try:
+        assert healthy.wait_ready(15)
+        wait_for(lambda: status().get("ready"), 30, message=lambda: f"laggard ready\n{procs.report()}")
+        node.signal_group(signal.SIGSTOP)
+        # ~6 MiB of incompressible junk into every partition: retention drops what the laggard has not read.
+        junk = [(k, rng.randbytes(100_000)) for k in keys_per_partition("junk") for _ in range(64)]
+        produce_all(kafka, topic, channel_log(rng, bundles, 50, ts0=5_000))
+        produce_all(kafka, topic, junk)
+        produce_all(kafka, topic, channel_log(rng, bundles, 100, ts0=9_000))
+        lows = {p: kafka.transport.watermarks(topic, p)[0] for p in range(MOCK_PARTITIONS)}
+        assert all(lows.values()), f"the mock kept everything: {lows}"
+        wait_for(lambda: positions_at_end(kafka, healthy), 30, message="the healthy node keeps up")
+        node.signal_group(signal.SIGCONT)
+
+        gapped = wait_for(
+            lambda: (st := status()).get("gaps", 0) >= 1 and not st["ready"] and st,
+            30,
+            message=lambda: f"the laggard reports the gap: {status()}\n{procs.report()}",
+        )
+        assert "history gap" in gapped["reason"], gapped
+        # And it stays not ready: no snapshot covers the retained channel yet.
+        assert not status().get("ready")
+
+        # The leader writes a snapshot; the laggard recovers from it and equals the healthy node.
+        writer = SnapshotWriter(kafka.transport, snap_topic, topic, writer="leader")
+        writer.write(*healthy.table.snapshot(), MOCK_PARTITIONS, term=1)
+        ends = {str(p): kafka.transport.watermarks(topic, p)[1] for p in range(MOCK_PARTITIONS)}
+        final = wait_for(
+            lambda: (st := status()).get("ready") and st["positions"] == ends and st,
+            30,
+            message=lambda: f"the laggard recovers and catches up: {status()}\n{procs.report()}",
+        )
+        assert final["recoveries"] >= 1
+        assert final["table"] == table_report(healthy.table)["table"]
+        # The junk was skipped (its keys are not bundle names), counted, never fatal.
+        assert healthy.table.stats.skipped["bad_key"] == len(junk)
+    finally:
+        node.signal_group(signal.SIGCONT)
+        healthy.stop()

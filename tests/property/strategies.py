@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import threading
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass
@@ -20,7 +22,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from channel.bundles import FULL_UPPER, BundleRange
-from channel.records import Record, State, encode, make
+from channel.records import Record, encode
+from tests.support.records import to_record
 
 BROKERS = ("b1:1", "b2:2", "b3:3")
 WRITERS = (*BROKERS, "leader")
@@ -113,19 +116,6 @@ def rec(
     if children is not None:
         out["children"] = dict(children)
     return out
-
-
-def to_record(d: dict[str, Any]) -> Record:
-    return make(
-        State(d["state"]),
-        version=d["version"],
-        ts=d["ts"],
-        writer=d["writer"],
-        dst=d["dst"],
-        src=d["src"],
-        force=d["force"],
-        children=d.get("children"),
-    )
 
 
 @st.composite
@@ -239,15 +229,127 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(name)
 
 
-def oracle_decode(value: bytes) -> dict[str, Any] | str:
-    """A record dict, or the skip reason: too_deep, malformed, unknown_state or future_schema."""
-    # The protocol's fixed nesting rule (docs/protocol.md 2.2), written independently of channel.records.
-    if len(value) > 1024 and sum(value.count(c) for c in (b"{", b"[")) > 64:
-        return "too_deep"
+ORACLE_MAX_BYTES = 64 * 1024  # docs/protocol.md 2.2
+ORACLE_MAX_DEPTH = 32
+# docs/protocol.md 2.2: the first rule of this list a JSON text breaks is its skip reason.
+ORACLE_RULES = ("lone_surrogate", "int_out_of_range", "too_deep")
+
+
+class _Int:
+    """An integer literal as written, so the oracle never converts more digits than int64 needs."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object as its name/value pairs, duplicates included."""
+
+
+def _json_loads_any_depth(text: str) -> Any:
+    """json.loads with hooks, on a thread with a big stack when the text may nest deeply (the standard
+    library parser recurses); raises ValueError for anything that is not JSON."""
+    kw: dict[str, Any] = {"object_pairs_hook": _Pairs, "parse_int": _Int, "parse_constant": _reject_constant}
+    if text.count("[") + text.count("{") < 200:
+        return json.loads(text, **kw)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(400_000)
+        try:
+            out["v"] = json.loads(text, **kw)
+        except ValueError as e:
+            out["e"] = e
+        finally:
+            sys.setrecursionlimit(old)
+
+    threading.stack_size(512 << 20)
     try:
-        obj = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return "malformed"
+        t = threading.Thread(target=run)
+        t.start()
+    finally:
+        threading.stack_size(0)
+    t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["v"]
+
+
+def _oracle_violations(node: Any) -> tuple[set[str], Any]:
+    """The rules a parsed JSON text breaks, and its plain value (walked with an explicit stack)."""
+    broken: set[str] = set()
+
+    def text(s: str) -> str:
+        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in s):
+            broken.add("lone_surrogate")
+        return s
+
+    def scalar(v: Any) -> Any:
+        if isinstance(v, _Int):
+            digits = v.text.lstrip("-")
+            if len(digits) > 19 or not -(2**63) <= int(v.text) <= 2**63 - 1:
+                broken.add("int_out_of_range")
+                return 0
+            return int(v.text)
+        return text(v) if isinstance(v, str) else v
+
+    root: list[Any] = [None]
+    work: list[tuple[Any, int, Any, Any]] = [(node, 1, root, 0)]  # (node, depth, parent, slot)
+    while work:
+        n, depth, parent, slot = work.pop()
+        if isinstance(n, _Pairs):
+            if depth > ORACLE_MAX_DEPTH:
+                broken.add("too_deep")
+            # A repeated name: its last value counts (docs/protocol.md 2.2), but every occurrence is
+            # still checked against the rules.
+            last = {text(k): i for i, (k, _) in enumerate(n)}
+            d: dict[str, Any] = {}
+            parent[slot] = d
+            for i, (k, v) in enumerate(n):
+                if last[k] == i:
+                    d[k] = None
+                    work.append((v, depth + 1, d, k))
+                else:
+                    work.append((v, depth + 1, [None], 0))
+        elif isinstance(n, list):
+            if depth > ORACLE_MAX_DEPTH:
+                broken.add("too_deep")
+            lst: list[Any] = [None] * len(n)
+            parent[slot] = lst
+            for i, v in enumerate(n):
+                work.append((v, depth + 1, lst, i))
+        else:
+            parent[slot] = scalar(n)
+    return broken, root[0]
+
+
+def oracle_json(value: bytes) -> Any:
+    """docs/protocol.md 2.2 restated with the standard library: the value, or ("skip", reason)."""
+    if len(value) > ORACLE_MAX_BYTES:
+        return ("skip", "too_large")
+    if value[:3] == b"\xef\xbb\xbf":
+        return ("skip", "bom")
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return ("skip", "invalid_utf8")
+    try:
+        parsed = _json_loads_any_depth(text)
+    except ValueError:
+        return ("skip", "malformed")
+    broken, plain = _oracle_violations(parsed)
+    for rule in ORACLE_RULES:
+        if rule in broken:
+            return ("skip", rule)
+    return plain
+
+
+def oracle_decode(value: bytes) -> dict[str, Any] | str:
+    """A record dict, or the skip reason (docs/protocol.md 2.2)."""
+    obj = oracle_json(value)
+    if type(obj) is tuple:
+        return str(obj[1])
     if type(obj) is not dict:
         return "malformed"
     if _oracle_valid(obj):

@@ -19,7 +19,6 @@ from strategies import ChannelLog, Msg, Oracle, channel_logs, deliveries, rec, t
 
 from channel.records import Record, encode
 from channel.snapshot import (
-    CHUNK_PREFIX,
     bootstrap,
     choose,
     chunk_key,
@@ -50,15 +49,16 @@ def compact(topic: list[SnapshotMsg], upto: int, drop_tombstones: bool) -> list[
 class Leader:
     """The snapshotting leader: a live table plus what it knows of the snapshot topic."""
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, term: int = 1) -> None:
         self.partitions = partitions
+        self.term = term
         self.view = TableView(partitions)
-        self.known_chunks: set[bytes] = set()
+        self.known_keys: set[bytes] = set()
         self.n = 0
 
     def write(self, draw: Any, topic: list[SnapshotMsg], complete_ids: list[str]) -> None:
         self.n += 1
-        sid = f"s{self.n}"
+        sid = f"{self.term}-{self.n}-x"
         msgs = snapshot_messages(
             sid,
             self.view.as_dict(),
@@ -66,19 +66,24 @@ class Leader:
             channel=CHANNEL,
             partitions=self.partitions,
             writer="leader",
+            term=self.term,
             chunk_bundles=draw(st.integers(1, 3)),
         )
         landed = msgs if draw(st.integers(0, 3)) else msgs[: draw(st.integers(0, len(msgs) - 1))]
         topic.extend(landed)
-        self.known_chunks.update(k for k, _ in landed if k.startswith(CHUNK_PREFIX))
+        self.known_keys.update(k for k, _ in msgs)  # a writer remembers keys before writing them
         if len(landed) < len(msgs):
             return  # crashed before the manifest
         complete_ids.append(sid)
         if draw(st.booleans()):
-            stale = garbage(self.known_chunks, sid)
+            stale = garbage(self.known_keys, sid, self.term, CHANNEL)
             done = stale if draw(st.integers(0, 3)) else stale[: draw(st.integers(0, len(stale)))]
             topic.extend((k, None) for k in done)
-            self.known_chunks.difference_update(done)
+            self.known_keys.difference_update(done)
+
+    def observe(self, topic: list[SnapshotMsg]) -> None:
+        """Learn every key in the topic (the worst case for garbage collection: it knows everything)."""
+        self.known_keys.update(k for k, v in compact(topic, len(topic), False) if k is not None and v)
 
 
 def foreign_snapshot(n: int, partitions: int) -> list[SnapshotMsg]:
@@ -111,15 +116,25 @@ def test_bootstrap_equals_full_replay(data: st.DataObject) -> None:
 
     # The leader follows the channel in its own interleaving and snapshots at random points.
     leader = Leader(partitions)
+    deposed: list[Leader] = []  # earlier leaders that do not know they lost (they keep an old view)
     topic: list[SnapshotMsg] = []
     complete: list[str] = []
     foreign = False
     live_stream = draw(deliveries(log))
     for i, m in enumerate(live_stream):
         leader.view.apply(*m)
-        action = draw(st.sampled_from(["none"] * 6 + ["snapshot", "snapshot", "failover", "foreign"]))
+        action = draw(
+            st.sampled_from(["none"] * 6 + ["snapshot", "snapshot", "failover", "foreign", "stale"])
+        )
         if action == "snapshot":
             leader.write(draw, topic, complete)
+        elif action == "stale" and deposed:
+            # A deposed leader finishes a snapshot of its older view after the new leader wrote one, and
+            # collects garbage knowing every key in the topic: it must not break the newer snapshots.
+            old = deposed[draw(st.integers(0, len(deposed) - 1))]
+            old.observe(topic)
+            old.write(draw, topic, complete)
+            event("stale leader wrote a snapshot")
         elif action == "foreign":
             foreign = True
             topic.extend(foreign_snapshot(i, partitions))
@@ -130,11 +145,15 @@ def test_bootstrap_equals_full_replay(data: st.DataObject) -> None:
             so_far = [x for p, xs in sorted(by_partition.items()) for x in xs if x[3] < seen.get(p, 0)]
             new_view = bootstrap(list(topic), so_far, partitions=partitions, channel=CHANNEL)
             assert new_view.as_dict() == leader.view.as_dict()
-            leader.view = new_view
+            successor = Leader(partitions, leader.term + 1)
+            successor.view = new_view
+            successor.observe(topic)
+            stale_view = TableView(partitions)  # the deposed leader keeps a copy of its view as it was
+            stale_view.load(leader.view.as_dict(), leader.view.positions)
+            leader.view = stale_view
+            deposed.append(leader)
+            leader = successor
             event("leader failover")
-            leader.known_chunks = {
-                k for k, v in compact(topic, len(topic), False) if k.startswith(CHUNK_PREFIX) and v
-            }
     if draw(st.booleans()):
         leader.write(draw, topic, complete)
 
@@ -151,7 +170,9 @@ def test_bootstrap_equals_full_replay(data: st.DataObject) -> None:
         assert snap.manifest.id in complete
         assert snap.manifest.channel == CHANNEL
     if complete and not compacted and not foreign:
-        assert snap is not None and snap.manifest.id == complete[-1]
+        # The newest complete snapshot of the newest term that completed one.
+        best = max(complete, key=lambda sid: (int(sid.split("-")[0]), complete.index(sid)))
+        assert snap is not None and snap.manifest.id == best
 
     # Retention: the channel may have lost everything below the chosen snapshot's positions.
     start = {p: 0 for p in by_partition}
@@ -166,6 +187,55 @@ def test_bootstrap_equals_full_replay(data: st.DataObject) -> None:
     assert booted.as_dict() == full.as_dict()
     if not foreign:  # only our snapshots in the topic: no need to name the channel
         assert bootstrap(topic, tail, partitions=partitions).as_dict() == full.as_dict()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=SLOW_OK)
+@given(data=st.data())
+def test_stale_leaders_never_break_the_newest_snapshot(data: st.DataObject) -> None:
+    """Leaders of increasing terms follow the channel and write snapshots; deposed leaders keep writing
+    snapshots of their old views and collecting garbage with full knowledge of the topic, at any time.
+    The newest complete snapshot of the newest term must survive, and a node bootstrapping from it after
+    retention deleted everything it covers must equal the full replay."""
+    draw = data.draw
+    log: ChannelLog = draw(channel_logs(st.integers(1, 3), max_steps=40))
+    partitions = log.partitions
+    assert partitions is not None
+    full = replay(log.in_partition_order(), partitions)
+    leaders = [Leader(partitions, 1)]
+    topic: list[SnapshotMsg] = []
+    complete: list[str] = []
+    positions: dict[str, dict[int, int]] = {}
+    for m in draw(deliveries(log)):
+        for ld in leaders[-1:]:  # only the current leader keeps following
+            ld.view.apply(*m)
+        action = draw(st.sampled_from(["none", "none", "snapshot", "failover", "stale"]))
+        if action == "snapshot":
+            before = len(complete)
+            leaders[-1].write(draw, topic, complete)
+            if len(complete) > before:
+                positions[complete[-1]] = dict(leaders[-1].view.positions)
+        elif action == "failover":
+            successor = Leader(partitions, leaders[-1].term + 1)
+            successor.view.load(leaders[-1].view.as_dict(), leaders[-1].view.positions)
+            successor.observe(topic)
+            leaders.append(successor)
+        elif action == "stale" and len(leaders) > 1:
+            old = leaders[draw(st.integers(0, len(leaders) - 2))]
+            old.observe(topic)
+            before = len(complete)
+            old.write(draw, topic, complete)
+            if len(complete) > before:
+                positions[complete[-1]] = dict(old.view.positions)
+            event("stale leader wrote a snapshot")
+    if not complete:
+        return
+    best = max(complete, key=lambda sid: (int(sid.split("-")[0]), complete.index(sid)))
+    snap = choose(topic, channel=CHANNEL, partitions=partitions)
+    assert snap is not None and snap.manifest.id == best
+    # Retention deleted everything the newest snapshot covers.
+    tail: list[Msg] = draw(deliveries(log, start=positions[best]))
+    booted = bootstrap(topic, tail, partitions=partitions, channel=CHANNEL)
+    assert booted.as_dict() == full.as_dict()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=SLOW_OK)
@@ -249,23 +319,87 @@ def test_choose_ignores_snapshots_of_another_channel() -> None:
 def test_chunk_keys_and_garbage() -> None:
     assert chunk_key("s1", 3) == b"chunk/s1/000003"
     keys = [
-        chunk_key("s1", 0),
-        chunk_key("s1", 1),
-        chunk_key("s2", 0),
-        chunk_key("s10", 0),
+        chunk_key("1-5-a", 0),
+        chunk_key("1-5-a", 1),
+        chunk_key("1-7-b", 0),
+        chunk_key("1-10-c", 0),
+        chunk_key("2-3-d", 0),  # a newer leader's
+        chunk_key("s1", 0),  # an id that cannot be ordered: never collected
+        b"chunk/\xff-1-x/000000",
         manifest_key(CHANNEL, 1),
         manifest_key(CHANNEL, 2),
         manifest_key(CHANNEL, 3),
         manifest_key("other", 1),
         b"x",
     ]
-    assert garbage(keys, "s1") == sorted([chunk_key("s2", 0), chunk_key("s10", 0)])
-    assert garbage(keys, "s10") == sorted([chunk_key("s1", 0), chunk_key("s1", 1), chunk_key("s2", 0)])
+    # Only chunks of older snapshots (smaller term, then sequence), never a newer leader's.
+    assert garbage(keys, "1-7-b") == sorted([chunk_key("1-5-a", 0), chunk_key("1-5-a", 1)])
+    assert garbage(keys, "1-10-c") == sorted(
+        [chunk_key("1-5-a", 0), chunk_key("1-5-a", 1), chunk_key("1-7-b", 0)]
+    )
+    assert garbage(keys, "2-3-d") == sorted(
+        [chunk_key("1-5-a", 0), chunk_key("1-5-a", 1), chunk_key("1-7-b", 0), chunk_key("1-10-c", 0)]
+    )
+    assert garbage(keys, "s1") == []
     # Given the writer's term, older manifests of its channel go too -- never a newer term's, never
     # another channel's.
-    assert garbage(keys, "s1", 2, CHANNEL) == sorted(
-        [chunk_key("s2", 0), chunk_key("s10", 0), manifest_key(CHANNEL, 1)]
+    assert garbage(keys, "1-7-b", 2, CHANNEL) == sorted(
+        [chunk_key("1-5-a", 0), chunk_key("1-5-a", 1), manifest_key(CHANNEL, 1)]
     )
+
+
+def test_a_stale_leader_never_collects_a_newer_leaders_snapshot() -> None:
+    """Leader of term 2 writes a snapshot; the deposed leader of term 1 then finishes one and collects
+    garbage knowing every key: the reader still gets term 2's snapshot, complete."""
+    newer = snapshot_messages("2-1-n", _states(3), {0: 9}, channel=CHANNEL, partitions=1, writer="b", term=2)
+    older = snapshot_messages("1-9-o", _states(1), {0: 4}, channel=CHANNEL, partitions=1, writer="a", term=1)
+    topic: list[SnapshotMsg] = [*newer, *older]
+    collected = garbage([k for k, _ in topic if k is not None], "1-9-o", 1, CHANNEL)
+    assert collected == []
+    topic.extend((k, None) for k in collected)
+    snap = choose(compact(topic, len(topic), True), channel=CHANNEL)
+    assert snap is not None and snap.manifest.id == "2-1-n" and snap.states == _states(3)
+    # The newer leader, in turn, collects the stale one's chunks and manifest.
+    assert garbage([k for k, _ in topic if k is not None], "2-1-n", 2, CHANNEL) == sorted(
+        [chunk_key("1-9-o", 0), manifest_key(CHANNEL, 1)]
+    )
+
+
+def test_poisoned_chunks_and_manifests_are_skipped_not_fatal() -> None:
+    good = snapshot_messages("1-1-a", _states(2), {0: 3}, channel=CHANNEL, partitions=1, writer="w", term=1)
+    newer = snapshot_messages(
+        "2-1-b", _states(3), {0: 9}, channel=CHANNEL, partitions=1, writer="w", term=2, chunk_bundles=1
+    )
+    poisons: list[bytes] = [
+        b"\xff\xfe",
+        b'{"schema":1,"id":"2-1-b","seq":0,"bundles":{"t/ns/0x00000000_0x40000000":{"state":"\xc3"}}}',
+        b"[" * 100_000 + b"]" * 100_000,
+        newer[0][1][:-1] + b',"seq":"0"}',  # a repeated name: the last (a string) counts
+        newer[0][1].replace(b"t/ns/", b"not a bundle/"),
+    ]
+    for poison in poisons:
+        # A poisoned chunk of the newer snapshot: it is incomplete, the older one is used.
+        topic = [*good, *newer, (newer[0][0], poison)]
+        snap = choose(topic, channel=CHANNEL)
+        assert snap is not None and snap.manifest.id == "1-1-a", poison[:60]
+        # A poisoned manifest: likewise.
+        topic = [*good, *newer, (newer[-1][0], poison)]
+        snap = choose(topic, channel=CHANNEL)
+        assert snap is not None and snap.manifest.id == "1-1-a", poison[:60]
+
+
+def test_choose_takes_the_newest_snapshot_with_the_channels_partition_count() -> None:
+    two = snapshot_messages(
+        "1-1-a", _states(1), {0: 1, 1: 1}, channel=CHANNEL, partitions=2, writer="w", term=1
+    )
+    four = snapshot_messages(
+        "2-1-b", _states(2), {p: 1 for p in range(4)}, channel=CHANNEL, partitions=4, writer="w", term=2
+    )
+    snap = choose([*two, *four], channel=CHANNEL, partitions=2)
+    assert snap is not None and snap.manifest.id == "1-1-a"
+    snap = choose([*two, *four], channel=CHANNEL, partitions=4)
+    assert snap is not None and snap.manifest.id == "2-1-b"
+    assert choose([*two, *four], channel=CHANNEL, partitions=3) is None
 
 
 def test_bootstrap_ignores_a_snapshot_with_another_partition_count() -> None:

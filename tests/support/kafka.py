@@ -56,6 +56,24 @@ class KafkaEnv:
         self._transports.append(t)
         return t
 
+    def dump_args(self, *extra: str) -> list[str]:
+        """``trimtab channel dump`` arguments for this test's channel and snapshot topics on the mock."""
+        return [
+            "channel",
+            "dump",
+            "--bootstrap-servers",
+            self.bootstrap_servers,
+            "--topic",
+            self.channel_topic,
+            "--set",
+            f"kafka.snapshot_topic={self.snapshot_topic}",
+            "--set",
+            "kafka.allow_multi_partition_snapshot_topic=true",
+            "--timeout",
+            "30",
+            *extra,
+        ]
+
     def read_all(self, topic: str, timeout: float = 30.0) -> list[Message]:
         """Every message of ``topic`` up to the current high watermarks."""
         return list(read_all(self.transport, topic, timeout))

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from agent.adapters.simulated import SimulatedBroker
 from agent.adapters.webhook_server import create_app
 from agent.metrics import AgentMetrics
-from cluster.metrics import ChannelCollector
+from cluster.metrics import ChannelCollector, KeyValueCollector
 from config.docs import render_markdown
 from config.loader import load_settings
 from config.settings import SimulationSettings
@@ -30,8 +30,9 @@ def exported_metric_names() -> set[str]:
         factory(reg)
         for fam in reg.collect():
             names.update(fam.name + s for s in _SUFFIXES.get(fam.type, ("",)))
-    for fam in ChannelCollector(lambda: None).collect():
-        names.update(fam.name + s for s in _SUFFIXES.get(fam.type, ("",)))
+    for collector in (ChannelCollector(lambda: None), KeyValueCollector(lambda: [])):
+        for fam in collector.collect():
+            names.update(fam.name + s for s in _SUFFIXES.get(fam.type, ("",)))
     return names
 
 

@@ -14,7 +14,7 @@ import pytest
 from channel.memory import MemoryLog, MemoryTransport
 from channel.records import State, make
 from channel.snapshot import SnapshotWriter, choose, read_all
-from channel.transport import Follower, Message, TransportError
+from channel.transport import Follower, HistoryGap, Message, TransportError
 
 DEADLINE = 10.0  # generous: only reached when something is broken
 
@@ -83,13 +83,15 @@ def test_reader_reads_every_partition_in_order() -> None:
     reader.close()
 
 
-def test_reader_starts_at_positions_and_skips_truncated() -> None:
+def test_reader_reports_truncated_history_instead_of_skipping_it() -> None:
     log = MemoryLog(default_partitions=1)
     for i in range(6):
         log.append("t", b"k", str(i).encode())
     log.truncate("t", 0, 2)
     reader = MemoryTransport(log).reader("t", {0: 0})
-    assert [m.offset for m in reader.poll(100, 0)] == [2, 3, 4, 5]
+    with pytest.raises(HistoryGap) as gap:
+        reader.poll(100, 0)
+    assert (gap.value.partition, gap.value.position, gap.value.low) == (0, 0, 2)
     reader = MemoryTransport(log).reader("t", {0: 4})
     assert [m.offset for m in reader.poll(100, 0)] == [4, 5]
 
@@ -202,16 +204,48 @@ def test_follower_starts_from_given_positions(followers: list[Follower]) -> None
     assert not f.history_gap
 
 
-def test_follower_detects_a_history_gap(followers: list[Follower]) -> None:
+def test_follower_stops_at_a_history_gap_at_start(followers: list[Follower]) -> None:
     log = MemoryLog(default_partitions=1)
     for i in range(6):
         log.append("t", b"k", str(i).encode())
     log.truncate("t", 0, 4)
+    gaps: list[HistoryGap] = []
+    seen = threading.Event()
     rec = Recorder()
-    f = start(followers, MemoryTransport(log), "t", rec, start={0: 1})
-    assert f.wait_ready(DEADLINE)
-    assert f.history_gap
-    assert rec.at_ready is not None and [m.offset for m in rec.at_ready] == [4, 5]
+    f = start(
+        followers,
+        MemoryTransport(log),
+        "t",
+        rec,
+        start={0: 1},
+        on_gap=lambda e: (gaps.append(e), seen.set()),
+    )
+    assert seen.wait(DEADLINE)
+    assert f.history_gap and not f.ready.is_set() and rec.messages == []
+    assert [(g.partition, g.position, g.low) for g in gaps] == [(0, 1, 4)]
+
+
+def test_follower_stops_at_a_history_gap_while_running(followers: list[Follower]) -> None:
+    """A follower that falls behind retention (here: blocked inside apply) must not jump ahead."""
+    log = MemoryLog(default_partitions=1)
+    for i in range(3):
+        log.append("t", b"k", str(i).encode())
+    gaps: list[HistoryGap] = []
+    seen = threading.Event()
+    rec = Recorder()
+    rec.gate = threading.Event()
+    f = start(
+        followers, MemoryTransport(log), "t", rec, batch=1, on_gap=lambda e: (gaps.append(e), seen.set())
+    )
+    assert rec.entered.wait(DEADLINE)  # blocked applying offset 0
+    for i in range(3, 10):
+        log.append("t", b"k", str(i).encode())
+    log.truncate("t", 0, 6)  # offsets 1..5 go before the follower read them
+    rec.gate.set()
+    assert seen.wait(DEADLINE)
+    assert [m.offset for m in rec.messages] == [0]
+    assert [(g.position, g.low) for g in gaps] == [(1, 6)]
+    assert f.history_gap and f.error is None
 
 
 def test_follower_refuses_a_start_beyond_the_end(followers: list[Follower]) -> None:

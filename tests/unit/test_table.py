@@ -91,7 +91,16 @@ def test_splitting_uses_the_key_range_for_children() -> None:
         (b'{"schema":2,"state":"owned"}', "future_schema"),
         (b'{"schema":1,"state":"migrating"}', "unknown_state"),
         (b'{"x":' + b"[" * 5000 + b"]" * 5000 + b"}", "too_deep"),
-        (b'{"x":' + b"[" * 300 + b"]" * 300 + b"}", "malformed"),
+        (b'{"x":' + b"[" * 300 + b"]" * 300 + b"}", "too_deep"),
+        (b'{"x":' + b"[" * 40_000 + b"]" * 40_000 + b"}", "too_large"),
+        (
+            b'{"schema":1,"state":"assigning","dst":"br\xc3","src":null,"version":1,"force":false,"ts":1,"writer":"w"}',
+            "invalid_utf8",
+        ),
+        (b'\xef\xbb\xbf{"schema":1}', "bom"),
+        (b'{"schema":1,"schema":2,"state":"owned"}', "future_schema"),  # a repeated name: the last counts
+        (b'{"schema":1,"ts":9223372036854775808}', "int_out_of_range"),
+        (b'{"schema":1,"w":"\\udc00"}', "lone_surrogate"),
     ],
 )
 def test_bad_values_are_skipped(value: bytes, reason: str) -> None:

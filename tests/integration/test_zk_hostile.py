@@ -1,0 +1,97 @@
+"""Hostile bytes in ZooKeeper: every znode trimtab reads is decoded strictly, and one unreadable znode is
+skipped (or, for a namespace's bundle layout, refused with a clear error) -- never a crashed watcher thread.
+
+Against a real ZooKeeper server. Before, a broker znode with invalid UTF-8 inside a JSON string raised
+``UnicodeDecodeError`` (not ``msgspec.DecodeError``) out of the registry's refresh.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from kazoo.client import KazooClient
+
+from balance.assign import BrokerInfo
+from cluster.zk import BrokerRegistry, NamespaceStore, NamespaceUnreadable, ZkPaths, ZkSession
+from controller.stores import FailedBroker, FailedBrokers, Reassignments, Switches
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+HOSTILE = [
+    b'{"id":"br\xc3"}',  # invalid UTF-8 inside a string
+    b"\xef\xbb\xbf{}",  # a byte order mark
+    b'{"id":"a","id":7}',  # a repeated name: the last (a number) counts
+    b"[" * 50_000 + b"]" * 50_000,  # nesting far beyond any recursion limit
+    b'{"id":"\\ud800"}',  # a lone surrogate
+    b"\x00\xff garbage",
+]
+
+
+def _info(broker: str) -> bytes:
+    return msgspec.json.encode(
+        BrokerInfo(id=broker, service_url=f"pulsar://{broker}", http_url=f"http://{broker}")
+    )
+
+
+def test_the_broker_registry_skips_unreadable_registrations(zk: KazooClient, zk_hosts: str) -> None:
+    paths = ZkPaths("/trimtab/hostile")
+    zk.ensure_path(paths.brokers)
+    zk.create(paths.broker("good:1"), _info("good:1"))
+    for i, value in enumerate(HOSTILE):
+        zk.create(paths.broker(f"bad:{i}"), value)
+    session = ZkSession(zk_hosts, session_timeout_s=10)
+    session.start()
+    registry = BrokerRegistry(session, paths)
+    try:
+        registry.start()
+        assert registry.synced.wait(10)
+        assert set(registry.brokers) == {"good:1"}
+        # The registry keeps working: a new broker is seen, a hostile update of a good one is skipped.
+        zk.create(paths.broker("late:2"), _info("late:2"))
+        wait_for(lambda: "late:2" in registry.brokers, 10, message="the registry still follows changes")
+        zk.set(paths.broker("late:2"), HOSTILE[0])
+        wait_for(lambda: "late:2" not in registry.brokers, 10, message="the unreadable update is skipped")
+        zk.create(paths.broker("later:3"), _info("later:3"))
+        wait_for(lambda: set(registry.brokers) == {"good:1", "later:3"}, 10, message="still alive")
+    finally:
+        registry.stop()
+        session.stop()
+
+
+def test_an_unreadable_namespace_layout_is_refused_never_guessed(zk: KazooClient) -> None:
+    paths = ZkPaths("/trimtab/hostile-ns")
+    store = NamespaceStore(zk, paths, default_bundles=4)
+    layout = store.ensure("t/ok")
+    assert len(layout) == 4
+    for value in HOSTILE:
+        zk.ensure_path(paths.namespace("t/bad"))
+        zk.set(paths.namespace("t/bad"), value)
+        with pytest.raises(NamespaceUnreadable, match="t/bad"):
+            store.ensure("t/bad")
+        # The znode was not overwritten with a default layout.
+        assert zk.get(paths.namespace("t/bad"))[0] == value
+    assert store.ensure("t/ok") == layout
+
+
+def test_controller_stores_skip_unreadable_znodes(zk: KazooClient) -> None:
+    paths = ZkPaths("/trimtab/hostile-ctl")
+    failed = FailedBrokers(zk, paths)
+    assert failed.record("gone:1", 1000, by="ctl", term=1)
+    for i, value in enumerate(HOSTILE):
+        zk.create(f"{paths.failed_brokers}/bad:{i}", value, makepath=True)
+    assert set(failed.read()) == {"gone:1"}
+    assert isinstance(failed.read()["gone:1"], FailedBroker)
+
+    moves = Reassignments(zk, paths)
+    zk.ensure_path(f"{paths.admin}")
+    for i, value in enumerate(HOSTILE):
+        zk.create(f"{moves._dir('gone:1')}/{i:06d}", value, makepath=True)
+    zk.create(f"{moves._dir('gone:1')}/not-a-number", b"{}", makepath=True)
+    assert moves.read("gone:1") == {}
+
+    switches = Switches(zk, paths)
+    for value in HOSTILE:
+        zk.ensure_path(paths.controller_state)
+        zk.set(paths.controller_state, value)
+        assert switches.read() == type(switches.read())()  # the defaults, not a crash

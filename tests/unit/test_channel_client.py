@@ -1,0 +1,135 @@
+"""ChannelClient supervision on the in-memory log: the node is not ready while its view is being rebuilt,
+says why, and recovers by itself -- from a follower failure, and from a history gap once a snapshot
+covers what is retained. It never jumps over records it has not read."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from channel.bundles import BundleLayout
+from channel.client import ChannelClient
+from channel.memory import MemoryLog, MemoryTransport
+from channel.records import Record, State, encode, make
+from channel.snapshot import SnapshotTopicError, SnapshotWriter
+from channel.table import replay
+from tests.support.waiting import wait_for
+
+CHANNEL, SNAPSHOTS = "chan", "snap"
+BUNDLES = BundleLayout.default("t/ns", 8).bundles
+
+
+def step(log: MemoryLog, bundle: str, version: int) -> None:
+    """The accepted record ``version`` of an assign / own / unload / free cycle on broker b1:1."""
+    b = "b1:1"
+    rec = {
+        1: make(State.ASSIGNING, version=1, ts=1, writer=b, dst=b),
+        2: make(State.OWNED, version=2, ts=2, writer=b, dst=b),
+        3: make(State.RELEASING, version=3, ts=3, writer=b, src=b),
+        4: make(State.FREE, version=4, ts=4, writer=b, src=b),
+    }[version]
+    log.append(CHANNEL, bundle.encode(), encode(rec))
+
+
+@pytest.fixture
+def log() -> MemoryLog:
+    log = MemoryLog(default_partitions=2)
+    log.create(SNAPSHOTS, 1)
+    return log
+
+
+@pytest.fixture
+def clients() -> Iterator[list[ChannelClient]]:
+    made: list[ChannelClient] = []
+    yield made
+    for c in made:
+        c.stop()
+
+
+def client(clients: list[ChannelClient], log: MemoryLog, **kw: object) -> ChannelClient:
+    c = ChannelClient(MemoryTransport(log), CHANNEL, SNAPSHOTS, retry_s=0.05, max_retry_s=0.1, **kw)  # type: ignore[arg-type]
+    clients.append(c)
+    return c
+
+
+def test_a_snapshot_topic_with_more_partitions_is_refused_unless_allowed(
+    log: MemoryLog, clients: list[ChannelClient]
+) -> None:
+    log.create("snap4", 4)
+    c = ChannelClient(MemoryTransport(log), CHANNEL, "snap4")
+    clients.append(c)
+    with pytest.raises(SnapshotTopicError, match="snap4"):
+        c.start()
+    ok = ChannelClient(MemoryTransport(log), CHANNEL, "snap4", allow_multi_partition_snapshot_topic=True)
+    clients.append(ok)
+    ok.start()
+    assert ok.wait_ready(10)
+
+
+def test_a_failed_follower_makes_the_node_unready_and_is_restarted(
+    log: MemoryLog, clients: list[ChannelClient]
+) -> None:
+    for b in BUNDLES:
+        step(log, b, 1)
+    c = client(clients, log)
+    c.start()
+    assert c.wait_ready(10) and c.health() == (True, "ready")
+    boom = threading.Event()
+
+    def listener(key: str, _old: Record | None, _new: Record | None) -> None:
+        if not boom.is_set():
+            boom.set()
+            raise RuntimeError("a bug in a listener")
+
+    c.table.add_listener(listener)
+    step(log, BUNDLES[0], 2)
+    wait_for(lambda: boom.is_set() and not c.ready, message="the failure makes the node unready")
+    ok, why = c.health()
+    assert not ok and "follower stopped" in why and "a bug in a listener" in why
+    wait_for(lambda: c.ready, message=lambda: f"the node recovers: {c.health()}")
+    assert c.recoveries >= 1
+    assert c.table.as_dict() == replay(log.messages(CHANNEL), 2).as_dict()
+
+
+def test_a_history_gap_waits_for_a_covering_snapshot(log: MemoryLog, clients: list[ChannelClient]) -> None:
+    for b in BUNDLES:
+        step(log, b, 1)
+    healthy = client(clients, log)
+    healthy.start()
+    assert healthy.wait_ready(10)
+    lagging = client(clients, log)
+    lagging.start()
+    assert lagging.wait_ready(10)
+
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def pause(key: str, _old: Record | None, _new: Record | None) -> None:
+        entered.set()
+        assert gate.wait(10)
+
+    lagging.table.add_listener(pause)
+    for b in BUNDLES:
+        step(log, b, 2)
+    assert entered.wait(10)  # the laggard is stuck inside its first new record
+    for b in BUNDLES:
+        step(log, b, 3)
+    ends = {p: log.watermarks(CHANNEL, p)[1] for p in range(2)}
+    wait_for(lambda: healthy.table.snapshot()[1] == ends, message="the healthy node reads everything")
+    for p in range(2):
+        log.truncate(CHANNEL, p, log.watermarks(CHANNEL, p)[1] - 1)  # keep only each partition's last
+    lagging.table.remove_listener(pause)
+    gate.set()
+    wait_for(lambda: lagging.gaps >= 1 and not lagging.ready, message="the gap is seen")
+    assert lagging.history_gap
+    ok, why = lagging.health()
+    assert not ok and "history gap" in why
+    assert not lagging.wait_ready(0.3)  # no snapshot covers the retained channel: it waits
+
+    writer = SnapshotWriter(MemoryTransport(log), SNAPSHOTS, CHANNEL, writer="leader")
+    writer.write(*healthy.table.snapshot(), 2, term=1)
+    assert lagging.wait_ready(10), lagging.health()
+    assert not lagging.history_gap and lagging.recoveries >= 1
+    assert lagging.table.as_dict() == healthy.table.as_dict()
