@@ -10,8 +10,8 @@ COPY balance ./balance
 COPY cluster ./cluster
 COPY agent ./agent
 COPY controller ./controller
+# trimtab/<name> are symlinks to the folders above; the dev kit (devkit/) is not copied and not in the wheel.
 COPY trimtab ./trimtab
-COPY bench ./bench
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

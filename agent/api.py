@@ -12,12 +12,12 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from agent.lookup import LookupError
-from channel.bundles import BundleError, parse_bundle
-from cluster.http import add_probes, brokers_view, ownership_view
+from trimtab.agent.lookup import LookupError
+from trimtab.channel.bundles import BundleError, parse_bundle
+from trimtab.cluster.http import add_probes, brokers_view, ownership_view
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from trimtab.agent.daemon import Agent
 
 
 class ErrorBody(BaseModel):
@@ -190,7 +190,7 @@ def create_app(agent: Agent) -> FastAPI:
         summary="Split a bundle this broker owns",
     )
     async def split(req: SplitRequest) -> Any:
-        from agent.daemon import SplitRefused
+        from trimtab.agent.daemon import SplitRefused
 
         try:
             positions = [int(b, 16) for b in req.boundaries]

@@ -31,32 +31,32 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
-from agent.adapters import build_adapter
-from agent.adapters.base import BrokerAdapter, RetryingAdapter
-from agent.adapters.simulated import SimulatedBroker
-from agent.lookup import LayoutCache, LookupService
-from agent.metrics import AgentMetrics
-from agent.reconciler import Reconciler
-from agent.reporter import LoadReporter
-from agent.roles import needs_attention
-from balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
-from balance.load import BrokerLoadData
-from balance.split import SplitDecision, SplitLimits, children_for, decide_splits
-from channel.bundles import BundleError, parse_bundle
-from channel.client import ChannelClient
-from channel.records import Record, State, make
-from channel.table import TableView
-from channel.transport import Transport
-from cluster.bridge import LoopBridge
-from cluster.events import EventPublisher
-from cluster.http import HttpServer, RequestError, bind
-from cluster.kvview import KeyValueView
-from cluster.logs import SkipLog
-from cluster.logs import bind as bind_log
-from cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
-from cluster.wiring import kafka_transport, zk_session
-from cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
-from config.settings import Settings
+from trimtab.agent.adapters import build_adapter
+from trimtab.agent.adapters.base import BrokerAdapter, RetryingAdapter
+from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.agent.lookup import LayoutCache, LookupService
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.reconciler import Reconciler
+from trimtab.agent.reporter import LoadReporter
+from trimtab.agent.roles import needs_attention
+from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
+from trimtab.balance.load import BrokerLoadData
+from trimtab.balance.split import SplitDecision, SplitLimits, children_for, decide_splits
+from trimtab.channel.bundles import BundleError, parse_bundle
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.table import TableView
+from trimtab.channel.transport import Transport
+from trimtab.cluster.bridge import LoopBridge
+from trimtab.cluster.events import EventPublisher
+from trimtab.cluster.http import HttpServer, RequestError, bind
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.logs import SkipLog
+from trimtab.cluster.logs import bind as bind_log
+from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
+from trimtab.cluster.wiring import kafka_transport, zk_session
+from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
+from trimtab.config.settings import Settings
 
 log = structlog.get_logger("trimtab.agent")
 
@@ -245,7 +245,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._signal)
-        from agent.api import create_app
+        from trimtab.agent.api import create_app
 
         self.http = HttpServer(create_app(self), self.sock)
         self.http.start()
@@ -396,7 +396,7 @@ class Agent:
             raise SplitRefused(400, str(e)) from None
         stats = next((b for b in self.reporter.last_bundles if b.bundle == bundle), None)
         if stats is None:
-            from balance.load import BundleStats
+            from trimtab.balance.load import BundleStats
 
             stats = BundleStats(bundle=bundle)
         algo = algorithm or ("specified_positions_divide" if boundaries else self.s.split.algorithm)

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from balance.assign import AssignContext, BrokerFilter, BrokerInfo, select_broker
-from balance.load import BrokerLoadData
-from channel.bundles import BundleError, BundleLayout, TopicName, parse_bundle
-from channel.client import ChannelClient
-from channel.records import Record, State, make
+from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, select_broker
+from trimtab.balance.load import BrokerLoadData
+from trimtab.channel.bundles import BundleError, BundleLayout, TopicName, parse_bundle
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record, State, make
 
 log = structlog.get_logger("trimtab.lookup")
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import structlog
 
-from agent.adapters.base import AdapterError, BrokerAdapter
-from agent.metrics import AgentMetrics
-from agent.roles import (
+from trimtab.agent.adapters.base import AdapterError, BrokerAdapter
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.roles import (
     Acquire,
     Close,
     Fence,
@@ -32,10 +32,10 @@ from agent.roles import (
     UpdateLayout,
     plan,
 )
-from channel.bundles import BundleRange, parse_bundle
-from channel.client import ChannelClient
-from channel.records import State, make
-from channel.transport import TransportError
+from trimtab.channel.bundles import BundleRange, parse_bundle
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import State, make
+from trimtab.channel.transport import TransportError
 
 log = structlog.get_logger("trimtab.agent")
 

@@ -16,9 +16,9 @@ import msgspec
 import psutil
 import structlog
 
-from agent.adapters.base import AdapterError, BrokerAdapter, BrokerSample
-from agent.metrics import AgentMetrics
-from balance.load import (
+from trimtab.agent.adapters.base import AdapterError, BrokerAdapter, BrokerSample
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.balance.load import (
     BrokerLoadData,
     BundleStats,
     TopBundles,
@@ -28,8 +28,8 @@ from balance.load import (
     top_k,
     with_ema,
 )
-from channel.transport import Transport
-from config.settings import Settings
+from trimtab.channel.transport import Transport
+from trimtab.config.settings import Settings
 
 log = structlog.get_logger("trimtab.reporter")
 _enc = msgspec.json.Encoder()

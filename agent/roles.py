@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from channel.records import Record, State, make
+from trimtab.channel.records import Record, State, make
 
 
 @dataclass(frozen=True, slots=True)

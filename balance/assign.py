@@ -19,8 +19,8 @@ from typing import Protocol
 
 import msgspec
 
-from balance.load import BrokerLoadData, is_fresh
-from config.settings import Settings
+from trimtab.balance.load import BrokerLoadData, is_fresh
+from trimtab.config.settings import Settings
 
 
 class BrokerInfo(msgspec.Struct, frozen=True, kw_only=True):

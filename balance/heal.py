@@ -20,8 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from channel.records import IN_FLIGHT, Record, State, make
-from config.settings import Settings
+from trimtab.channel.records import IN_FLIGHT, Record, State, make
+from trimtab.config.settings import Settings
 
 Choose = Callable[[str, frozenset[str]], str | None]  # (bundle, exclude) -> broker or None
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from config.settings import Settings
+from trimtab.config.settings import Settings
 
 
 class Usage(msgspec.Struct, frozen=True):

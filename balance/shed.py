@@ -30,8 +30,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from balance.load import BrokerLoadData, TopBundles, is_fresh
-from config.settings import Settings
+from trimtab.balance.load import BrokerLoadData, TopBundles, is_fresh
+from trimtab.config.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from balance.load import BundleStats
-from channel.bundles import BundleRange, parse_bundle, split_boundaries, split_range
-from config.settings import Settings
+from trimtab.balance.load import BundleStats
+from trimtab.channel.bundles import BundleRange, parse_bundle, split_boundaries, split_range
+from trimtab.config.settings import Settings
 
 MB = 1024 * 1024
 

@@ -21,10 +21,10 @@ from concurrent.futures import Future
 
 import structlog
 
-from channel.records import Record, encode
-from channel.snapshot import Snapshot, check_snapshot_topic, choose, read_snapshot_topic
-from channel.table import SkipHook, TableView
-from channel.transport import Follower, HistoryGap, Message, Transport, TransportError
+from trimtab.channel.records import Record, encode
+from trimtab.channel.snapshot import Snapshot, check_snapshot_topic, choose, read_snapshot_topic
+from trimtab.channel.table import SkipHook, TableView
+from trimtab.channel.transport import Follower, HistoryGap, Message, Transport, TransportError
 
 log = structlog.get_logger("trimtab.channel")
 

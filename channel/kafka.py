@@ -26,7 +26,7 @@ import structlog
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from channel.transport import HistoryGap, Message, TransportError
+from trimtab.channel.transport import HistoryGap, Message, TransportError
 
 log = structlog.get_logger("trimtab.kafka")
 
@@ -301,26 +301,3 @@ class KafkaTransport:
         if self._meta is not None:
             with contextlib.suppress(RuntimeError):
                 self._meta.close()
-
-
-class MockCluster:
-    """Owns a librdkafka mock cluster for as long as this object lives (dev cluster, tests, benches).
-
-    Other processes connect to :attr:`bootstrap_servers` like to any Kafka cluster.
-    """
-
-    def __init__(self, brokers: int = 1) -> None:
-        self._owner = Producer(
-            {"test.mock.num.brokers": brokers, "bootstrap.servers": "mock", "log_level": 0}
-        )
-        md = self._owner.list_topics(timeout=10)
-        self.bootstrap_servers = ",".join(f"{b.host}:{b.port}" for b in md.brokers.values())
-
-    def create_topics(self, topics: list[str]) -> None:
-        """Metadata requests auto-create topics on the mock; do it up front so readers find them."""
-        for t in topics:
-            self._owner.list_topics(t, timeout=10)
-
-    def close(self) -> None:
-        self._owner.flush(1.0)
-        del self._owner

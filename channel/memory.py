@@ -12,7 +12,7 @@ import threading
 import zlib
 from concurrent.futures import Future
 
-from channel.transport import HistoryGap, Message, TransportError
+from trimtab.channel.transport import HistoryGap, Message, TransportError
 
 
 class MemoryLog:

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from channel import strictjson
-from channel.strictjson import INT64_MAX, INT64_MIN
+from trimtab.channel import strictjson
+from trimtab.channel.strictjson import INT64_MAX, INT64_MIN
 
 SCHEMA_VERSION = 1
 

@@ -24,8 +24,8 @@ from typing import Any, Final
 
 import orjson
 
-from channel import strictjson
-from channel.table import TableView
+from trimtab.channel import strictjson
+from trimtab.channel.table import TableView
 
 EXPORT_FORMAT: Final = "trimtab-channel-export"
 EXPORT_VERSION: Final = 1

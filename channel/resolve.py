@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from channel.bundles import BundleError, BundleRange, check_partition
-from channel.records import Record, State
+from trimtab.channel.bundles import BundleError, BundleRange, check_partition
+from trimtab.channel.records import Record, State
 
 
 class Verdict(StrEnum):

@@ -36,11 +36,11 @@ from typing import Annotated
 import msgspec
 import structlog
 
-from channel.bundles import is_bundle_name
-from channel.records import Record
-from channel.table import TableView
-from channel.transport import Message, Transport, TransportError
-from channel.values import Refused, StrictDecoder
+from trimtab.channel.bundles import is_bundle_name
+from trimtab.channel.records import Record
+from trimtab.channel.table import TableView
+from trimtab.channel.transport import Message, Transport, TransportError
+from trimtab.channel.values import Refused, StrictDecoder
 
 log = structlog.get_logger("trimtab.snapshot")
 

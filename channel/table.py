@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from channel.bundles import BundleRange, is_bundle_name, parse_bundle
-from channel.records import (
+from trimtab.channel.bundles import BundleRange, is_bundle_name, parse_bundle
+from trimtab.channel.records import (
     MAX_RECORD_BYTES,
     SKIP_BAD_KEY,
     SKIP_WRONG_PARTITION,
@@ -33,7 +33,7 @@ from channel.records import (
     decode_strict,
     intern_brokers,
 )
-from channel.resolve import ACCEPT, resolve
+from trimtab.channel.resolve import ACCEPT, resolve
 
 # (key, old, new): old/new None means Init.
 Listener = Callable[[str, Record | None, Record | None], None]

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from channel import strictjson
+from trimtab.channel import strictjson
 
 T = TypeVar("T")
 

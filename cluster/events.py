@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import structlog
 
-from channel.transport import Message, Transport
+from trimtab.channel.transport import Message, Transport
 
 log = structlog.get_logger("trimtab.events")
 

@@ -15,9 +15,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from balance.assign import BrokerInfo
-from balance.load import BrokerLoadData
-from channel.records import Record
+from trimtab.balance.assign import BrokerInfo
+from trimtab.balance.load import BrokerLoadData
+from trimtab.channel.records import Record
 
 
 class RequestError(Exception):

@@ -21,8 +21,8 @@ from typing import Generic, TypeVar
 
 import structlog
 
-from channel.transport import Follower, HistoryGap, Message, Transport
-from channel.values import Refused, StrictDecoder
+from trimtab.channel.transport import Follower, HistoryGap, Message, Transport
+from trimtab.channel.values import Refused, StrictDecoder
 
 log = structlog.get_logger("trimtab.kv")
 

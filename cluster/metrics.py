@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from channel.client import ChannelClient
-from cluster.kvview import KeyValueView
+from trimtab.channel.client import ChannelClient
+from trimtab.cluster.kvview import KeyValueView
 
 
 class ChannelCollector(Collector):

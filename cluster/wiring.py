@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from channel.kafka import KafkaTransport
-from cluster.zk import ZkSession
-from config.settings import Settings
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.cluster.zk import ZkSession
+from trimtab.config.settings import Settings
 
 
 def kafka_transport(s: Settings, client_id: str) -> KafkaTransport:

@@ -29,9 +29,9 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
-from balance.assign import BrokerInfo
-from channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
-from channel.values import Refused, StrictDecoder
+from trimtab.balance.assign import BrokerInfo
+from trimtab.channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
+from trimtab.channel.values import Refused, StrictDecoder
 
 log = structlog.get_logger("trimtab.zk")
 

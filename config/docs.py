@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from config.settings import Settings
+from trimtab.config.settings import Settings
 
 _PULSAR = re.compile(r"\[([^\]]+)\]\s*$")
 

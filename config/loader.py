@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from config.settings import Settings
+from trimtab.config.settings import Settings
 
 CONFIG_ENV = "TRIMTAB_CONFIG"
 

@@ -14,12 +14,12 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
-from channel.bundles import BundleError, parse_bundle
-from cluster.http import add_probes, brokers_view, ownership_view
-from controller.daemon import AdminError, NotLeader
+from trimtab.channel.bundles import BundleError, parse_bundle
+from trimtab.cluster.http import add_probes, brokers_view, ownership_view
+from trimtab.controller.daemon import AdminError, NotLeader
 
 if TYPE_CHECKING:
-    from controller.daemon import Controller
+    from trimtab.controller.daemon import Controller
 
 
 class ErrorBody(BaseModel):

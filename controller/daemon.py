@@ -32,28 +32,28 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry
 
-from balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
-from balance.heal import HealConfig, Override, monitor
-from balance.load import BrokerLoadData, TopBundles
-from balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
-from channel.client import ChannelClient
-from channel.records import Record, State, make
-from channel.snapshot import SnapshotWriter, read_snapshot_topic
-from channel.transport import Transport
-from cluster.bridge import LoopBridge
-from cluster.events import EventPublisher
-from cluster.http import HttpServer, RequestError, bind
-from cluster.kvview import KeyValueView
-from cluster.logs import SkipLog
-from cluster.logs import bind as bind_log
-from cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
-from cluster.wiring import kafka_transport, zk_session
-from cluster.zk import BrokerRegistry, ZkPaths
-from config.settings import Settings
-from controller.election import LeaderElection
-from controller.healing import Healer
-from controller.metrics import ControllerMetrics
-from controller.stores import ControllerSwitches, FailedBrokers, Reassignments, Switches
+from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
+from trimtab.balance.heal import HealConfig, Override, monitor
+from trimtab.balance.load import BrokerLoadData, TopBundles
+from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.snapshot import SnapshotWriter, read_snapshot_topic
+from trimtab.channel.transport import Transport
+from trimtab.cluster.bridge import LoopBridge
+from trimtab.cluster.events import EventPublisher
+from trimtab.cluster.http import HttpServer, RequestError, bind
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.logs import SkipLog
+from trimtab.cluster.logs import bind as bind_log
+from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
+from trimtab.cluster.wiring import kafka_transport, zk_session
+from trimtab.cluster.zk import BrokerRegistry, ZkPaths
+from trimtab.config.settings import Settings
+from trimtab.controller.election import LeaderElection
+from trimtab.controller.healing import Healer
+from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.stores import ControllerSwitches, FailedBrokers, Reassignments, Switches
 
 log = structlog.get_logger("trimtab.controller")
 
@@ -277,7 +277,7 @@ class Controller:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop_event.set)
-        from controller.api import create_app
+        from trimtab.controller.api import create_app
 
         self.http = HttpServer(create_app(self), self.sock)
         self.http.start()

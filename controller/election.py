@@ -23,8 +23,8 @@ import structlog
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from channel.values import Refused, StrictDecoder
-from cluster.zk import ZNODE_MAX_BYTES, ZkPaths, ZkSession
+from trimtab.channel.values import Refused, StrictDecoder
+from trimtab.cluster.zk import ZNODE_MAX_BYTES, ZkPaths, ZkSession
 
 log = structlog.get_logger("trimtab.election")
 

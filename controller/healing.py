@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from balance.heal import (
+from trimtab.balance.heal import (
     HealConfig,
     Override,
     dependents,
@@ -33,8 +33,8 @@ from balance.heal import (
     plan_destinations,
     throttle,
 )
-from channel.records import Record
-from controller.stores import Chunk, FailedBroker, FailedBrokers, Reassignments
+from trimtab.channel.records import Record
+from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokers, Reassignments
 
 log = structlog.get_logger("trimtab.healing")
 

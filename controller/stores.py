@@ -17,8 +17,8 @@ import structlog
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 
-from channel.values import Refused, StrictDecoder
-from cluster.zk import ZNODE_MAX_BYTES, ZkPaths
+from trimtab.channel.values import Refused, StrictDecoder
+from trimtab.cluster.zk import ZNODE_MAX_BYTES, ZkPaths
 
 log = structlog.get_logger("trimtab.controller")
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README; .ci/run calls exactly this). Installs what is missing, then runs every check:
-#   lint (ruff), format check, types (mypy on the core), import layers (import-linter), tests (pytest).
+#   lint (ruff), format check, types (mypy), import layers (import-linter), docker-compose.yml, the wheel,
+#   tests (pytest).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` or `bash scripts/test.sh tests/unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,8 @@ step "import layers"
 .venv/bin/lint-imports
 step "docker-compose.yml (static)"
 bash scripts/check-compose.sh
+step "the wheel: one top-level package, no dev kit, runs from a fresh virtualenv"
+bash scripts/check-wheel.sh
 step "pytest"
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -10,14 +10,14 @@ Fixtures (keep this table current when you add one; group new fixtures under the
 =====================  ========  ==========================================================================
 fixture                scope     what it gives
 =====================  ========  ==========================================================================
-``zk_server``          session   a running standalone :class:`cluster.zkserver.ZooKeeperServer`; shared,
+``zk_server``          session   a running standalone :class:`trimtab.devkit.zkserver.ZooKeeperServer`; shared,
                                  so never stop/kill/restart it (use ``zk_server_factory``)
 ``zk_server_factory``  function  ``make(**kw)`` -> a private, started server (for kill/restart tests)
 ``zk_chroot``          function  a fresh, existing chroot path ``/t-<uuid>`` on ``zk_server``
 ``zk_hosts``           function  ``"127.0.0.1:<port>/t-<uuid>"``: the connect string for that chroot
 ``zk_client_factory``  function  ``make(**kw)`` -> another started KazooClient in the same chroot
 ``zk``                 function  a started KazooClient chrooted to ``zk_chroot``
-``kafka_cluster``      session   a :class:`channel.kafka.MockCluster` (``.bootstrap_servers``)
+``kafka_cluster``      session   a :class:`trimtab.devkit.kafka_mock.MockCluster` (``.bootstrap_servers``)
 ``kafka``              function  :class:`tests.support.kafka.KafkaEnv`: a KafkaTransport and topic names
                                  unique to the test (``channel_topic``, ``snapshot_topic``, ``topic(x)``)
 ``procs``              function  :class:`tests.support.procs.Procs`: CLI/helper subprocesses, all killed
@@ -41,10 +41,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from channel.kafka import MockCluster
-from cluster.zkserver import ZooKeeperServer
 from tests.support.kafka import KafkaEnv, make_env
 from tests.support.procs import Procs
+from trimtab.devkit.kafka_mock import MockCluster
+from trimtab.devkit.zkserver import ZooKeeperServer
 
 # ---------------------------------------------------------------------------------------------- ZooKeeper
 

@@ -8,6 +8,7 @@ invalid configuration.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,13 +17,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import click
 import orjson
 
-from config.loader import ConfigError, load_settings, parse_assignments, set_path
-from config.settings import Settings
+from trimtab.config.loader import ConfigError, load_settings, parse_assignments, set_path
+from trimtab.config.settings import Settings
 
 if TYPE_CHECKING:
     from rich.text import Text
 
-    from channel.transport import Message, Transport
+    from trimtab.channel.transport import Message, Transport
 
 
 def _emit_json(obj: Any) -> None:
@@ -100,7 +101,7 @@ def _run_daemon(role: str, build: Any, s: Settings) -> None:
     """Configure logging, run the daemon's event loop, and turn a start-up failure into a clear exit."""
     import asyncio
 
-    from cluster.logs import configure_logging
+    from trimtab.cluster.logs import configure_logging
 
     configure_logging(s.logging.level, s.logging.json_logs, role=role)
     try:
@@ -128,7 +129,7 @@ def agent(
     broker_id: str | None,
 ) -> None:
     """Run the sidecar agent for one broker."""
-    from agent.daemon import Agent
+    from trimtab.agent.daemon import Agent
 
     flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
     _run_daemon("agent", Agent, settings_from(config_file, sets, **flags, **{"broker.id": broker_id}))
@@ -148,7 +149,7 @@ def controller(
     controller_id: str | None,
 ) -> None:
     """Run a controller (several may run; one is elected leader)."""
-    from controller.daemon import Controller
+    from trimtab.controller.daemon import Controller
 
     flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
     _run_daemon(
@@ -168,8 +169,8 @@ def sim_broker(config_file: str | None, sets: tuple[str, ...], host: str, port: 
     """Serve a simulated broker over the webhook contract (reference implementation, for testing adapters)."""
     import uvicorn
 
-    from agent.adapters.simulated import SimulatedBroker
-    from agent.adapters.webhook_server import create_app
+    from trimtab.agent.adapters.simulated import SimulatedBroker
+    from trimtab.agent.adapters.webhook_server import create_app
 
     s = settings_from(config_file, sets)
     uvicorn.run(create_app(SimulatedBroker(broker_id, s.sim)), host=host, port=port, log_level="warning")
@@ -199,7 +200,7 @@ def channel_replay(file: Any, as_json: bool, partitions: int | None) -> None:
     writes, or {"key": bundle, "value": record|null} per line) and show the resolved table, exactly as
     every node computes it from the same messages. Lines that are not export lines are counted as skipped
     (bad_line) and the first few are named on stderr."""
-    from channel.replayfile import replay_lines, table_report
+    from trimtab.channel.replayfile import replay_lines, table_report
 
     bad_lines = 0
 
@@ -226,7 +227,7 @@ def channel_replay(file: Any, as_json: bool, partitions: int | None) -> None:
 
 def _emit_report(report: dict[str, Any]) -> None:
     """Like _emit_json, with an encoder that cannot fail on anything the channel put in the report."""
-    from channel.replayfile import report_json
+    from trimtab.channel.replayfile import report_json
 
     sys.stdout.buffer.write(report_json(report))
     sys.stdout.flush()
@@ -290,10 +291,10 @@ def channel_dump(
 ) -> None:
     """Read the live channel to its end and show the resolved table (or, with --export, save the raw
     channel: replaying that file gives what `dump --no-snapshot` gives now)."""
-    from channel.client import ChannelClient
-    from channel.replayfile import table_report
-    from cluster.logs import configure_logging
-    from cluster.wiring import kafka_transport
+    from trimtab.channel.client import ChannelClient
+    from trimtab.channel.replayfile import table_report
+    from trimtab.cluster.logs import configure_logging
+    from trimtab.cluster.wiring import kafka_transport
 
     if export_to is not None and as_json:
         raise click.UsageError(
@@ -347,8 +348,8 @@ def _export_channel(transport: Transport, topic: str, export_to: str, timeout: f
     import os
     import tempfile
 
-    from channel.replayfile import export_lines
-    from channel.snapshot import read_all
+    from trimtab.channel.replayfile import export_lines
+    from trimtab.channel.snapshot import read_all
 
     counts: dict[int, int] = {}
 
@@ -566,7 +567,7 @@ def dev_up(
     summary on stdout."""
     import shutil
 
-    from trimtab.dev import dev_up as run
+    run = _devkit("trimtab.devkit.devup").dev_up
 
     if brokers < 1 or controllers < 0:
         raise click.BadParameter("need at least one broker")
@@ -606,12 +607,12 @@ def dev_up(
 def docs_cmd(out: Path) -> None:
     """Regenerate the generated references: configuration.md and the OpenAPI specs (agent, controller,
     broker webhook contract). Tests fail when they are stale."""
-    from agent.adapters.simulated import SimulatedBroker
-    from agent.adapters.webhook_server import create_app as webhook_app
-    from agent.api import create_app as agent_app
-    from config.docs import render_markdown
-    from config.settings import SimulationSettings
-    from controller.api import create_app as controller_app
+    from trimtab.agent.adapters.simulated import SimulatedBroker
+    from trimtab.agent.adapters.webhook_server import create_app as webhook_app
+    from trimtab.agent.api import create_app as agent_app
+    from trimtab.config.docs import render_markdown
+    from trimtab.config.settings import SimulationSettings
+    from trimtab.controller.api import create_app as controller_app
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "configuration.md").write_text(render_markdown())
@@ -655,7 +656,7 @@ def config_check(config_file: str | None, sets: tuple[str, ...]) -> None:
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def config_docs(output: Path | None) -> None:
     """Generate the configuration reference (docs/configuration.md)."""
-    from config.docs import render_markdown
+    from trimtab.config.docs import render_markdown
 
     text = render_markdown()
     if output:
@@ -664,13 +665,45 @@ def config_docs(output: Path | None) -> None:
         click.echo(text)
 
 
-def _register_benchmarks() -> None:
-    from bench.cli import bench
+# ---------------------------------------------------------------------------------------------- bench
+_DEVKIT_MISSING = (
+    "the development kit (the local cluster and the benchmarks) ships with the source repository, not with "
+    "this installation: clone the repository and use ./scripts/run.sh"
+)
 
-    main.add_command(bench)
+
+def _devkit(module: str) -> Any:
+    """A module of ``trimtab.devkit``, or a clear error where it is not installed (the wheel, the image)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and e.name.startswith("trimtab.devkit"):
+            raise click.ClickException(_DEVKIT_MISSING) from None
+        raise
 
 
-_register_benchmarks()
+class _Benchmarks(click.Group):
+    """``trimtab bench``: its commands live in the dev kit, loaded only when they are asked for, so that
+    ``trimtab --help`` works where the dev kit is not installed."""
+
+    def _real(self) -> click.Group:
+        group: click.Group = _devkit("trimtab.devkit.bench.cli").bench
+        return group
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        try:
+            return self._real().list_commands(ctx)
+        except click.ClickException:
+            return []
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return self._real().get_command(ctx, cmd_name)
+
+
+@main.group(cls=_Benchmarks)
+def bench() -> None:
+    """Benchmarks (docs/benchmarks.md). Each prints one JSON object with its targets beside it."""
+
 
 if __name__ == "__main__":
     main()

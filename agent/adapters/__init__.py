@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from agent.adapters.base import BrokerAdapter
-from agent.adapters.simulated import SimulatedBroker
-from config.settings import Settings
+from trimtab.agent.adapters.base import BrokerAdapter
+from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.config.settings import Settings
 
 
 def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, SimulatedBroker | None]:
     a = settings.broker.adapter
     if a.kind == "webhook":
-        from agent.adapters.webhook import WebhookAdapter
+        from trimtab.agent.adapters.webhook import WebhookAdapter
 
         assert a.url is not None  # checked by the settings validator
         return WebhookAdapter(a.url, a.timeout_s), None
     if a.kind == "command":
-        from agent.adapters.command import CommandAdapter
+        from trimtab.agent.adapters.command import CommandAdapter
 
         return CommandAdapter(a.command), None
     cap = settings.broker.capacity

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 import structlog
 
-from balance.load import BundleStats, Usage
+from trimtab.balance.load import BundleStats, Usage
 
 log = structlog.get_logger("trimtab.adapter")
 

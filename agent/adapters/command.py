@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
+from trimtab.agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
 
 _sample_dec = msgspec.json.Decoder(BrokerSample)
 

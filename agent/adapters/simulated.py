@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from agent.adapters.base import AdapterError, BrokerSample
-from balance.load import BundleStats, Usage
-from channel.bundles import FULL_UPPER, BundleRange, parse_bundle, split_range, topic_hash
-from config.settings import SimulationSettings
+from trimtab.agent.adapters.base import AdapterError, BrokerSample
+from trimtab.balance.load import BundleStats, Usage
+from trimtab.channel.bundles import FULL_UPPER, BundleRange, parse_bundle, split_range, topic_hash
+from trimtab.config.settings import SimulationSettings
 
 DOMAIN = "persistent"
 

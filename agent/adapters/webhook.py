@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
+from trimtab.agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
 
 PREFIX = "/trimtab/v1"
 _sample_dec = msgspec.json.Decoder(BrokerSample)

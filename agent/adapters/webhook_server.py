@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
-from agent.adapters.base import AdapterError
-from agent.adapters.simulated import SimulatedBroker
-from channel.bundles import BundleError, parse_bundle
+from trimtab.agent.adapters.base import AdapterError
+from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.channel.bundles import BundleError, parse_bundle
 
 
 class BundleRequest(BaseModel):

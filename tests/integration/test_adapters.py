@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.adapters.base import AdapterError, BrokerSample, RetryingAdapter
-from agent.adapters.command import CommandAdapter
-from agent.adapters.webhook import WebhookAdapter
-from cluster.zkserver import free_port
 from tests.support.procs import Procs
 from tests.support.waiting import wait_for
-from trimtab.devcluster import LocalCluster
+from trimtab.agent.adapters.base import AdapterError, BrokerSample, RetryingAdapter
+from trimtab.agent.adapters.command import CommandAdapter
+from trimtab.agent.adapters.webhook import WebhookAdapter
+from trimtab.devkit.localcluster import LocalCluster
+from trimtab.devkit.zkserver import free_port
 
 pytestmark = pytest.mark.integration
 

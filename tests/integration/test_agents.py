@@ -1,7 +1,7 @@
 """Process-level tests of the broker-side agent (DESIGN.md sections 3, 5.1, 5.3, 7).
 
 Real components only: a real ZooKeeper server, the real Kafka protocol (confluent-kafka against the
-librdkafka mock cluster owned by :class:`trimtab.devcluster.LocalCluster`) and agents running as real
+librdkafka mock cluster owned by :class:`trimtab.devkit.localcluster.LocalCluster`) and agents running as real
 ``trimtab agent`` processes, each beside its built-in simulated broker. No controller runs unless a test
 says so, so everything observed here is the agents' own doing.
 
@@ -29,7 +29,9 @@ import pytest
 from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from channel.bundles import (
+from tests.support.timeline import check_single_owner, first, last, overlaps
+from tests.support.waiting import wait_for
+from trimtab.channel.bundles import (
     BundleLayout,
     BundleRange,
     TopicName,
@@ -39,15 +41,13 @@ from channel.bundles import (
     topic_count_equally_divide,
     topic_hash,
 )
-from channel.kafka import KafkaTransport
-from channel.records import Record, Skip, State, decode, encode, make
-from channel.resolve import ACCEPT, resolve
-from channel.snapshot import read_all
-from config.loader import load_settings
-from config.settings import Settings
-from tests.support.timeline import check_single_owner, first, last, overlaps
-from tests.support.waiting import wait_for
-from trimtab.devcluster import LocalCluster, Node
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.records import Record, Skip, State, decode, encode, make
+from trimtab.channel.resolve import ACCEPT, resolve
+from trimtab.channel.snapshot import read_all
+from trimtab.config.loader import load_settings
+from trimtab.config.settings import Settings
+from trimtab.devkit.localcluster import LocalCluster, Node
 
 pytestmark = pytest.mark.integration
 

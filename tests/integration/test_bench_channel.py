@@ -11,9 +11,9 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from bench.channel import check_table, generate_log, replay_once
-from bench.cli import bench
-from bench.common import BenchError
+from trimtab.devkit.bench.channel import check_table, generate_log, replay_once
+from trimtab.devkit.bench.cli import bench
+from trimtab.devkit.bench.common import BenchError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -89,10 +89,10 @@ def test_generator_is_seeded_and_the_checks_catch_a_wrong_replay() -> None:
 
 
 def test_a_wrong_replay_fails_the_bench_without_printing_figures(monkeypatch: pytest.MonkeyPatch) -> None:
-    import channel.table
-    from channel.resolve import ACCEPT
+    import trimtab.channel.table as channel_table
+    from trimtab.channel.resolve import ACCEPT
 
-    monkeypatch.setattr(channel.table, "resolve", lambda *_: ACCEPT)  # first-writer-wins broken: all accepted
+    monkeypatch.setattr(channel_table, "resolve", lambda *_: ACCEPT)  # first-writer-wins broken: all accepted
     result = CliRunner().invoke(
         bench,
         [

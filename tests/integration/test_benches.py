@@ -14,7 +14,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from bench.cli import bench
+from trimtab.devkit.bench.cli import bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,13 +19,13 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from channel.records import State, encode, make
-from channel.replayfile import export_line, header_line, parse_message_line, table_report
-from channel.snapshot import SnapshotWriter
-from channel.table import TableView, replay
-from channel.transport import Message
 from tests.support.kafka import MOCK_PARTITIONS, KafkaEnv, by_partition
 from tests.support.procs import Procs
+from trimtab.channel.records import State, encode, make
+from trimtab.channel.replayfile import export_line, header_line, parse_message_line, table_report
+from trimtab.channel.snapshot import SnapshotWriter
+from trimtab.channel.table import TableView, replay
+from trimtab.channel.transport import Message
 from trimtab.cli import main
 
 B1 = "t/ns/0x00000000_0x40000000"

@@ -15,13 +15,13 @@ from typing import Any
 import orjson
 import pytest
 
-from channel.replayfile import table_report
-from channel.table import replay
-from channel.transport import Follower
 from tests.support.channel_race import RacingWriter, run_writers
 from tests.support.kafka import MOCK_PARTITIONS, KafkaEnv, keys_per_partition
 from tests.support.procs import Procs
 from tests.support.waiting import wait_for
+from trimtab.channel.replayfile import table_report
+from trimtab.channel.table import replay
+from trimtab.channel.transport import Follower
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 
 Real components only (DESIGN.md sections 9 and 10): a real ZooKeeper server, the real Kafka protocol
 against the librdkafka mock cluster this process owns, and agents (each beside its built-in simulated
-broker) and controllers running as real ``trimtab`` processes (:class:`trimtab.devcluster.LocalCluster`).
+broker) and controllers running as real ``trimtab`` processes (:class:`trimtab.devkit.localcluster.LocalCluster`).
 Timers are fast (:data:`FAST`); tests synchronise only by waiting for conditions with deadlines.
 
 Three clusters, one per test class, each torn down when its class is done (so at most one runs at a time
@@ -45,22 +45,22 @@ from kazoo.exceptions import NoNodeError
 from kazoo.retry import KazooRetry
 from prometheus_client.parser import text_string_to_metric_families
 
-from channel.bundles import BundleLayout, parse_bundle, topic_hash
-from channel.client import ChannelClient
-from channel.kafka import KafkaTransport
-from channel.records import Record, State
-from channel.replayfile import table_report
-from channel.snapshot import Manifest, read_all
-from channel.table import TableView, replay
-from channel.transport import Message
-from cluster.zk import ZkPaths
-from cluster.zkserver import free_port
-from config.loader import load_settings
-from config.settings import Settings
 from tests.support.procs import Procs
 from tests.support.timeline import check_single_owner
 from tests.support.waiting import wait_for
-from trimtab.devcluster import ClusterError, LocalCluster, Node
+from trimtab.channel.bundles import BundleLayout, parse_bundle, topic_hash
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.records import Record, State
+from trimtab.channel.replayfile import table_report
+from trimtab.channel.snapshot import Manifest, read_all
+from trimtab.channel.table import TableView, replay
+from trimtab.channel.transport import Message
+from trimtab.cluster.zk import ZkPaths
+from trimtab.config.loader import load_settings
+from trimtab.config.settings import Settings
+from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
+from trimtab.devkit.zkserver import free_port
 
 pytestmark = pytest.mark.integration
 

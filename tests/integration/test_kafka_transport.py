@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
-from channel.bundles import BundleLayout
-from channel.client import ChannelClient
-from channel.records import Record, State, encode, make
-from channel.replayfile import table_report
-from channel.snapshot import (
+from tests.support.kafka import MOCK_PARTITIONS, KafkaEnv, by_partition, keys_per_partition
+from tests.support.procs import Procs
+from tests.support.waiting import wait_for
+from trimtab.channel.bundles import BundleLayout
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record, State, encode, make
+from trimtab.channel.replayfile import table_report
+from trimtab.channel.snapshot import (
     SNAPSHOT_PARTITION,
     SnapshotTopicError,
     SnapshotWriter,
@@ -22,11 +25,8 @@ from channel.snapshot import (
     read_snapshot_topic,
     snapshot_messages,
 )
-from channel.table import partition_for, replay
-from channel.transport import Follower, Message, TransportError
-from tests.support.kafka import MOCK_PARTITIONS, KafkaEnv, by_partition, keys_per_partition
-from tests.support.procs import Procs
-from tests.support.waiting import wait_for
+from trimtab.channel.table import partition_for, replay
+from trimtab.channel.transport import Follower, Message, TransportError
 
 pytestmark = pytest.mark.integration
 

@@ -41,17 +41,17 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from channel.bundles import BundleLayout, parse_bundle, topic_hash
-from channel.kafka import KafkaTransport
-from channel.records import Record, Skip, State, decode
-from channel.resolve import ACCEPT, resolve
-from channel.snapshot import SNAPSHOT_PARTITION, read_all
-from config.loader import load_settings
-from config.settings import Settings
 from tests.support.records import to_record
 from tests.support.timeline import check_single_owner
 from tests.support.waiting import wait_for
-from trimtab.devcluster import LocalCluster, Node
+from trimtab.channel.bundles import BundleLayout, parse_bundle, topic_hash
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.records import Record, Skip, State, decode
+from trimtab.channel.resolve import ACCEPT, resolve
+from trimtab.channel.snapshot import SNAPSHOT_PARTITION, read_all
+from trimtab.config.loader import load_settings
+from trimtab.config.settings import Settings
+from trimtab.devkit.localcluster import LocalCluster, Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from kazoo.client import KazooClient
 
-from balance.assign import BrokerInfo
-from cluster.zk import BrokerRegistry, NamespaceStore, NamespaceUnreadable, ZkPaths, ZkSession
-from controller.stores import FailedBroker, FailedBrokers, Reassignments, Switches
 from tests.support.waiting import wait_for
+from trimtab.balance.assign import BrokerInfo
+from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, NamespaceUnreadable, ZkPaths, ZkSession
+from trimtab.controller.stores import FailedBroker, FailedBrokers, Reassignments, Switches
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The real ZooKeeper server launcher (cluster/zkserver.py) and the fixtures built on it."""
+"""The real ZooKeeper server launcher (devkit/zkserver.py) and the fixtures built on it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError
 
-from cluster import zkserver
-from cluster.zkserver import ZooKeeperServer, ZooKeeperServerError, expire_session, find_classpath
 from tests.conftest import KazooClients, ZooKeeperServers
 from tests.support.waiting import wait_for
+from trimtab.devkit import zkserver
+from trimtab.devkit.zkserver import ZooKeeperServer, ZooKeeperServerError, expire_session, find_classpath
 
 pytestmark = pytest.mark.integration
 

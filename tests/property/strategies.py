@@ -21,9 +21,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from channel.bundles import FULL_UPPER, BundleRange
-from channel.records import Record, encode
 from tests.support.records import to_record
+from trimtab.channel.bundles import FULL_UPPER, BundleRange
+from trimtab.channel.records import Record, encode
 
 BROKERS = ("b1:1", "b2:2", "b3:3")
 WRITERS = (*BROKERS, "leader")

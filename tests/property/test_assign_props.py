@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balance.assign import AssignContext, BrokerInfo, least_resource_usage, select_broker
-from balance.load import BrokerLoadData
+from trimtab.balance.assign import AssignContext, BrokerInfo, least_resource_usage, select_broker
+from trimtab.balance.load import BrokerLoadData
 
 NOW = 50_000_000
 TTL = 1800.0

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import EDGE_HASHES, bundle_ranges, hashes, namespaces, topic_names
 
-from channel.bundles import (
+from trimtab.channel.bundles import (
     FULL_UPPER,
     SPLIT_ALGORITHMS,
     BundleError,

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import Oracle, oracle_decode, table_json
 
-from channel.records import (
+from trimtab.channel.records import (
     MAX_RECORD_BYTES,
     SKIP_REASONS,
     Record,
@@ -38,7 +38,7 @@ from channel.records import (
     encode,
     make,
 )
-from channel.table import TableView
+from trimtab.channel.table import TableView
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
@@ -847,8 +847,8 @@ CORPUS_SIZE = 300
 
 _CHILD = r"""
 import json, sys
-from channel.records import decode
-from channel.table import TableView
+from trimtab.channel.records import decode
+from trimtab.channel.table import TableView
 
 values = [bytes.fromhex(h) for h in json.load(open(sys.argv[1]))]
 out = []

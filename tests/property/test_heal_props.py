@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from balance.heal import (
+from trimtab.balance.heal import (
     HealConfig,
     in_flight_by_broker,
     monitor,
@@ -23,9 +23,9 @@ from balance.heal import (
     plan_destinations,
     throttle,
 )
-from channel.bundles import BundleLayout, parse_bundle
-from channel.records import Record, State, make
-from channel.resolve import ACCEPT, resolve, shape_ok
+from trimtab.channel.bundles import BundleLayout, parse_bundle
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.resolve import ACCEPT, resolve, shape_ok
 
 BROKERS = ("a:1", "b:2", "c:3", "d:4", "e:5")
 LAYOUT = BundleLayout.default("t/ns", 8)

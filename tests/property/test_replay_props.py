@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import ChannelLog, Oracle, channel_logs, deliveries, table_json
 
-from channel.records import Record
-from channel.table import TableView, replay
+from trimtab.channel.records import Record
+from trimtab.channel.table import TableView, replay
 
 # Big generated logs: slow to generate on a loaded CI machine, and that is fine.
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]

@@ -19,9 +19,9 @@ from strategies import (
     to_record,
 )
 
-from channel.bundles import BundleRange
-from channel.records import Record
-from channel.resolve import ACCEPT, Verdict, resolve
+from trimtab.channel.bundles import BundleRange
+from trimtab.channel.records import Record
+from trimtab.channel.resolve import ACCEPT, Verdict, resolve
 
 brokers = st.sampled_from([None, *BROKERS])
 

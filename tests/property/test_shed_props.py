@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from balance.load import BrokerLoadData, BundleStats, TopBundles
-from balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
+from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
+from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
 
 NOW = 5_000_000_000
 IDS = [f"b{i}" for i in range(7)]

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from strategies import ChannelLog, Msg, Oracle, channel_logs, deliveries, rec, table_json, to_record
 
-from channel.records import Record, encode
-from channel.snapshot import (
+from trimtab.channel.records import Record, encode
+from trimtab.channel.snapshot import (
     bootstrap,
     choose,
     chunk_key,
@@ -26,7 +26,7 @@ from channel.snapshot import (
     manifest_key,
     snapshot_messages,
 )
-from channel.table import TableView, replay
+from trimtab.channel.table import TableView, replay
 
 # Big generated logs: slow to generate on a loaded CI machine, and that is fine.
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]

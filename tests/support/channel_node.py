@@ -19,10 +19,10 @@ from typing import Any
 
 import orjson
 
-from channel.client import ChannelClient
-from channel.kafka import KafkaTransport
-from channel.replayfile import table_report
-from cluster.logs import configure_logging
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.replayfile import table_report
+from trimtab.cluster.logs import configure_logging
 
 
 def _emit(obj: dict[str, Any]) -> None:

@@ -29,7 +29,8 @@ from concurrent.futures import Future
 import orjson
 from confluent_kafka import Producer
 
-from channel.bundles import (
+from tests.support.waiting import wait_for
+from trimtab.channel.bundles import (
     BundleLayout,
     BundleRange,
     bundle_name,
@@ -37,11 +38,10 @@ from channel.bundles import (
     range_equally_divide,
     split_range,
 )
-from channel.client import ChannelClient
-from channel.kafka import KafkaTransport
-from channel.records import Record, State, make
-from channel.transport import Message
-from tests.support.waiting import wait_for
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.transport import Message
 
 NAMESPACE = "race/ns"
 NOTHING = object()  # "no move for this bundle this round"

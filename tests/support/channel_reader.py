@@ -27,11 +27,11 @@ from typing import Any
 
 import orjson
 
-from channel.client import ChannelClient
-from channel.kafka import KafkaTransport
-from channel.records import Record
-from channel.replayfile import table_report
-from cluster.logs import configure_logging
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.records import Record
+from trimtab.channel.replayfile import table_report
+from trimtab.cluster.logs import configure_logging
 
 
 def _emit(obj: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """Per-test Kafka environment on the session's librdkafka mock cluster.
 
-The mock (``channel.kafka.MockCluster``) speaks the real Kafka protocol on loopback, so the real
+The mock (``trimtab.devkit.kafka_mock.MockCluster``) speaks the real Kafka protocol on loopback, so the real
 confluent-kafka clients and other processes use it like any cluster. What it does *not* do, and tests
 must not rely on:
 
@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from channel.kafka import KafkaTransport, MockCluster
-from channel.snapshot import read_all
-from channel.transport import Message
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.snapshot import read_all
+from trimtab.channel.transport import Message
+from trimtab.devkit.kafka_mock import MockCluster
 
 MOCK_PARTITIONS = 4  # what the mock gives every auto-created topic
 

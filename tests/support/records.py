@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from channel.records import Record, State, make
+from trimtab.channel.records import Record, State, make
 
 
 def to_record(d: Mapping[str, Any]) -> Record:

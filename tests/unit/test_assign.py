@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from balance.assign import (
+from trimtab.balance.assign import (
     DEFAULT_FILTERS,
     AssignContext,
     BrokerInfo,
@@ -16,7 +16,7 @@ from balance.assign import (
     least_resource_usage,
     select_broker,
 )
-from balance.load import BrokerLoadData
+from trimtab.balance.load import BrokerLoadData
 
 NOW = 100_000_000
 TTL = 1800.0

@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from channel.bundles import (
+from trimtab.channel.bundles import (
     FULL_RANGE,
     FULL_UPPER,
     SPLIT_ALGORITHMS,

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from channel.bundles import BundleLayout
-from channel.client import ChannelClient
-from channel.memory import MemoryLog, MemoryTransport
-from channel.records import Record, State, encode, make
-from channel.snapshot import SnapshotTopicError, SnapshotWriter
-from channel.table import replay
 from tests.support.waiting import wait_for
+from trimtab.channel.bundles import BundleLayout
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.memory import MemoryLog, MemoryTransport
+from trimtab.channel.records import Record, State, encode, make
+from trimtab.channel.snapshot import SnapshotTopicError, SnapshotWriter
+from trimtab.channel.table import replay
 
 CHANNEL, SNAPSHOTS = "chan", "snap"
 BUNDLES = BundleLayout.default("t/ns", 8).bundles

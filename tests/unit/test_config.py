@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from config.loader import ConfigError, load_settings, parse_assignments, set_path
-from config.settings import Settings
+from trimtab.config.loader import ConfigError, load_settings, parse_assignments, set_path
+from trimtab.config.settings import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -10,14 +10,14 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
-from agent.adapters.simulated import SimulatedBroker
-from agent.adapters.webhook_server import create_app
-from agent.metrics import AgentMetrics
-from cluster.metrics import ChannelCollector, KeyValueCollector
-from config.docs import render_markdown
-from config.loader import load_settings
-from config.settings import SimulationSettings
-from controller.metrics import ControllerMetrics
+from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.agent.adapters.webhook_server import create_app
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector
+from trimtab.config.docs import render_markdown
+from trimtab.config.loader import load_settings
+from trimtab.config.settings import SimulationSettings
+from trimtab.controller.metrics import ControllerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
@@ -103,8 +103,8 @@ def test_configuration_reference_is_generated_from_the_code() -> None:
 
 
 def test_openapi_specs_match_the_code() -> None:
-    from agent.api import create_app as agent_app
-    from controller.api import create_app as controller_app
+    from trimtab.agent.api import create_app as agent_app
+    from trimtab.controller.api import create_app as controller_app
 
     apps = {
         "webhook-openapi.json": create_app(SimulatedBroker("doc", SimulationSettings())),

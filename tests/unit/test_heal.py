@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from balance.heal import (
+from trimtab.balance.heal import (
     HealConfig,
     Override,
     dependents,
@@ -26,9 +26,9 @@ from balance.heal import (
     plan_destinations,
     throttle,
 )
-from channel.bundles import parse_bundle
-from channel.records import Record, State, make
-from channel.resolve import ACCEPT, resolve
+from trimtab.channel.bundles import parse_bundle
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.resolve import ACCEPT, resolve
 
 A, B, C, D = "a:1", "b:2", "c:3", "d:4"
 DEAD = "dead:9"

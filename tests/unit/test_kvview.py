@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from channel.memory import MemoryLog, MemoryTransport
-from cluster.kvview import KeyValueView
 from tests.support.waiting import wait_for
+from trimtab.channel.memory import MemoryLog, MemoryTransport
+from trimtab.cluster.kvview import KeyValueView
 
 
 class Report(msgspec.Struct, frozen=True):

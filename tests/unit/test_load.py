@@ -11,7 +11,7 @@ import math
 import msgspec
 import pytest
 
-from balance.load import (
+from trimtab.balance.load import (
     BrokerLoadData,
     BundleStats,
     Usage,

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from channel.memory import MemoryLog, MemoryTransport
-from channel.records import State, make
-from channel.snapshot import SnapshotWriter, choose, read_all
-from channel.transport import Follower, HistoryGap, Message, TransportError
+from trimtab.channel.memory import MemoryLog, MemoryTransport
+from trimtab.channel.records import State, make
+from trimtab.channel.snapshot import SnapshotWriter, choose, read_all
+from trimtab.channel.transport import Follower, HistoryGap, Message, TransportError
 
 DEADLINE = 10.0  # generous: only reached when something is broken
 

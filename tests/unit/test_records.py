@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channel.records import (
+from trimtab.channel.records import (
     IN_FLIGHT,
     SCHEMA_VERSION,
     SKIP_REASONS,

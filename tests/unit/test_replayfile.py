@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from channel.records import Record, State, encode, make
-from channel.replayfile import (
+from trimtab.channel.records import Record, State, encode, make
+from trimtab.channel.replayfile import (
     BAD_LINE,
     carries_exactly,
     export_line,
@@ -34,7 +34,7 @@ from channel.replayfile import (
     table_report,
     value_end,
 )
-from channel.table import TableView, partition_for
+from trimtab.channel.table import TableView, partition_for
 
 K1 = "t/ns/0x00000000_0x80000000"
 K2 = "t/ns/0x80000000_0xffffffff"

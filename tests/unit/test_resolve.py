@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from channel.bundles import BundleRange
-from channel.records import Record, State, make
-from channel.resolve import TRANSITIONS, Verdict, resolve, shape_ok
+from trimtab.channel.bundles import BundleRange
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.resolve import TRANSITIONS, Verdict, resolve, shape_ok
 
 A, B, C = "a:1", "b:2", "c:3"
 RNG = BundleRange(0, 0x80000000)

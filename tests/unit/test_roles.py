@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agent.roles import (
+from trimtab.agent.roles import (
     Acquire,
     Close,
     Fence,
@@ -25,9 +25,9 @@ from agent.roles import (
     needs_attention,
     plan,
 )
-from channel.bundles import parse_bundle
-from channel.records import Record, State, make
-from channel.resolve import ACCEPT, resolve, shape_ok
+from trimtab.channel.bundles import parse_bundle
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.resolve import ACCEPT, resolve, shape_ok
 
 ME, B, C = "me:1", "b:2", "c:3"
 BUNDLE = "t/ns/0x40000000_0x80000000"

@@ -8,8 +8,15 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from balance.load import BrokerLoadData, BundleStats, TopBundles
-from balance.shed import ShedConfig, ShedResult, ShedState, Unload, threshold_shedder, transfer_shedder
+from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
+from trimtab.balance.shed import (
+    ShedConfig,
+    ShedResult,
+    ShedState,
+    Unload,
+    threshold_shedder,
+    transfer_shedder,
+)
 
 NOW = 10_000_000_000
 CFG = ShedConfig(hit_count_threshold=0)  # act on the first triggered cycle

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from balance.load import BundleStats
-from balance.split import MB, SplitLimits, children_for, decide_splits, over_limit
-from channel.bundles import FULL_UPPER, BundleRange, check_partition, parse_bundle, split_range
+from trimtab.balance.load import BundleStats
+from trimtab.balance.split import MB, SplitLimits, children_for, decide_splits, over_limit
+from trimtab.channel.bundles import FULL_UPPER, BundleRange, check_partition, parse_bundle, split_range
 
 NS = "t/ns"
 LIM = SplitLimits(hit_count_threshold=0)  # decide on the first check

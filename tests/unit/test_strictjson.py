@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from channel import strictjson
-from channel.strictjson import INT64_MAX, INT64_MIN, MAX_DEPTH, Invalid, parse
+from trimtab.channel import strictjson
+from trimtab.channel.strictjson import INT64_MAX, INT64_MIN, MAX_DEPTH, Invalid, parse
 
 BOM = b"\xef\xbb\xbf"
 OK = "ok"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from channel.records import Record, State, encode, make
-from channel.table import ReplayStats, TableView, partition_for, replay
+from trimtab.channel.records import Record, State, encode, make
+from trimtab.channel.table import ReplayStats, TableView, partition_for, replay
 
 K = "t/ns/0x00000000_0x80000000"
 K2 = "t/ns/0x80000000_0xffffffff"

@@ -39,12 +39,12 @@ from typing import Any
 
 import orjson
 
-import channel
-from bench.common import BenchError, Progress, environment, loadavg, progress_printer
-from channel.bundles import BundleLayout
-from channel.records import Record, State, encode, make
-from channel.table import TableView
-from channel.transport import Message
+from trimtab import channel
+from trimtab.channel.bundles import BundleLayout
+from trimtab.channel.records import Record, State, encode, make
+from trimtab.channel.table import TableView
+from trimtab.channel.transport import Message
+from trimtab.devkit.bench.common import BenchError, Progress, environment, loadavg, progress_printer
 
 REPLAY_TARGET_RECORDS_PER_S = 500_000
 BOOTSTRAP_TARGET_S = 5.0
@@ -379,26 +379,22 @@ def size_breakdown(table: TableView) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- Kafka
 
 
-class MockClusterProcess:
-    """A librdkafka mock cluster owned by a child process (``channel.kafka.MockCluster``), alive until
-    :meth:`close`. The benchmarking process connects to it like to any Kafka cluster."""
+def _child_env() -> tuple[Path, dict[str, str]]:
+    """The repository root and an environment whose PYTHONPATH holds it, for ``python -m`` children."""
+    root = Path(channel.__file__).resolve().parent.parent
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return root, env
 
-    _SCRIPT = (
-        "import sys\n"
-        "from channel.kafka import MockCluster\n"
-        "c = MockCluster()\n"
-        "c.create_topics(sys.argv[1:])\n"
-        "print(c.bootstrap_servers, flush=True)\n"
-        "sys.stdin.read()\n"
-        "c.close()\n"
-    )
+
+class MockClusterProcess:
+    """A librdkafka mock cluster owned by a child process (:mod:`trimtab.devkit.bench.mock_process`),
+    alive until :meth:`close`. The benchmarking process connects to it like to any Kafka cluster."""
 
     def __init__(self, topics: list[str]) -> None:
-        root = Path(channel.__file__).resolve().parent.parent
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        root, env = _child_env()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", self._SCRIPT, *topics],
+            [sys.executable, "-m", "trimtab.devkit.bench.mock_process", *topics],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=root,
@@ -509,36 +505,12 @@ def table_digest(items: Iterator[tuple[str, Record]] | list[tuple[str, Record]])
     return h.hexdigest()
 
 
-_FRESH_NODE = """
-import hashlib, json, sys, time
-from cluster.logs import configure_logging
-configure_logging("warning", json_logs=False)
-from bench.channel import table_digest
-from channel.client import ChannelClient
-from channel.kafka import KafkaTransport
-transport = KafkaTransport(sys.argv[1], client_id="bench-fresh-node")
-client = ChannelClient(transport, sys.argv[2], snapshot_topic=None)
-c0 = time.process_time()
-t0 = time.perf_counter()
-client.start()
-ok = client.wait_ready(float(sys.argv[3]))
-elapsed = time.perf_counter() - t0
-cpu = time.process_time() - c0
-client.stop()
-transport.close()
-print(json.dumps({"ok": ok, "error": repr(client.error), "elapsed": elapsed, "cpu": cpu,
-                  "records": client.follower.records, "stats": client.table.stats.as_dict(),
-                  "digest": table_digest(client.table.items())}))
-"""
-
-
 def time_bootstrap_fresh_process(bootstrap: str, topic: str, timeout: float) -> tuple[float, dict[str, Any]]:
-    """The same bootstrap in a new interpreter that holds nothing else (no generated log in its heap)."""
-    root = Path(channel.__file__).resolve().parent.parent
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    """The same bootstrap in a new interpreter that holds nothing else (no generated log in its heap):
+    :mod:`trimtab.devkit.bench.fresh_node`."""
+    root, env = _child_env()
     proc = subprocess.run(
-        [sys.executable, "-c", _FRESH_NODE, bootstrap, topic, str(timeout)],
+        [sys.executable, "-m", "trimtab.devkit.bench.fresh_node", bootstrap, topic, str(timeout)],
         capture_output=True,
         text=True,
         cwd=root,
@@ -559,8 +531,8 @@ def time_bootstrap(
     bootstrap: str, topic: str, snapshot_topic: str | None, timeout: float
 ) -> tuple[Any, float, dict[str, Any]]:
     """A fresh node's ChannelClient from start() to ready; returns (client, seconds, details)."""
-    from channel.client import ChannelClient
-    from channel.kafka import KafkaTransport
+    from trimtab.channel.client import ChannelClient
+    from trimtab.channel.kafka import KafkaTransport
 
     transport = KafkaTransport(bootstrap, client_id=f"bench-node-{uuid.uuid4().hex[:6]}")
     # The mock auto-creates the snapshot topic with four partitions; trimtab uses its partition 0.
@@ -591,8 +563,8 @@ def time_bootstrap(
 
 def time_consume_only(bootstrap: str, topic: str, timeout: float) -> tuple[float, int, float]:
     """A bare Follower whose apply does nothing: the cost of getting the messages into Python."""
-    from channel.kafka import KafkaTransport
-    from channel.transport import Follower
+    from trimtab.channel.kafka import KafkaTransport
+    from trimtab.channel.transport import Follower
 
     transport = KafkaTransport(bootstrap, client_id=f"bench-consume-{uuid.uuid4().hex[:6]}")
     follower = Follower(transport, topic, lambda _msgs: None, name="bench-consume-only")
@@ -610,8 +582,8 @@ def time_consume_only(bootstrap: str, topic: str, timeout: float) -> tuple[float
 
 
 def write_snapshot(bootstrap: str, snapshot_topic: str, topic: str, log: ChannelLog) -> dict[str, Any]:
-    from channel.kafka import KafkaTransport
-    from channel.snapshot import SnapshotWriter
+    from trimtab.channel.kafka import KafkaTransport
+    from trimtab.channel.snapshot import SnapshotWriter
 
     transport = KafkaTransport(bootstrap, client_id="bench-snapshotter")
     try:
@@ -634,7 +606,7 @@ def kafka_part(
     progress("starting the librdkafka mock cluster in a separate process...")
     cluster = MockClusterProcess([topic, snapshot_topic])
     try:
-        from channel.kafka import KafkaTransport
+        from trimtab.channel.kafka import KafkaTransport
 
         bootstrap = cluster.bootstrap_servers
         meta = KafkaTransport(bootstrap, client_id="bench-meta")
@@ -835,7 +807,7 @@ def run(
         # ---- instructions (callgrind)
         instr: dict[str, Any] | None = None
         if instructions:
-            from bench import instructions as callgrind
+            from trimtab.devkit.bench import instructions as callgrind
 
             progress(f"counting instructions per record under callgrind ({instructions} records)...")
             instr = callgrind.measure(log.messages[:instructions])
@@ -895,7 +867,7 @@ def run(
         "operations": dict(sorted(log.ops.items())),
         "final_states": dict(sorted(Counter(r.state.value for r in log.final.values()).items())),
         "how": (
-            "seeded generator (bench.channel.generate_log): every bundle assigned (Assigning v1 -> Owned v2) "
+            "seeded generator (trimtab.devkit.bench.channel.generate_log): every bundle assigned (Assigning v1 -> Owned v2) "
             "within the first half of the log, interleaved with transfers (Releasing{src,dst} -> Assigning "
             "-> Owned) and unloads (Releasing{src} -> Free, re-assigned later), many operations in flight; "
             "~5% racing second-writer records with an already-used version (must be rejected), ~0.1% "

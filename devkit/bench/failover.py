@@ -1,7 +1,7 @@
 """The failover benchmark (DESIGN.md sections 5.4 and 11): every bundle of a killed broker owned elsewhere
 within detection time + 1 s for 10 000 bundles, never two owners.
 
-A :class:`trimtab.devcluster.LocalCluster` -- real ZooKeeper, the librdkafka mock owned by this process,
+A :class:`trimtab.devkit.localcluster.LocalCluster` -- real ZooKeeper, the librdkafka mock owned by this process,
 ``agents`` agents with simulated brokers and ``controllers`` controllers as separate processes -- with
 ``zookeeper.session_timeout_s`` as the detection time and ``healing.grace_s = 0``. Shedding and automatic
 splits are off, so the only moves are healing's.
@@ -45,7 +45,13 @@ import msgspec
 import orjson
 from kazoo.client import KazooClient
 
-from bench.common import (
+from trimtab.channel.bundles import BundleLayout
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.records import State, make
+from trimtab.cluster.zk import ZkPaths
+from trimtab.config.loader import load_settings
+from trimtab.controller.stores import FailedBroker
+from trimtab.devkit.bench.common import (
     BenchError,
     ChannelWatch,
     Progress,
@@ -55,13 +61,7 @@ from bench.common import (
     percentile,
     progress_printer,
 )
-from channel.bundles import BundleLayout
-from channel.kafka import KafkaTransport
-from channel.records import State, make
-from cluster.zk import ZkPaths
-from config.loader import load_settings
-from controller.stores import FailedBroker
-from trimtab.devcluster import LocalCluster, _merge
+from trimtab.devkit.localcluster import LocalCluster, _merge
 
 SLACK_TARGET_S = 1.0
 BENCH_PROCESS = "bench (Kafka mock, replica)"

@@ -1,7 +1,7 @@
 """The lookup benchmark (DESIGN.md sections 3.5 and 11): owned lookups, assignment latency, and the raw
 produce->consume round trip it is compared with (assignment p99 <= 3x the raw round trip's p99).
 
-One :class:`trimtab.devcluster.LocalCluster` per configuration -- a real ZooKeeper server, the librdkafka
+One :class:`trimtab.devkit.localcluster.LocalCluster` per configuration -- a real ZooKeeper server, the librdkafka
 mock cluster owned by this process, 3 agents (with their simulated brokers) as separate processes, no
 controllers (nothing sheds or heals while we measure) -- and in it:
 
@@ -42,7 +42,12 @@ from typing import Any
 
 import httpx
 
-from bench.common import (
+from trimtab.channel.bundles import BundleLayout, TopicName
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.records import State
+from trimtab.channel.transport import Follower, Message
+from trimtab.config.loader import load_settings
+from trimtab.devkit.bench.common import (
     BenchError,
     ChannelWatch,
     Progress,
@@ -52,12 +57,7 @@ from bench.common import (
     progress_printer,
     summary_ms,
 )
-from channel.bundles import BundleLayout, TopicName
-from channel.kafka import KafkaTransport
-from channel.records import State
-from channel.transport import Follower, Message
-from config.loader import load_settings
-from trimtab.devcluster import LocalCluster, _merge
+from trimtab.devkit.localcluster import LocalCluster, _merge
 
 ASSIGN_VS_RTT_TARGET = 3.0
 RTT_TOPIC = "trimtab-bench-rtt"
@@ -680,7 +680,7 @@ def run(
     out["cluster"] = {
         "agents": 3,
         "controllers": 0,
-        "zookeeper": "real server (cluster.zkserver), one per configuration",
+        "zookeeper": "real server (trimtab.devkit.zkserver), one per configuration",
         "kafka": "librdkafka mock cluster (1 broker) owned by this process; agents are separate processes",
         "start_s": main["cluster_start_s"],
     }

@@ -35,15 +35,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from balance.assign import BrokerInfo
-from balance.load import BrokerLoadData, BundleStats, TopBundles, Usage, top_k
-from balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
-from bench.common import BenchError, Progress, environment, loadavg, percentile, progress_printer
-from channel.bundles import BundleLayout
-from channel.memory import MemoryTransport
-from channel.records import Record, State, make
-from channel.table import TableView
-from cluster.kvview import KeyValueView
+from trimtab.balance.assign import BrokerInfo
+from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, Usage, top_k
+from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
+from trimtab.channel.bundles import BundleLayout
+from trimtab.channel.memory import MemoryTransport
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.table import TableView
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.devkit.bench.common import (
+    BenchError,
+    Progress,
+    environment,
+    loadavg,
+    percentile,
+    progress_printer,
+)
 
 DECISION_TARGET_MS = 50.0
 NOW_MS = 1_800_000_000_000
@@ -333,9 +340,9 @@ def time_with_inputs(
     the ``shed`` event that ``shed_once`` writes after deciding."""
     from prometheus_client import CollectorRegistry
 
-    from cluster.events import EventPublisher
-    from controller.daemon import observe_shed_cycle, shed_event
-    from controller.metrics import ControllerMetrics
+    from trimtab.cluster.events import EventPublisher
+    from trimtab.controller.daemon import observe_shed_cycle, shed_event
+    from trimtab.controller.metrics import ControllerMetrics
 
     metrics = ControllerMetrics.create(CollectorRegistry())
     transport = MemoryTransport()

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from bench.common import BenchError
+from trimtab.devkit.bench.common import BenchError
 
 _helpers: dict[str, Any] = {}
 
@@ -41,7 +41,7 @@ def _run(name: str, fn: Callable[[], dict[str, Any]], output: str | None) -> Non
 
 
 def _settings(sets: tuple[str, ...]) -> dict[str, Any]:
-    from config.loader import ConfigError, parse_assignments
+    from trimtab.config.loader import ConfigError, parse_assignments
 
     try:
         return parse_assignments(list(sets))
@@ -134,7 +134,7 @@ def lookup_cmd(
     output: str | None,
 ) -> None:
     """Owned-lookup latency and throughput, assignment latency vs the raw Kafka round trip."""
-    from bench.lookup import run
+    from trimtab.devkit.bench.lookup import run
 
     settings = _settings(sets)
     _run(
@@ -169,7 +169,7 @@ def lookup_cmd(
 @output_option
 def shed_cmd(brokers: int, bundles: int, runs: int, seed: int, output: str | None) -> None:
     """One shedding decision (TransferShedder, ThresholdShedder) over brokers x bundles."""
-    from bench.shed import run
+    from trimtab.devkit.bench.shed import run
 
     if bundles < 2 * brokers:
         raise click.BadParameter(
@@ -238,7 +238,7 @@ def failover_cmd(
     output: str | None,
 ) -> None:
     """kill -9 a broker owning many bundles: time until every one is owned elsewhere, never two owners."""
-    from bench.failover import run
+    from trimtab.devkit.bench.failover import run
 
     settings = _settings(sets)
     _run(

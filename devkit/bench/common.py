@@ -119,8 +119,8 @@ class ChannelWatch:
         linger_ms: float = 1.0,
         client_config: dict[str, str] | None = None,
     ) -> None:
-        from channel.client import ChannelClient
-        from channel.kafka import KafkaTransport
+        from trimtab.channel.client import ChannelClient
+        from trimtab.channel.kafka import KafkaTransport
 
         self.transport = KafkaTransport(
             bootstrap,

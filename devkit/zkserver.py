@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cluster.procs import die_with_parent_hook
+from trimtab.devkit.procs import die_with_parent_hook
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 CLASSPATH_ENV = "TRIMTAB_ZK_CLASSPATH"

@@ -127,8 +127,8 @@ def channel_cmd(
     output: str | None,
 ) -> None:
     """Channel replay speed, bootstrap over the Kafka protocol, and memory per bundle."""
-    from bench.channel import run
-    from bench.common import BenchError
+    from trimtab.devkit.bench.channel import run
+    from trimtab.devkit.bench.common import BenchError
 
     if records < 2 * bundles:
         raise click.BadParameter(
@@ -153,8 +153,8 @@ def channel_cmd(
     _emit(result, output)
 
 
-# lookup, shed and failover (bench/lookup.py, bench/shed.py, bench/failover.py; commands in bench/commands.py)
-from bench.commands import register as _register_commands  # noqa: E402
+# lookup, shed and failover (lookup.py, shed.py, failover.py here; commands in commands.py)
+from trimtab.devkit.bench.commands import register as _register_commands  # noqa: E402
 
 _register_commands(bench, logs_to_stderr=_logs_to_stderr, emit=_emit)
 

@@ -1,7 +1,7 @@
 """A whole trimtab cluster on one machine: the local dev cluster, and the harness of the process-level
 tests and benchmarks.
 
-It starts a real ZooKeeper server (``cluster.zkserver``), owns a librdkafka mock cluster for its
+It starts a real ZooKeeper server (``trimtab.devkit.zkserver``), owns a librdkafka mock cluster for its
 lifetime (this process must stay up), writes one TOML config for every node, and runs agents (each with
 its built-in simulated broker) and controllers as separate ``trimtab`` processes. Every process is put in
 its own process group and killed on exit, whatever happens.
@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import orjson
 
-from channel.kafka import MockCluster
-from cluster.procs import die_with_parent_hook
-from cluster.zkserver import ZooKeeperServer, free_port
-from config.loader import load_settings
+from trimtab.config.loader import load_settings
+from trimtab.devkit.kafka_mock import MockCluster
+from trimtab.devkit.procs import die_with_parent_hook
+from trimtab.devkit.zkserver import ZooKeeperServer, free_port
 
 # Timers for a cluster you watch converge in a minute instead of an hour (every one can be overridden).
 FAST_TIMERS: dict[str, Any] = {

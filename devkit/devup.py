@@ -1,6 +1,6 @@
 """``trimtab dev up``: the local cluster with a skewed synthetic load, a live view, and a JSON summary.
 
-Steps: start ZooKeeper + the Kafka mock + agents + controllers (:class:`trimtab.devcluster.LocalCluster`);
+Steps: start ZooKeeper + the Kafka mock + agents + controllers (:class:`trimtab.devkit.localcluster.LocalCluster`);
 look up every synthetic topic so its bundle gets an owner; pile the hot namespaces' bundles onto the first
 broker (the skew the shedder then has to undo); show the cluster live until Ctrl-C or ``--duration``;
 stop everything; print the summary. The live view goes to stderr and the summary to stdout, so scripts
@@ -25,11 +25,11 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from agent.adapters.simulated import LoadModel
-from channel.kafka import KafkaTransport
-from channel.transport import Follower, Message
-from config.settings import SimulationSettings
-from trimtab.devcluster import FAST_TIMERS, LocalCluster, _merge
+from trimtab.agent.adapters.simulated import LoadModel
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.transport import Follower, Message
+from trimtab.config.settings import SimulationSettings
+from trimtab.devkit.localcluster import FAST_TIMERS, LocalCluster, _merge
 
 
 class EventTally:
@@ -198,7 +198,7 @@ def dev_up(
     settings: dict[str, Any],
 ) -> dict[str, Any]:
     console = Console(stderr=True)
-    from cluster.logs import configure_logging
+    from trimtab.cluster.logs import configure_logging
 
     configure_logging("warning", json_logs=False, role="dev")
     ns = [f"public/ns-{i}" for i in range(namespaces)]
@@ -226,7 +226,7 @@ def dev_up(
             console.print(f"  agent      {n.name:<14} {n.http}  broker {n.broker}")
         for n in cluster.controller_nodes:
             console.print(f"  controller {n.name:<14} {n.http}")
-        from config.loader import load_settings
+        from trimtab.config.loader import load_settings
 
         s = load_settings(cluster.config_path, environ=False)
         tally = EventTally(cluster.bootstrap_servers, s.kafka.events_topic)

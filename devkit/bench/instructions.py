@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchError
-from channel.transport import Message
+from trimtab.channel.transport import Message
+from trimtab.devkit.bench.common import BenchError
 
 BATCH = 5000
 
@@ -36,7 +36,7 @@ def _child(path: str, mode: str) -> None:
     with open(path, "rb") as f:
         messages: list[tuple[Any, ...]] = pickle.load(f)
     gc.freeze()
-    from channel.table import TableView
+    from trimtab.channel.table import TableView
 
     if mode == "replay":
         view = TableView(4)
@@ -53,7 +53,7 @@ def _count(path: Path, mode: str) -> int:
             "--callgrind-out-file=/dev/null",
             sys.executable,
             "-m",
-            "bench.instructions",
+            "trimtab.devkit.bench.instructions",
             str(path),
             mode,
         ],

@@ -1,0 +1,45 @@
+"""A channel bootstrap in a fresh interpreter that holds nothing else (``python -m
+trimtab.devkit.bench.fresh_node BOOTSTRAP TOPIC TIMEOUT``): prints one JSON line with the time from
+``start()`` to ready, the CPU time, the replay stats and a digest of the table."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.cluster.logs import configure_logging
+from trimtab.devkit.bench.channel import table_digest
+
+
+def main(bootstrap: str, topic: str, timeout: float) -> None:
+    configure_logging("warning", json_logs=False)
+    transport = KafkaTransport(bootstrap, client_id="bench-fresh-node")
+    client = ChannelClient(transport, topic, snapshot_topic=None)
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    client.start()
+    ok = client.wait_ready(timeout)
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    client.stop()
+    transport.close()
+    print(
+        json.dumps(
+            {
+                "ok": ok,
+                "error": repr(client.error),
+                "elapsed": elapsed,
+                "cpu": cpu,
+                "records": client.follower.records if client.follower else 0,
+                "stats": client.table.stats.as_dict(),
+                "digest": table_digest(client.table.items()),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]))

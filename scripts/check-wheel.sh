@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The wheel a user installs: exactly one top-level import package (trimtab), no dev kit, and a CLI that
+# runs from a fresh virtualenv with nothing but the wheel and its dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+.venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$out/dist" . >"$out/build.log" 2>&1 || {
+  cat "$out/build.log" >&2; echo "building the wheel failed" >&2; exit 1; }
+wheel=$(ls "$out"/dist/trimtab-*.whl)
+.venv/bin/python - "$wheel" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+assert top == {"trimtab"}, f"the wheel installs these top-level names: {sorted(top)} (want only trimtab)"
+dev = [n for n in names if n.startswith("trimtab/devkit")]
+assert not dev, f"the dev kit is in the wheel: {dev[:5]}"
+for needed in ("trimtab/cli.py", "trimtab/channel/records.py", "trimtab/agent/daemon.py",
+               "trimtab/controller/daemon.py", "trimtab/config/settings.py", "trimtab/py.typed"):
+    assert needed in names, f"{needed} is missing from the wheel"
+print(f"wheel {sys.argv[1].rsplit('/', 1)[-1]}: top-level {sorted(top)}, {len(names)} files, no dev kit")
+PY
+python3 -m venv "$out/venv"
+"$out/venv/bin/python" -m pip install --quiet "$wheel" >"$out/install.log" 2>&1 || {
+  cat "$out/install.log" >&2; echo "installing the wheel into a fresh virtualenv failed" >&2; exit 1; }
+cd "$out"  # away from the source tree, so nothing is imported from it
+"$out/venv/bin/trimtab" --help >/dev/null
+"$out/venv/bin/python" -c "import trimtab.agent.daemon, trimtab.controller.daemon, trimtab.channel.client"
+if msg=$("$out/venv/bin/trimtab" bench channel 2>&1); then
+  echo "'trimtab bench' ran without the dev kit" >&2; exit 1
+fi
+case "$msg" in *"ships with the source repository"*) ;; *) echo "unexpected: $msg" >&2; exit 1 ;; esac
+echo "trimtab --help runs from a fresh virtualenv; the dev kit commands say where to get it"
