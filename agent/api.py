@@ -8,21 +8,22 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Query
 from pydantic import BaseModel, Field
 
-from trimtab.agent.lookup import LookupError
-from trimtab.channel.bundles import BundleError, parse_bundle
-from trimtab.cluster.http import add_probes, brokers_view, ownership_view
+from trimtab.channel.bundles import parse_bundle
+from trimtab.cluster.http import (
+    ErrorBody,
+    add_probes,
+    brokers_view,
+    error_response,
+    install_error_handlers,
+    ownership_view,
+)
+from trimtab.errors import BundleError, LookupTimeout, RequestError
 
 if TYPE_CHECKING:
     from trimtab.agent.daemon import Agent
-
-
-class ErrorBody(BaseModel):
-    error: str
-    retryable: bool = False
 
 
 class LookupResponse(BaseModel):
@@ -101,8 +102,8 @@ def create_app(agent: Agent) -> FastAPI:
         description="Lookups and ownership for one broker's sidecar agent.",
     )
 
-    def err(status: int, message: str, retryable: bool = False) -> JSONResponse:
-        return JSONResponse(ErrorBody(error=message, retryable=retryable).model_dump(), status_code=status)
+    install_error_handlers(app)
+    err = error_response
 
     @app.get(
         "/v1/lookup",
@@ -131,13 +132,17 @@ def create_app(agent: Agent) -> FastAPI:
             return err(503, f"agent's channel view is not ready: {channel_why}", retryable=True)
         try:
             res = await agent.lookups.lookup(topic)
-        except LookupError as e:
+        except RequestError as e:
             result = (
-                "bad_request" if e.status == 400 else ("timeout" if "settle" in str(e) else "unavailable")
+                "timeout"
+                if isinstance(e, LookupTimeout)
+                else "bad_request"
+                if e.status == 400
+                else "unavailable"
             )
             agent.metrics.lookups.labels(result).inc()
             agent.metrics.lookup_seconds.labels(result).observe(time.perf_counter() - t0)
-            return err(e.status, str(e), e.retryable)
+            return err(e.status, str(e), retryable=e.retryable)
         agent.metrics.lookups.labels(res.how).inc()
         agent.metrics.lookup_seconds.labels(res.how).observe(time.perf_counter() - t0)
         return LookupResponse(
@@ -246,9 +251,5 @@ def create_app(agent: Agent) -> FastAPI:
         if req.latency_s is not None:
             agent.sim.extra_latency_s = req.latency_s
         return {"ok": True}
-
-    @app.exception_handler(Exception)
-    async def unhandled(request: Request, exc: Exception) -> JSONResponse:
-        return err(500, f"internal error: {type(exc).__name__}: {exc}", retryable=True)
 
     return app

@@ -42,14 +42,14 @@ from trimtab.agent.roles import needs_attention
 from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
 from trimtab.balance.load import BrokerLoadData
 from trimtab.balance.split import SplitDecision, SplitLimits, children_for, decide_splits
-from trimtab.channel.bundles import BundleError, parse_bundle
+from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
 from trimtab.channel.table import TableView
 from trimtab.channel.transport import Transport
 from trimtab.cluster.bridge import LoopBridge
 from trimtab.cluster.events import EventPublisher
-from trimtab.cluster.http import HttpServer, RequestError, bind
+from trimtab.cluster.http import HttpServer, bind
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.logs import bind as bind_log
@@ -57,6 +57,7 @@ from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_reg
 from trimtab.cluster.wiring import kafka_transport, zk_session
 from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
 from trimtab.config.settings import Settings
+from trimtab.errors import BundleError, RequestError, StartupError
 
 log = structlog.get_logger("trimtab.agent")
 
@@ -278,7 +279,7 @@ class Agent:
             if self.stop_event.is_set():
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(
+                raise StartupError(
                     f"channel or load view did not catch up within 300s (channel: {self.channel.health()[1]})"
                 )
             await asyncio.sleep(0.02)

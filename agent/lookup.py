@@ -25,21 +25,15 @@ import structlog
 
 from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, select_broker
 from trimtab.balance.load import BrokerLoadData
-from trimtab.channel.bundles import BundleError, BundleLayout, TopicName, parse_bundle
+from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
+from trimtab.errors import BundleError, LookupTimeout, RequestError, TrimtabError
 
 log = structlog.get_logger("trimtab.lookup")
 
 
-class LookupError(Exception):
-    def __init__(self, status: int, message: str, *, retryable: bool) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retryable = retryable
-
-
-class _Moved(Exception):
+class _Moved(TrimtabError):
     """The bundle was split while we waited: the topic now lives in a child bundle."""
 
 
@@ -194,14 +188,14 @@ class LookupService:
         try:
             t = TopicName.parse(topic)
         except BundleError as e:
-            raise LookupError(400, str(e), retryable=False) from None
+            raise RequestError(400, str(e), retryable=False) from None
         deadline = time.monotonic() + self.timeout_s
         force = False
         while True:
             try:
                 layout = await self.layouts.get(t.namespace, force=force)
             except Exception as e:
-                raise LookupError(
+                raise RequestError(
                     503, f"namespace layout of {t.namespace} unavailable: {e}", retryable=True
                 ) from None
             bundle = layout.bundle_for_topic(t)
@@ -214,7 +208,7 @@ class LookupService:
                 res = await asyncio.shield(task)
             except _Moved:
                 if time.monotonic() >= deadline:
-                    raise LookupError(503, f"{bundle} was split; retry the lookup", retryable=True) from None
+                    raise RequestError(503, f"{bundle} was split; retry the lookup", retryable=True) from None
                 force = True
                 continue
             return LookupResult(topic, res.bundle, res.owner, res.url, res.state, res.version, res.how)
@@ -252,10 +246,8 @@ class LookupService:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 state = cur.state.value if cur is not None else "init"
-                raise LookupError(
-                    503,
-                    f"{bundle} did not settle within {self.timeout_s:g}s (state {state}); retry the lookup",
-                    retryable=True,
+                raise LookupTimeout(
+                    f"{bundle} did not settle within {self.timeout_s:g}s (state {state}); retry the lookup"
                 )
             waited = True
             await self._changed(bundle, remaining)
@@ -266,7 +258,7 @@ class LookupService:
             ctx = dataclasses.replace(ctx, exclude=ctx.exclude | {self.me})
         sel = select_broker(bundle, self._brokers(), ctx, self.rng, filters=self.filters, diff=self.diff)
         if sel.broker is None:
-            raise LookupError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
+            raise RequestError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
         rec = make(
             State.ASSIGNING, dst=sel.broker, version=version, ts=int(self.clock() * 1000), writer=self.me
         )

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from trimtab.agent.adapters.base import AdapterError, BrokerAdapter
+from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.roles import (
     Acquire,
@@ -35,7 +35,7 @@ from trimtab.agent.roles import (
 from trimtab.channel.bundles import BundleRange, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import State, make
-from trimtab.channel.transport import TransportError
+from trimtab.errors import AdapterError, TransportError
 
 log = structlog.get_logger("trimtab.agent")
 

@@ -16,7 +16,7 @@ import msgspec
 import psutil
 import structlog
 
-from trimtab.agent.adapters.base import AdapterError, BrokerAdapter, BrokerSample
+from trimtab.agent.adapters.base import BrokerAdapter, BrokerSample
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.balance.load import (
     BrokerLoadData,
@@ -30,6 +30,7 @@ from trimtab.balance.load import (
 )
 from trimtab.channel.transport import Transport
 from trimtab.config.settings import Settings
+from trimtab.errors import AdapterError
 
 log = structlog.get_logger("trimtab.reporter")
 _enc = msgspec.json.Encoder()

@@ -18,6 +18,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from trimtab.errors import BundleError
+
 FULL_LOWER = 0x00000000
 FULL_UPPER = 0xFFFFFFFF
 
@@ -35,10 +37,6 @@ SPLIT_ALGORITHMS = (
     "specified_positions_divide",
     "flow_or_qps_equally_divide",
 )
-
-
-class BundleError(ValueError):
-    """A name, range or split request that does not make sense; the message says why."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -24,7 +24,8 @@ import structlog
 from trimtab.channel.records import Record, encode
 from trimtab.channel.snapshot import Snapshot, check_snapshot_topic, choose, read_snapshot_topic
 from trimtab.channel.table import SkipHook, TableView
-from trimtab.channel.transport import Follower, HistoryGap, Message, Transport, TransportError
+from trimtab.channel.transport import Follower, Message, Transport
+from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.channel")
 

@@ -26,7 +26,8 @@ import structlog
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from trimtab.channel.transport import HistoryGap, Message, TransportError
+from trimtab.channel.transport import Message
+from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.kafka")
 

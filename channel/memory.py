@@ -12,7 +12,8 @@ import threading
 import zlib
 from concurrent.futures import Future
 
-from trimtab.channel.transport import HistoryGap, Message, TransportError
+from trimtab.channel.transport import Message
+from trimtab.errors import HistoryGap, TransportError
 
 
 class MemoryLog:

@@ -26,6 +26,7 @@ import orjson
 
 from trimtab.channel import strictjson
 from trimtab.channel.table import TableView
+from trimtab.errors import BadExportLine, TrimtabError
 
 EXPORT_FORMAT: Final = "trimtab-channel-export"
 EXPORT_VERSION: Final = 1
@@ -148,7 +149,7 @@ def scan_members(line: bytes) -> list[tuple[bytes, int, int]] | None:
 
 
 # ---------------------------------------------------------------------------------------------- members
-class _Bad(Exception):
+class _Bad(TrimtabError):
     """A line that is not an export line; the message says why (internal: never escapes this module)."""
 
 
@@ -225,13 +226,13 @@ _MESSAGE_MEMBERS = frozenset({"key", "key_b64", "value", "value_b64", "partition
 
 
 def parse_message_line(line: bytes) -> RawMessage:
-    """One export line as ``(key, value, partition, offset)``; raises :class:`ValueError` (with the reason)
-    if it is not one. The value is the exact bytes the line carries: ``value``'s raw span, or
+    """One export line as ``(key, value, partition, offset)``; raises :class:`~trimtab.errors.BadExportLine`
+    (with the reason) if it is not one. The value is the exact bytes the line carries: ``value``'s raw span, or
     ``value_b64`` decoded; a JSON ``null`` in either is a tombstone."""
     try:
         return _parse_message(line)
     except _Bad as e:
-        raise ValueError(str(e)) from None
+        raise BadExportLine(str(e)) from None
 
 
 def _parse_message(line: bytes) -> RawMessage:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from trimtab.channel.bundles import BundleError, BundleRange, check_partition
+from trimtab.channel.bundles import BundleRange, check_partition
 from trimtab.channel.records import Record, State
+from trimtab.errors import BundleError
 
 
 class Verdict(StrEnum):

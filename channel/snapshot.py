@@ -39,8 +39,9 @@ import structlog
 from trimtab.channel.bundles import is_bundle_name
 from trimtab.channel.records import Record
 from trimtab.channel.table import TableView
-from trimtab.channel.transport import Message, Transport, TransportError
+from trimtab.channel.transport import Message, Transport
 from trimtab.channel.values import Refused, StrictDecoder
+from trimtab.errors import ConfigError, SnapshotTopicError, TransportError
 
 log = structlog.get_logger("trimtab.snapshot")
 
@@ -51,10 +52,6 @@ SNAPSHOT_PARTITION = 0
 #: A snapshot value longer than this is refused unread (100 000 bundles a chunk, the configurable maximum,
 #: is ~15 MB); the writer refuses to write a longer one.
 MAX_SNAPSHOT_VALUE_BYTES = 32 * 1024 * 1024
-
-
-class SnapshotTopicError(TransportError):
-    """The snapshot topic is not usable as configured (the message names it and says what to do)."""
 
 
 _Int64 = msgspec.Meta(ge=-(2**63), le=2**63 - 1)
@@ -356,7 +353,7 @@ class SnapshotWriter:
         chunk_msgs, (mkey, mvalue) = msgs[:-1], msgs[-1]
         for k, v in msgs:
             if len(v) > MAX_SNAPSHOT_VALUE_BYTES:
-                raise ValueError(
+                raise ConfigError(
                     f"snapshot message {k.decode()} is {len(v)} bytes, over {MAX_SNAPSHOT_VALUE_BYTES}: "
                     "lower channel.snapshot_chunk_bundles"
                 )
@@ -401,7 +398,7 @@ def read_all(
         pos = dict(start)
         while any(pos[p] < highs[p][1] for p in parts):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} did not reach its end within {timeout}s")
+                raise TransportError(f"reading {topic} did not reach its end within {timeout}s")
             for m in reader.poll(10_000, 0.1):
                 if m.partition in highs and m.offset < highs[m.partition][1]:
                     yield m

@@ -16,6 +16,8 @@ from typing import NamedTuple, Protocol
 
 import structlog
 
+from trimtab.errors import HistoryGap, TransportError
+
 log = structlog.get_logger("trimtab.channel")
 
 
@@ -24,26 +26,6 @@ class Message(NamedTuple):
     value: bytes | None
     partition: int
     offset: int
-
-
-class TransportError(RuntimeError):
-    """The backend refused or could not be reached; the message says which and what to check."""
-
-
-class HistoryGap(TransportError):
-    """Records a reader had not read yet are gone (retention deleted them): reading on would silently
-    skip history. Raised instead of jumping to the first retained offset."""
-
-    def __init__(self, topic: str, partition: int, position: int, low: int | None) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.position = position
-        self.low = low
-        first = "unknown" if low is None else str(low)
-        super().__init__(
-            f"{topic}[{partition}]: records from offset {position} were deleted before this node read them "
-            f"(first retained offset: {first}); raise the topic's retention or snapshot more often"
-        )
 
 
 class Reader(Protocol):

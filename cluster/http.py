@@ -1,5 +1,6 @@
 """HTTP plumbing shared by the daemons: embedding uvicorn in a process that owns its signals and event
-loop, and the read-only routes and probes both the agent and the controller serve."""
+loop, one error shape for every API, and the read-only routes and probes both the agent and the
+controller serve."""
 
 from __future__ import annotations
 
@@ -10,22 +11,106 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
+import structlog
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
+from trimtab.errors import NotLeader, RequestError
+
+log = structlog.get_logger("trimtab.http")
 
 
-class RequestError(Exception):
-    """An operation refused with an HTTP status and a message meant for the caller."""
+# ------------------------------------------------------------------ one error shape
+class ErrorBody(BaseModel):
+    """Every error any trimtab API answers: what went wrong, and whether the same request may succeed
+    later (a timeout, no leader yet) or never will (bad input)."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+    error: str
+    retryable: bool = False
+
+
+def error_response(status: int, message: str, *, retryable: bool = False) -> JSONResponse:
+    return JSONResponse(ErrorBody(error=message, retryable=retryable).model_dump(), status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    """One line per problem, ``where: what`` -- the shape of a config error, not FastAPI's 422 list."""
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        if e.get("type") == "json_invalid":
+            ctx = e.get("ctx") or {}
+            parts.append(f"the request body is not valid JSON ({ctx.get('error', e.get('msg', ''))})")
+        else:
+            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+    return "bad request: " + "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every failure of ``app`` answer ``{"error": ..., "retryable": ...}``: a
+    :class:`~trimtab.errors.RequestError` with its status; malformed JSON and failed validation with 400
+    (FastAPI would say 422 in another shape); unknown routes and methods with their 404/405; a follower
+    asked to act for the leader with a 307 to the leader (503 while there is none); anything unexpected
+    with 500, logged with its traceback."""
+
+    @app.exception_handler(NotLeader)
+    async def not_leader(request: Request, exc: NotLeader) -> Response:
+        if exc.leader_url is None:
+            return error_response(exc.status, str(exc), retryable=True)
+        # 307 keeps the method and the body: any controller address works for admin writes.
+        return RedirectResponse(exc.leader_url + request.url.path, status_code=307)
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError) -> Response:
+        return error_response(exc.status, str(exc), retryable=exc.retryable)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(400, _validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(exc.status_code, str(exc.detail), retryable=exc.status_code >= 500)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.error("http_handler_failed", path=request.url.path, error=repr(exc), exc_info=exc)
+        return error_response(
+            500, f"internal error ({type(exc).__name__}); see the node's log", retryable=True
+        )
+
+    def openapi() -> dict[str, Any]:
+        """The spec as the API really answers: 400 with ErrorBody where FastAPI would document 422."""
+        if app.openapi_schema is None:
+            spec = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas.pop("HTTPValidationError", None)
+            schemas.pop("ValidationError", None)
+            schemas["ErrorBody"] = ErrorBody.model_json_schema()
+            bad_request = {
+                "description": "Bad request: malformed JSON, a missing or invalid field",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+            }
+            for ops in spec.get("paths", {}).values():
+                for op in ops.values():
+                    responses = op.get("responses", {})
+                    if responses.pop("422", None) is not None:
+                        responses.setdefault("400", bad_request)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class _Server(uvicorn.Server):

@@ -21,8 +21,9 @@ from typing import Generic, TypeVar
 
 import structlog
 
-from trimtab.channel.transport import Follower, HistoryGap, Message, Transport
+from trimtab.channel.transport import Follower, Message, Transport
 from trimtab.channel.values import Refused, StrictDecoder
+from trimtab.errors import HistoryGap
 
 log = structlog.get_logger("trimtab.kv")
 

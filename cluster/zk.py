@@ -32,20 +32,13 @@ from kazoo.retry import KazooRetry
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
 from trimtab.channel.values import Refused, StrictDecoder
+from trimtab.errors import NamespaceUnreadable, ZkUnavailable
 
 log = structlog.get_logger("trimtab.zk")
 
 
 #: ZooKeeper's default jute.maxbuffer: no znode trimtab reads can be longer.
 ZNODE_MAX_BYTES = 1 << 20
-
-
-class NamespaceUnreadable(RuntimeError):
-    """A namespace's policy znode does not decode: its bundle layout is unknown (the message says why)."""
-
-
-class ZkUnavailable(RuntimeError):
-    pass
 
 
 class ZkPaths:

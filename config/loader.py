@@ -17,12 +17,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from trimtab.config.settings import Settings
+from trimtab.errors import ConfigError
 
 CONFIG_ENV = "TRIMTAB_CONFIG"
-
-
-class ConfigError(ValueError):
-    pass
 
 
 class _FileSource(PydanticBaseSettingsSource):

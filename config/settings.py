@@ -97,9 +97,12 @@ class KafkaSettings(Section):
 
 
 class AdapterSettings(Section):
-    kind: Literal["simulated", "webhook", "command"] = Field(
-        "simulated",
-        description="How the agent talks to its broker: built-in simulated broker, HTTP webhook, or command.",
+    kind: Literal["simulated", "webhook", "command"] | None = Field(
+        None,
+        description="How the agent talks to its broker: webhook (the HTTP contract in docs/broker-adapter.md) or "
+        "command. Required to run an agent: no default, so an agent deployed beside a real broker never "
+        "manages a fake one. simulated (a built-in synthetic broker) is for the local cluster, tests and "
+        "benchmarks.",
     )
     url: str | None = Field(None, description="Webhook base URL (kind=webhook), e.g. http://127.0.0.1:8081.")
     command: list[str] = Field(

@@ -10,21 +10,23 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi import FastAPI, Query
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from trimtab.channel.bundles import BundleError, parse_bundle
-from trimtab.cluster.http import add_probes, brokers_view, ownership_view
-from trimtab.controller.daemon import AdminError, NotLeader
+from trimtab.channel.bundles import parse_bundle
+from trimtab.cluster.http import (
+    ErrorBody,
+    add_probes,
+    brokers_view,
+    error_response,
+    install_error_handlers,
+    ownership_view,
+)
+from trimtab.errors import BundleError
 
 if TYPE_CHECKING:
     from trimtab.controller.daemon import Controller
-
-
-class ErrorBody(BaseModel):
-    error: str
-    leader: str | None = None
 
 
 class TransferRequest(BaseModel):
@@ -52,8 +54,8 @@ def create_app(ctl: Controller) -> FastAPI:
         title="trimtab controller", version="1", description="Leader-elected balancing and healing."
     )
 
-    def err(status: int, message: str) -> JSONResponse:
-        return JSONResponse(ErrorBody(error=message).model_dump(exclude_none=True), status_code=status)
+    install_error_handlers(app)
+    err = error_response
 
     def check_bundle(bundle: str) -> JSONResponse | None:
         try:
@@ -61,16 +63,6 @@ def create_app(ctl: Controller) -> FastAPI:
         except BundleError as e:
             return err(400, str(e))
         return None
-
-    @app.exception_handler(NotLeader)
-    async def not_leader(request: Request, exc: NotLeader) -> Response:
-        if exc.leader_url is None:
-            return JSONResponse({"error": "no leader elected right now; retry"}, status_code=503)
-        return RedirectResponse(exc.leader_url + request.url.path, status_code=307)
-
-    @app.exception_handler(AdminError)
-    async def admin_error(request: Request, exc: AdminError) -> Response:
-        return err(exc.status, str(exc))
 
     @app.get("/v1/leader", summary="Who leads, with which term")
     async def leader() -> Any:

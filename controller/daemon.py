@@ -42,7 +42,7 @@ from trimtab.channel.snapshot import SnapshotWriter, read_snapshot_topic
 from trimtab.channel.transport import Transport
 from trimtab.cluster.bridge import LoopBridge
 from trimtab.cluster.events import EventPublisher
-from trimtab.cluster.http import HttpServer, RequestError, bind
+from trimtab.cluster.http import HttpServer, bind
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.logs import bind as bind_log
@@ -54,6 +54,7 @@ from trimtab.controller.election import LeaderElection
 from trimtab.controller.healing import Healer
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.stores import ControllerSwitches, FailedBrokers, Reassignments, Switches
+from trimtab.errors import NotLeader, RequestError
 
 log = structlog.get_logger("trimtab.controller")
 
@@ -90,16 +91,6 @@ def shed_event(res: ShedResult) -> dict[str, Any]:
         ],
         "skipped": res.skipped_bundles[:20],
     }
-
-
-class NotLeader(Exception):
-    def __init__(self, leader_url: str | None) -> None:
-        super().__init__("this controller is not the leader")
-        self.leader_url = leader_url
-
-
-class AdminError(RequestError):
-    """An admin operation the leader refuses (unknown bundle, not owned, bad destination)."""
 
 
 class Controller:
@@ -612,14 +603,14 @@ class Controller:
         cur = self.channel.table.get(bundle)
         if cur is None or cur.state is not State.OWNED or cur.dst is None:
             state = cur.state.value if cur else "init"
-            raise AdminError(
+            raise RequestError(
                 409 if cur is not None else 404, f"{bundle} is not owned (state {state}); nothing to move"
             )
         if dst is not None:
             if dst == cur.dst:
-                raise AdminError(400, f"{bundle} is already owned by {dst}")
+                raise RequestError(400, f"{bundle} is already owned by {dst}")
             if dst not in self.registry.brokers:
-                raise AdminError(400, f"{dst} is not a live broker")
+                raise RequestError(400, f"{dst} is not a live broker")
         rec = make(
             State.RELEASING,
             src=cur.dst,

@@ -19,6 +19,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 
 from trimtab.channel.values import Refused, StrictDecoder
 from trimtab.cluster.zk import ZNODE_MAX_BYTES, ZkPaths
+from trimtab.errors import ZooKeeperError
 
 log = structlog.get_logger("trimtab.controller")
 
@@ -135,7 +136,7 @@ class Reassignments:
         results = tx.commit()
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
-            raise RuntimeError(f"could not persist the reassignment plan for {broker}: {errors[0]!r}")
+            raise ZooKeeperError(f"could not persist the reassignment plan for {broker}: {errors[0]!r}")
         log.info(
             "reassignment_planned", broker=broker, chunks=len(chunks), bundles=sum(len(c) for c in chunks)
         )

@@ -27,6 +27,7 @@ from trimtab.config.loader import load_settings
 from trimtab.devkit.kafka_mock import MockCluster
 from trimtab.devkit.procs import die_with_parent_hook
 from trimtab.devkit.zkserver import ZooKeeperServer, free_port
+from trimtab.errors import DevKitError
 
 # Timers for a cluster you watch converge in a minute instead of an hour (every one can be overridden).
 FAST_TIMERS: dict[str, Any] = {
@@ -44,7 +45,7 @@ FAST_TIMERS: dict[str, Any] = {
 }
 
 
-class ClusterError(RuntimeError):
+class ClusterError(DevKitError):
     pass
 
 
@@ -163,6 +164,9 @@ class LocalCluster:
                 "bootstrap_servers": self.kafka.bootstrap_servers,
                 "allow_multi_partition_snapshot_topic": True,
             },
+            # The local cluster's brokers are synthetic: the one place (with tests and benchmarks) that
+            # chooses the simulated adapter.
+            "broker": {"adapter": {"kind": "simulated"}},
             "logging": {"level": "info", "json_logs": True},
         }
         cfg = _merge(base, self.settings)

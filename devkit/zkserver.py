@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from trimtab.devkit.procs import die_with_parent_hook
+from trimtab.errors import DevKitError
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 CLASSPATH_ENV = "TRIMTAB_ZK_CLASSPATH"
@@ -82,7 +83,7 @@ CONFIG_NAME = "zoo.cfg"
 _LOOPBACK = "127.0.0.1"
 
 
-class ZooKeeperServerError(RuntimeError):
+class ZooKeeperServerError(DevKitError):
     """The server could not be found, started or stopped; the message says what to do."""
 
 

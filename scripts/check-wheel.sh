@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap 'rm -rf "$out" build' EXIT
 .venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$out/dist" . >"$out/build.log" 2>&1 || {
   cat "$out/build.log" >&2; echo "building the wheel failed" >&2; exit 1; }
 wheel=$(ls "$out"/dist/trimtab-*.whl)

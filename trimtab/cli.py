@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import click
 import orjson
 
-from trimtab.config.loader import ConfigError, load_settings, parse_assignments, set_path
+from trimtab.config.loader import load_settings, parse_assignments, set_path
 from trimtab.config.settings import Settings
+from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.text import Text

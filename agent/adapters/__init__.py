@@ -5,10 +5,17 @@ from __future__ import annotations
 from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.config.settings import Settings
+from trimtab.errors import ConfigError
 
 
 def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, SimulatedBroker | None]:
     a = settings.broker.adapter
+    if a.kind is None:
+        raise ConfigError(
+            "broker.adapter.kind is not set: an agent must be told how to reach its broker -- webhook (with "
+            "broker.adapter.url, see docs/broker-adapter.md) or command (with broker.adapter.command). "
+            '"simulated" runs a synthetic broker and is only for the local cluster, tests and benchmarks.'
+        )
     if a.kind == "webhook":
         from trimtab.agent.adapters.webhook import WebhookAdapter
 

@@ -26,14 +26,11 @@ import msgspec
 import structlog
 
 from trimtab.balance.load import BundleStats, Usage
+from trimtab.errors import AdapterError
 
 log = structlog.get_logger("trimtab.adapter")
 
 T = TypeVar("T")
-
-
-class AdapterError(RuntimeError):
-    pass
 
 
 class BrokerSample(msgspec.Struct, kw_only=True):

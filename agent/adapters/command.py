@@ -13,7 +13,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from trimtab.agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
+from trimtab.agent.adapters.base import BrokerSample, OperationAdapter
+from trimtab.errors import AdapterError, ConfigError
 
 _sample_dec = msgspec.json.Decoder(BrokerSample)
 
@@ -23,7 +24,7 @@ class CommandAdapter(OperationAdapter):
 
     def __init__(self, command: list[str]) -> None:
         if not command:
-            raise ValueError("the command adapter needs a command")
+            raise ConfigError("the command adapter needs a command (broker.adapter.command)")
         self.command = list(command)
 
     async def _op(self, op: str, body: dict[str, Any]) -> None:

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from trimtab.agent.adapters.base import AdapterError, BrokerSample
+from trimtab.agent.adapters.base import BrokerSample
 from trimtab.balance.load import BundleStats, Usage
 from trimtab.channel.bundles import FULL_UPPER, BundleRange, parse_bundle, split_range, topic_hash
 from trimtab.config.settings import SimulationSettings
+from trimtab.errors import AdapterError
 
 DOMAIN = "persistent"
 

@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import msgspec
 
-from trimtab.agent.adapters.base import AdapterError, BrokerSample, OperationAdapter
+from trimtab.agent.adapters.base import BrokerSample, OperationAdapter
+from trimtab.errors import AdapterError
 
 PREFIX = "/trimtab/v1"
 _sample_dec = msgspec.json.Decoder(BrokerSample)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from trimtab.agent.adapters.base import AdapterError
 from trimtab.agent.adapters.simulated import SimulatedBroker
-from trimtab.channel.bundles import BundleError, parse_bundle
+from trimtab.channel.bundles import parse_bundle
+from trimtab.cluster.http import install_error_handlers
+from trimtab.errors import AdapterError, BundleError, RequestError
 
 
 class BundleRequest(BaseModel):
@@ -64,7 +65,7 @@ def _check(bundle: str) -> None:
     try:
         parse_bundle(bundle)
     except BundleError as e:
-        raise HTTPException(400, str(e)) from e
+        raise RequestError(400, str(e)) from e
 
 
 def create_app(broker: SimulatedBroker) -> FastAPI:
@@ -74,12 +75,13 @@ def create_app(broker: SimulatedBroker) -> FastAPI:
         description="What a broker implements so a trimtab agent can manage it. Every operation is idempotent; "
         "any 2xx is success, anything else is retried by the agent with backoff.",
     )
+    install_error_handlers(app)
 
     async def guarded(op: Any) -> dict[str, bool]:
         try:
             await op
         except AdapterError as e:
-            raise HTTPException(503, str(e)) from e
+            raise RequestError(503, str(e), retryable=True) from e
         return {"ok": True}
 
     @app.get(
@@ -93,7 +95,7 @@ def create_app(broker: SimulatedBroker) -> FastAPI:
         try:
             return msgspec.to_builtins(await broker.sample())
         except AdapterError as e:
-            raise HTTPException(503, str(e)) from e
+            raise RequestError(503, str(e), retryable=True) from e
 
     @app.post("/trimtab/v1/bundles/acquire", summary="Start serving a bundle")
     async def acquire(req: BundleRequest) -> dict[str, bool]:
@@ -123,7 +125,7 @@ def create_app(broker: SimulatedBroker) -> FastAPI:
         try:
             return await guarded(broker.split(req.bundle, req.children))
         except BundleError as e:
-            raise HTTPException(400, str(e)) from e
+            raise RequestError(400, str(e)) from e
 
     @app.get("/trimtab/v1/sim/state", summary="(simulator only) serving set, calls and timeline")
     async def state() -> dict[str, object]:

@@ -41,7 +41,8 @@ def _run(name: str, fn: Callable[[], dict[str, Any]], output: str | None) -> Non
 
 
 def _settings(sets: tuple[str, ...]) -> dict[str, Any]:
-    from trimtab.config.loader import ConfigError, parse_assignments
+    from trimtab.config.loader import parse_assignments
+    from trimtab.errors import ConfigError
 
     try:
         return parse_assignments(list(sets))

@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from trimtab.errors import DevKitError
+
 Progress = Callable[[str], None]
 
 
-class BenchError(RuntimeError):
+class BenchError(DevKitError):
     """A correctness check failed: the bench prints no figures and exits non-zero."""
 
 

@@ -14,11 +14,12 @@ import pytest
 
 from tests.support.procs import Procs
 from tests.support.waiting import wait_for
-from trimtab.agent.adapters.base import AdapterError, BrokerSample, RetryingAdapter
+from trimtab.agent.adapters.base import BrokerSample, RetryingAdapter
 from trimtab.agent.adapters.command import CommandAdapter
 from trimtab.agent.adapters.webhook import WebhookAdapter
 from trimtab.devkit.localcluster import LocalCluster
 from trimtab.devkit.zkserver import free_port
+from trimtab.errors import AdapterError
 
 pytestmark = pytest.mark.integration
 

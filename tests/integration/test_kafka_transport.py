@@ -19,14 +19,14 @@ from trimtab.channel.records import Record, State, encode, make
 from trimtab.channel.replayfile import table_report
 from trimtab.channel.snapshot import (
     SNAPSHOT_PARTITION,
-    SnapshotTopicError,
     SnapshotWriter,
     choose,
     read_snapshot_topic,
     snapshot_messages,
 )
 from trimtab.channel.table import partition_for, replay
-from trimtab.channel.transport import Follower, Message, TransportError
+from trimtab.channel.transport import Follower, Message
+from trimtab.errors import SnapshotTopicError, TransportError
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,9 @@ from kazoo.client import KazooClient
 
 from tests.support.waiting import wait_for
 from trimtab.balance.assign import BrokerInfo
-from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, NamespaceUnreadable, ZkPaths, ZkSession
+from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
 from trimtab.controller.stores import FailedBroker, FailedBrokers, Reassignments, Switches
+from trimtab.errors import NamespaceUnreadable
 
 pytestmark = pytest.mark.integration
 

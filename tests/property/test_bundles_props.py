@@ -13,7 +13,6 @@ from strategies import EDGE_HASHES, bundle_ranges, hashes, namespaces, topic_nam
 from trimtab.channel.bundles import (
     FULL_UPPER,
     SPLIT_ALGORITHMS,
-    BundleError,
     BundleLayout,
     BundleRange,
     TopicName,
@@ -28,6 +27,7 @@ from trimtab.channel.bundles import (
     topic_count_equally_divide,
     topic_hash,
 )
+from trimtab.errors import BundleError
 
 
 def holds(lower: int, upper: int, h: int) -> bool:

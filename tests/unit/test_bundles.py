@@ -11,7 +11,6 @@ from trimtab.channel.bundles import (
     FULL_RANGE,
     FULL_UPPER,
     SPLIT_ALGORITHMS,
-    BundleError,
     BundleLayout,
     BundleRange,
     TopicName,
@@ -29,6 +28,7 @@ from trimtab.channel.bundles import (
     topic_hash,
     validate_namespace,
 )
+from trimtab.errors import BundleError
 
 # ----------------------------------------------------------------------------------- CRC32 forging
 

@@ -14,8 +14,9 @@ from trimtab.channel.bundles import BundleLayout
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.memory import MemoryLog, MemoryTransport
 from trimtab.channel.records import Record, State, encode, make
-from trimtab.channel.snapshot import SnapshotTopicError, SnapshotWriter
+from trimtab.channel.snapshot import SnapshotWriter
 from trimtab.channel.table import replay
+from trimtab.errors import SnapshotTopicError
 
 CHANNEL, SNAPSHOTS = "chan", "snap"
 BUNDLES = BundleLayout.default("t/ns", 8).bundles

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from trimtab.config.loader import ConfigError, load_settings, parse_assignments, set_path
+from trimtab.config.loader import load_settings, parse_assignments, set_path
 from trimtab.config.settings import Settings
+from trimtab.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -244,3 +245,18 @@ def test_set_path() -> None:
     set_path(tree, "a.b.c", 3)
     set_path(tree, "d", 4)
     assert tree == {"a": {"x": 1, "b": {"c": 3}}, "d": 4}
+
+
+def test_an_agent_needs_an_explicit_adapter_kind() -> None:
+    """No default adapter: an agent beside a real broker must never silently manage a simulated one."""
+    from trimtab.agent.adapters import build_adapter
+    from trimtab.errors import ConfigError
+
+    s = Settings()
+    assert s.broker.adapter.kind is None
+    with pytest.raises(ConfigError, match=r"broker\.adapter\.kind is not set"):
+        build_adapter(s, "b1:1")
+    sim, handle = build_adapter(
+        Settings.model_validate({"broker": {"adapter": {"kind": "simulated"}}}), "b1:1"
+    )
+    assert handle is sim

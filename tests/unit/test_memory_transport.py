@@ -14,7 +14,8 @@ import pytest
 from trimtab.channel.memory import MemoryLog, MemoryTransport
 from trimtab.channel.records import State, make
 from trimtab.channel.snapshot import SnapshotWriter, choose, read_all
-from trimtab.channel.transport import Follower, HistoryGap, Message, TransportError
+from trimtab.channel.transport import Follower, Message
+from trimtab.errors import HistoryGap, TransportError
 
 DEADLINE = 10.0  # generous: only reached when something is broken
 

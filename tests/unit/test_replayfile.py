@@ -35,6 +35,7 @@ from trimtab.channel.replayfile import (
     value_end,
 )
 from trimtab.channel.table import TableView, partition_for
+from trimtab.errors import BadExportLine
 
 K1 = "t/ns/0x00000000_0x80000000"
 K2 = "t/ns/0x80000000_0xffffffff"
@@ -397,7 +398,7 @@ def test_bad_lines(bad: str) -> None:
     assert table_report(view) == {"table": {}, "stats": stats(0, {}, {BAD_LINE: 1})}
     assert len(seen) == 1 and seen[0][0] == 1 and seen[0][1]
     if bad.isascii():
-        with pytest.raises(ValueError):
+        with pytest.raises(BadExportLine):
             parse_message_line(bad.encode())
 
 

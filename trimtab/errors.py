@@ -1,0 +1,120 @@
+"""Every error trimtab raises on purpose, under one root.
+
+``except TrimtabError`` catches what trimtab means to raise and nothing it does not (a bug still
+surfaces as itself). Errors that reach an HTTP client are :class:`RequestError`\\ s: they carry the status
+and whether retrying can help, and every API turns them -- and malformed JSON, failed validation, unknown
+routes and unexpected failures -- into the same body, ``{"error": "...", "retryable": ...}``
+(``trimtab.cluster.http.install_error_handlers``).
+
+The tree::
+
+    TrimtabError
+    ├── ConfigError                 settings that do not validate (the message names the setting)
+    ├── StartupError                a daemon could not start (the message says what it waited for)
+    ├── BundleError                 a bundle name, range or split that does not make sense
+    ├── BadExportLine               a line of a channel export that is not one (``channel replay``)
+    ├── TransportError              Kafka refused or could not be reached
+    │   ├── HistoryGap              records were deleted before this node read them
+    │   └── SnapshotTopicError      the snapshot topic is unusable as configured
+    ├── ZooKeeperError
+    │   ├── ZkUnavailable           no ZooKeeper session
+    │   └── NamespaceUnreadable     a namespace's policy znode does not decode
+    ├── AdapterError                the broker adapter failed (the broker, not trimtab)
+    ├── RequestError                refused with an HTTP status (retryable or not)
+    │   ├── NotLeader               sent to a follower: redirect to the leader (or 503 without one)
+    │   └── LookupTimeout           an in-flight bundle did not settle in time (503, retryable)
+    └── DevKitError                 the local cluster, the ZooKeeper launcher, a benchmark
+"""
+
+from __future__ import annotations
+
+
+class TrimtabError(Exception):
+    """The root of every error trimtab raises on purpose."""
+
+
+class ConfigError(TrimtabError):
+    """Settings that do not validate; the message names the setting and what is wrong."""
+
+
+class StartupError(TrimtabError):
+    """A daemon could not start; the message says what it waited for and why it gave up."""
+
+
+class BadExportLine(TrimtabError):
+    """A line of a channel export that is not an export line; the message says why."""
+
+
+class BundleError(TrimtabError):
+    """A name, range or split request that does not make sense; the message says why."""
+
+
+class TransportError(TrimtabError):
+    """The backend refused or could not be reached; the message says which and what to check."""
+
+
+class HistoryGap(TransportError):
+    """Records a reader had not read yet are gone (retention deleted them): reading on would silently
+    skip history. Raised instead of jumping to the first retained offset."""
+
+    def __init__(self, topic: str, partition: int, position: int, low: int | None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.position = position
+        self.low = low
+        first = "unknown" if low is None else str(low)
+        super().__init__(
+            f"{topic}[{partition}]: records from offset {position} were deleted before this node read them "
+            f"(first retained offset: {first}); raise the topic's retention or snapshot more often"
+        )
+
+
+class SnapshotTopicError(TransportError):
+    """The snapshot topic is not usable as configured (the message names it and says what to do)."""
+
+
+class ZooKeeperError(TrimtabError):
+    """ZooKeeper could not be used (no session, or data that does not decode)."""
+
+
+class ZkUnavailable(ZooKeeperError):
+    """No ZooKeeper session (within the connect timeout)."""
+
+
+class NamespaceUnreadable(ZooKeeperError):
+    """A namespace's policy znode does not decode: its bundle layout is unknown (the message says why)."""
+
+
+class AdapterError(TrimtabError):
+    """A broker adapter call failed: the broker refused, timed out or could not be reached."""
+
+
+class RequestError(TrimtabError):
+    """An operation refused with an HTTP status, a message meant for the caller, and whether retrying (the
+    same request, later) can succeed."""
+
+    def __init__(self, status: int, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class NotLeader(RequestError):
+    """A leader-only request reached a follower: redirect to ``leader_url``, or 503 while there is none."""
+
+    def __init__(self, leader_url: str | None) -> None:
+        super().__init__(
+            503, "this controller is not the leader; no leader is elected right now", retryable=True
+        )
+        self.leader_url = leader_url
+
+
+class LookupTimeout(RequestError):
+    """A bundle in flight did not settle within the lookup timeout: retry."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message, retryable=True)
+
+
+class DevKitError(TrimtabError):
+    """The development kit failed: the local cluster, the ZooKeeper launcher, a benchmark's own checks."""
