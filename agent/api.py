@@ -1,17 +1,30 @@
-"""The agent's HTTP API (FastAPI): lookups, ownership and admin split, health, metrics, and the simulated
-broker's controls. Typed request/response models give the OpenAPI spec at ``/openapi.json``; bad input
-gets a 4xx with a message, a lookup that cannot settle gets a retryable 503.
+"""The agent's HTTP API (FastAPI): lookups, ownership and admin split, health, metrics -- and, only on an
+agent that runs the simulated broker, that broker's controls (``/v1/sim/*``). Typed request/response
+models give the OpenAPI spec at ``/openapi.json``; bad input gets a 4xx with a message, a lookup that
+cannot settle gets a retryable 503.
+
+:func:`create_app` takes the collaborators it serves (:class:`AgentApi`); the daemon's lifecycle is seen
+through the small :class:`Lifecycle` protocol. Routes are grouped in routers per area.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from fastapi import FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 
+from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.agent.lookup import LookupService
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.splits import SplitRefused, SplitScheduler
+from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.bundles import parse_bundle
+from trimtab.channel.client import ChannelClient
 from trimtab.cluster.http import (
     ErrorBody,
     add_probes,
@@ -20,10 +33,50 @@ from trimtab.cluster.http import (
     install_error_handlers,
     ownership_view,
 )
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.zk import BrokerRegistry
 from trimtab.errors import BundleError, LookupTimeout, RequestError
 
-if TYPE_CHECKING:
-    from trimtab.agent.daemon import Agent
+
+class Lifecycle(Protocol):
+    """The daemon's state as the API reads it (:class:`agent.daemon.Agent`)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def last_tick(self) -> float: ...
+
+    def status(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class AgentApi:
+    """What the routes serve."""
+
+    node: Lifecycle
+    channel: ChannelClient
+    lookups: LookupService
+    splits: SplitScheduler
+    registry: BrokerRegistry
+    loads: KeyValueView[BrokerLoadData]
+    metrics: AgentMetrics
+    prom: CollectorRegistry
+
+    def url_of(self, broker: str) -> str | None:
+        info = self.registry.brokers.get(broker)
+        return info.service_url if info is not None else None
+
+
+@dataclass(frozen=True)
+class SimControls:
+    """The simulated broker this agent runs, and how to make the load reporter notice a change now."""
+
+    broker: SimulatedBroker
+    poke: Callable[[], None]
 
 
 class LookupResponse(BaseModel):
@@ -95,17 +148,39 @@ def _record(rec: Any) -> RecordModel | None:
     return None if rec is None else RecordModel(**{k: v for k, v in rec.to_json().items() if k != "schema"})
 
 
-def create_app(agent: Agent) -> FastAPI:
+def create_app(api: AgentApi, sim: SimControls | None = None) -> FastAPI:
+    """The agent's app; ``sim`` (the simulated broker, when the agent runs one) adds ``/v1/sim/*``.
+
+    Routes touch ``api`` only inside request handlers, so ``create_app(None)`` gives the OpenAPI spec."""
     app = FastAPI(
         title="trimtab agent",
         version="1",
         description="Lookups and ownership for one broker's sidecar agent.",
     )
-
     install_error_handlers(app)
-    err = error_response
+    app.include_router(_lookup_routes(api))
+    app.include_router(_admin_routes(api))
+    add_probes(
+        app,
+        tick_age=lambda: time.monotonic() - api.node.last_tick,
+        started=lambda: api.node.ready,
+        ready=lambda: (
+            api.node.ready and not api.node.draining and api.channel.health()[0],
+            {"draining": api.node.draining, "channel": api.channel.health()[1]},
+        ),
+        registry=lambda: api.prom,
+        ready_summary="Readiness: registered, channel caught up, not draining",
+    )
+    if sim is not None:
+        app.include_router(_sim_routes(sim))
+    return app
 
-    @app.get(
+
+def _lookup_routes(api: AgentApi) -> APIRouter:
+    """Lookups and read-only views of the channel and the brokers."""
+    router = APIRouter()
+
+    @router.get(
         "/v1/lookup",
         response_model=LookupResponse,
         responses={400: {"model": ErrorBody}, 503: {"model": ErrorBody}},
@@ -117,21 +192,22 @@ def create_app(agent: Agent) -> FastAPI:
         ),
     ) -> Any:
         t0 = time.perf_counter()
+        metrics = api.metrics
         if not topic:
-            agent.metrics.lookups.labels("bad_request").inc()
-            return err(
+            metrics.lookups.labels("bad_request").inc()
+            return error_response(
                 400, "missing query parameter 'topic' (a full topic name, e.g. persistent://tenant/ns/topic)"
             )
-        if not agent.ready:
-            agent.metrics.lookups.labels("unavailable").inc()
-            return err(503, "agent is not ready (starting or draining)", retryable=True)
-        channel_ok, channel_why = agent.channel_health()
+        if not api.node.ready:
+            metrics.lookups.labels("unavailable").inc()
+            return error_response(503, "agent is not ready (starting or draining)", retryable=True)
+        channel_ok, channel_why = api.channel.health()
         if not channel_ok:
             # Never answer from a table that is being rebuilt (history gap, follower restart).
-            agent.metrics.lookups.labels("unavailable").inc()
-            return err(503, f"agent's channel view is not ready: {channel_why}", retryable=True)
+            metrics.lookups.labels("unavailable").inc()
+            return error_response(503, f"agent's channel view is not ready: {channel_why}", retryable=True)
         try:
-            res = await agent.lookups.lookup(topic)
+            res = await api.lookups.lookup(topic)
         except RequestError as e:
             result = (
                 "timeout"
@@ -140,11 +216,11 @@ def create_app(agent: Agent) -> FastAPI:
                 if e.status == 400
                 else "unavailable"
             )
-            agent.metrics.lookups.labels(result).inc()
-            agent.metrics.lookup_seconds.labels(result).observe(time.perf_counter() - t0)
-            return err(e.status, str(e), retryable=e.retryable)
-        agent.metrics.lookups.labels(res.how).inc()
-        agent.metrics.lookup_seconds.labels(res.how).observe(time.perf_counter() - t0)
+            metrics.lookups.labels(result).inc()
+            metrics.lookup_seconds.labels(result).observe(time.perf_counter() - t0)
+            return error_response(e.status, str(e), retryable=e.retryable)
+        metrics.lookups.labels(res.how).inc()
+        metrics.lookup_seconds.labels(res.how).observe(time.perf_counter() - t0)
         return LookupResponse(
             topic=res.topic,
             bundle=res.bundle,
@@ -155,7 +231,7 @@ def create_app(agent: Agent) -> FastAPI:
             how=res.how,
         )
 
-    @app.get(
+    @router.get(
         "/v1/bundles",
         response_model=BundleResponse,
         responses={400: {"model": ErrorBody}},
@@ -165,24 +241,29 @@ def create_app(agent: Agent) -> FastAPI:
         try:
             parse_bundle(bundle)
         except BundleError as e:
-            return err(400, str(e))
-        assert agent.channel is not None
-        rec = agent.channel.table.get(bundle)
+            return error_response(400, str(e))
+        rec = api.channel.table.get(bundle)
         owner = rec.owner() if rec else None
         return BundleResponse(
-            bundle=bundle, record=_record(rec), owner=owner, owner_url=agent.url_of(owner) if owner else None
+            bundle=bundle, record=_record(rec), owner=owner, owner_url=api.url_of(owner) if owner else None
         )
 
-    @app.get("/v1/ownership", summary="Bundle -> record for every bundle (optionally of one broker)")
+    @router.get("/v1/ownership", summary="Bundle -> record for every bundle (optionally of one broker)")
     async def ownership(broker: str | None = None, namespace: str | None = None) -> dict[str, Any]:
-        assert agent.channel is not None
-        return ownership_view(agent.channel.table.items(), broker, namespace)
+        return ownership_view(api.channel.table.items(), broker, namespace)
 
-    @app.get("/v1/brokers", summary="Live brokers with their latest load report")
+    @router.get("/v1/brokers", summary="Live brokers with their latest load report")
     async def brokers() -> dict[str, Any]:
-        return brokers_view(agent.registry.brokers, agent.loads.snapshot())
+        return brokers_view(api.registry.brokers, api.loads.snapshot())
 
-    @app.post(
+    return router
+
+
+def _admin_routes(api: AgentApi) -> APIRouter:
+    """The admin split and the agent's status."""
+    router = APIRouter()
+
+    @router.post(
         "/v1/admin/split",
         response_model=SplitResponse,
         status_code=202,
@@ -195,61 +276,50 @@ def create_app(agent: Agent) -> FastAPI:
         summary="Split a bundle this broker owns",
     )
     async def split(req: SplitRequest) -> Any:
-        from trimtab.agent.daemon import SplitRefused
-
         try:
             positions = [int(b, 16) for b in req.boundaries]
         except ValueError:
-            return err(400, f"boundaries must be hex numbers like 0x40000000, got {req.boundaries}")
+            return error_response(
+                400, f"boundaries must be hex numbers like 0x40000000, got {req.boundaries}"
+            )
         try:
-            d = await agent.admin_split(req.bundle, req.algorithm, positions)
+            d = await api.splits.admin_split(req.bundle, req.algorithm, positions)
         except SplitRefused as e:
-            return err(e.status, str(e), retryable=e.status == 503)
+            return error_response(e.status, str(e), retryable=e.status == 503)
         ns = req.bundle.rsplit("/", 1)[0]
         return SplitResponse(
             bundle=req.bundle, children=[f"{ns}/{c.name}" for c in d.children], reason=d.reason
         )
 
-    @app.get("/v1/status", summary="Agent status")
+    @router.get("/v1/status", summary="Agent status")
     async def status() -> Any:
-        return agent.status()
+        return api.node.status()
 
-    add_probes(
-        app,
-        tick_age=lambda: time.monotonic() - agent.last_tick,
-        started=lambda: agent.ready,
-        ready=lambda: (
-            agent.ready and not agent.draining and agent.channel_health()[0],
-            {"draining": agent.draining, "channel": agent.channel_health()[1]},
-        ),
-        registry=lambda: agent.prom,
-        ready_summary="Readiness: registered, channel caught up, not draining",
-    )
+    return router
 
-    # ------------------------------------------------------------------ simulated broker controls
-    @app.get("/v1/sim/state", summary="(simulated broker) serving set, calls and acquire/release timeline")
+
+def _sim_routes(sim: SimControls) -> APIRouter:
+    """The simulated broker's controls (only on an agent that runs it)."""
+    router = APIRouter()
+    broker = sim.broker
+
+    @router.get("/v1/sim/state", summary="(simulated broker) serving set, calls and acquire/release timeline")
     async def sim_state() -> Any:
-        if agent.sim is None:
-            return err(404, "this agent does not run the simulated broker")
-        return agent.sim.snapshot()
+        return broker.snapshot()
 
-    @app.post("/v1/sim/load", summary="(simulated broker) change the synthetic load")
+    @router.post("/v1/sim/load", summary="(simulated broker) change the synthetic load")
     async def sim_load(req: SimLoadRequest) -> Any:
-        if agent.sim is None:
-            return err(404, "this agent does not run the simulated broker")
         if req.scale is not None:
-            agent.sim.model.scale = req.scale
-        agent.sim.model.namespace_scale.update(req.namespace_scale)
-        agent.reporter.poke()
-        return {"scale": agent.sim.model.scale, "namespace_scale": agent.sim.model.namespace_scale}
+            broker.model.scale = req.scale
+        broker.model.namespace_scale.update(req.namespace_scale)
+        sim.poke()
+        return {"scale": broker.model.scale, "namespace_scale": broker.model.namespace_scale}
 
-    @app.post("/v1/sim/faults", summary="(simulated broker) inject adapter failures or latency")
+    @router.post("/v1/sim/faults", summary="(simulated broker) inject adapter failures or latency")
     async def sim_faults(req: SimFaultRequest) -> Any:
-        if agent.sim is None:
-            return err(404, "this agent does not run the simulated broker")
-        agent.sim.fail_next(req.op, req.times)
+        broker.fail_next(req.op, req.times)
         if req.latency_s is not None:
-            agent.sim.extra_latency_s = req.latency_s
+            broker.extra_latency_s = req.latency_s
         return {"ok": True}
 
-    return app
+    return router

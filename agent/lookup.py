@@ -1,4 +1,4 @@
-"""Topic lookups (DESIGN.md section 3.5): "who owns topic T", answered by any agent.
+"""Topic lookups (docs/design.md section 3.5): "who owns topic T", answered by any agent.
 
 * Owned (or splitting) by a live broker -> that broker, at once.
 * In flight -> wait (bounded by ``channel.in_flight_timeout_s``) for the outcome.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import dataclasses
+import functools
 import random
 import threading
 import time
@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 import structlog
 
+from trimtab.agent.metrics import AgentMetrics
 from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, select_broker
-from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
+from trimtab.cluster.events import EventPublisher
 from trimtab.errors import BundleError, LookupTimeout, RequestError, TrimtabError
 
 log = structlog.get_logger("trimtab.lookup")
@@ -56,10 +57,18 @@ class LayoutCache:
     for ZooKeeper -- at most ``wait_s``, then the lookup fails as retryable (or uses the cache).
     """
 
-    def __init__(self, ensure: Callable[[str], BundleLayout], ttl_s: float, wait_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        ensure: Callable[[str], BundleLayout],
+        ttl_s: float,
+        wait_s: float = 5.0,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ensure = ensure
         self.ttl_s = ttl_s
         self.wait_s = wait_s
+        self._monotonic = monotonic
         self._cache: dict[str, tuple[BundleLayout, float]] = {}
         self._inflight: dict[str, asyncio.Task[BundleLayout]] = {}
         # invalidate() runs on the channel follower's thread: it marks a namespace's layout as outdated
@@ -82,7 +91,7 @@ class LayoutCache:
                 if not t.cancelled() and t.exception() is None:
                     with self._lock:
                         if self._generation.get(namespace, 0) == started:
-                            self._cache[namespace] = (t.result(), time.monotonic())
+                            self._cache[namespace] = (t.result(), self._monotonic())
                             self._invalid.discard(namespace)
 
             task.add_done_callback(done)
@@ -96,6 +105,15 @@ class LayoutCache:
             self._generation[namespace] = self._generation.get(namespace, 0) + 1
             self._invalid.add(namespace)
             self._inflight.pop(namespace, None)  # a read in progress may predate the split
+
+    def on_channel_change(self, bundle: str, old: Record | None, new: Record | None) -> None:
+        """A channel listener, on the follower thread: when a split parent turns Deleted (or its Deleted
+        entry is tombstoned), cached layouts of its namespace are stale from here on -- its owner updated
+        ZooKeeper before publishing Deleted, and no lookup can see the record before this runs."""
+        if (new is not None and new.state is State.DELETED) or (
+            new is None and old is not None and old.state is State.DELETED
+        ):
+            self.invalidate(bundle.rsplit("/", 1)[0])
 
     def holds(self, bundle: str) -> bool:
         """Whether the current (not outdated) cached layout has ``bundle`` as one of its bundles."""
@@ -113,7 +131,7 @@ class LayoutCache:
     async def get(self, namespace: str, *, force: bool = False) -> BundleLayout:
         hit = self._cache.get(namespace)
         if hit is not None and not force and namespace not in self._invalid:
-            if time.monotonic() - hit[1] >= self.ttl_s:
+            if self._monotonic() - hit[1] >= self.ttl_s:
                 self._refresh(namespace)  # answer from the cache now, refresh behind it
             return hit[0]
         task = self._refresh(namespace)
@@ -130,6 +148,8 @@ class LayoutCache:
 
 
 class LookupService:
+    """Answers lookups from the replicated table; assigns unowned bundles through the filter chain."""
+
     def __init__(
         self,
         me: str,
@@ -138,31 +158,37 @@ class LookupService:
         *,
         brokers: Callable[[], Mapping[str, BrokerInfo]],
         brokers_trusted: Callable[[], bool],
-        loads: Callable[[], Mapping[str, BrokerLoadData]],
         filters: Sequence[BrokerFilter],
         timeout_s: float,
-        assign_ctx: Callable[[], AssignContext],
+        assign_context: Callable[[frozenset[str]], AssignContext],
         diff: float,
-        rng: random.Random | None = None,
+        rng: random.Random,
+        events: EventPublisher,
+        metrics: AgentMetrics,
+        draining: Callable[[], bool],
         clock: Callable[[], float] = time.time,
-        on_assign: Callable[[str, str, int], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``brokers_trusted``: whether ``brokers`` is current (ZooKeeper connected and the registry
+        synced); while it is not, an owner missing from it is not taken for dead. ``draining``: while true,
+        this broker never assigns a bundle to itself."""
         self.me = me
         self.channel = channel
         self.layouts = layouts
         self._brokers = brokers
         self._brokers_trusted = brokers_trusted
-        self._loads = loads
         self.filters = filters
         self.timeout_s = timeout_s
-        self._assign_ctx = assign_ctx
+        self._assign_context = assign_context
         self.diff = diff
-        self.rng = rng or random.Random()
+        self.rng = rng
+        self.events = events
+        self.metrics = metrics
+        self._draining = draining
         self.clock = clock
-        self._on_assign = on_assign
+        self._monotonic = monotonic
         self._tasks: dict[str, asyncio.Task[LookupResult]] = {}
         self._events: dict[str, asyncio.Event] = {}
-        self.exclude_self = False
 
     # ------------------------------------------------------------------ events (loop thread)
     def on_change(self, bundle: str) -> None:
@@ -171,10 +197,15 @@ class LookupService:
             ev.set()
 
     def wake_all(self) -> None:
-        """Broker membership changed: waiters on a dead owner re-check."""
+        """Broker membership changed (or the table was rebuilt): every waiter re-checks."""
         events, self._events = self._events, {}
         for ev in events.values():
             ev.set()
+
+    def waiting(self) -> frozenset[str]:
+        """Bundles whose resolution is waiting for the channel to change them (in flight, or owned by a
+        broker that is gone)."""
+        return frozenset(self._events)
 
     async def _changed(self, bundle: str, timeout: float) -> None:
         ev = self._events.get(bundle)
@@ -189,7 +220,7 @@ class LookupService:
             t = TopicName.parse(topic)
         except BundleError as e:
             raise RequestError(400, str(e), retryable=False) from None
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self._monotonic() + self.timeout_s
         force = False
         while True:
             try:
@@ -203,15 +234,19 @@ class LookupService:
             if task is None:
                 task = asyncio.create_task(self._resolve(bundle, deadline))
                 self._tasks[bundle] = task
-                task.add_done_callback(lambda _t, b=bundle: self._tasks.pop(b, None))
+                task.add_done_callback(functools.partial(self._resolved, bundle))
             try:
                 res = await asyncio.shield(task)
             except _Moved:
-                if time.monotonic() >= deadline:
+                if self._monotonic() >= deadline:
                     raise RequestError(503, f"{bundle} was split; retry the lookup", retryable=True) from None
                 force = True
                 continue
             return LookupResult(topic, res.bundle, res.owner, res.url, res.state, res.version, res.how)
+
+    def _resolved(self, bundle: str, task: asyncio.Task[LookupResult]) -> None:
+        if self._tasks.get(bundle) is task:
+            del self._tasks[bundle]
 
     def _url(self, broker: str) -> str | None:
         info = self._brokers().get(broker)
@@ -243,7 +278,7 @@ class LookupService:
                     published_for = version
             elif cur.state is State.DELETED:
                 raise _Moved(bundle)
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._monotonic()
             if remaining <= 0:
                 state = cur.state.value if cur is not None else "init"
                 raise LookupTimeout(
@@ -253,9 +288,7 @@ class LookupService:
             await self._changed(bundle, remaining)
 
     def _assign(self, bundle: str, version: int) -> None:
-        ctx = self._assign_ctx()
-        if self.exclude_self:
-            ctx = dataclasses.replace(ctx, exclude=ctx.exclude | {self.me})
+        ctx = self._assign_context(frozenset({self.me}) if self._draining() else frozenset())
         sel = select_broker(bundle, self._brokers(), ctx, self.rng, filters=self.filters, diff=self.diff)
         if sel.broker is None:
             raise RequestError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
@@ -263,8 +296,15 @@ class LookupService:
             State.ASSIGNING, dst=sel.broker, version=version, ts=int(self.clock() * 1000), writer=self.me
         )
         self.channel.publish(bundle, rec)
-        if self._on_assign is not None:
-            self._on_assign(bundle, sel.broker, sel.candidates)
+        self.metrics.assignments.labels("published").inc()
+        load = ctx.loads.get(sel.broker)
+        self.events.publish(
+            "assign",
+            bundle=bundle,
+            dst=sel.broker,
+            candidates=sel.candidates,
+            dst_load=round(load.weighted_max_ema, 4) if load else None,
+        )
         log.debug(
             "assigning",
             bundle=bundle,

@@ -46,6 +46,11 @@ class AgentMetrics:
     def adapter_time(self, op: str) -> Any:
         return self.adapter_seconds.labels(op)
 
+    def observe_adapter(self, op: str, result: str, secs: float) -> None:
+        """The :class:`agent.adapters.base.RetryingAdapter` observer: one adapter call's result and time."""
+        self.adapter_call(op, result).inc()
+        self.adapter_time(op).observe(secs)
+
     @classmethod
     def create(cls, registry: CollectorRegistry) -> AgentMetrics:
         return cls(

@@ -30,11 +30,13 @@ from trimtab.agent.roles import (
     PublishChildren,
     SplitOnBroker,
     UpdateLayout,
+    needs_attention,
     plan,
 )
 from trimtab.channel.bundles import BundleRange, parse_bundle
 from trimtab.channel.client import ChannelClient
-from trimtab.channel.records import State, make
+from trimtab.channel.records import Record, State, make
+from trimtab.channel.table import TableView
 from trimtab.errors import AdapterError, TransportError
 
 log = structlog.get_logger("trimtab.agent")
@@ -50,6 +52,7 @@ class Reconciler:
         url_of: Callable[[str], str | None],
         apply_split: Callable[[str, BundleRange, list[BundleRange]], Any],
         metrics: AgentMetrics,
+        on_served_change: Callable[[str, bool], None],
         clock: Callable[[], float] = time.time,
         workers: int = 32,
         publish_timeout_s: float = 30.0,
@@ -74,7 +77,7 @@ class Reconciler:
         self._tasks: list[asyncio.Task[None]] = []
         self.idle = asyncio.Event()
         self.idle.set()
-        self.on_served_change: Callable[[str, bool], None] | None = None
+        self.on_served_change = on_served_change
         self._summary: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ queueing (event loop thread only)
@@ -84,6 +87,29 @@ class Reconciler:
         self._queued.add(bundle)
         self.idle.clear()
         self._queue.put_nowait(bundle)
+
+    def on_change(self, bundle: str, old: Record | None, new: Record | None) -> None:
+        """A channel change (loop thread): queue the bundle if the change may concern this broker."""
+        if needs_attention(self.me, new) or needs_attention(self.me, old) or bundle in self.served:
+            self.mark(bundle)
+
+    def rescan(self, table: TableView) -> None:
+        """The table caught up: at start, or again after a re-bootstrap (history gap, follower restart),
+        when it may differ from what the listeners last heard -- so what the broker serves is checked too."""
+        naming_me = 0
+        for bundle, rec in table.items():
+            if needs_attention(self.me, rec):
+                self.mark(bundle)
+                naming_me += 1
+        for bundle in list(self.served):
+            self.mark(bundle)
+        log.info("channel_scan", bundles=len(table), naming_me=naming_me, serving=len(self.served))
+
+    def adopt(self, bundle: str) -> None:
+        """The broker already serves ``bundle`` (an agent restarted beside a running broker): keep it if the
+        channel says it is ours, close it otherwise."""
+        self.served.add(bundle)
+        self.mark(bundle)
 
     def start(self) -> None:
         self._tasks = [
@@ -207,8 +233,7 @@ class Reconciler:
         else:
             self.served.discard(bundle)
         self.metrics.owned_bundles.set(len(self.served))
-        if self.on_served_change is not None:
-            self.on_served_change(bundle, serving)
+        self.on_served_change(bundle, serving)
 
     async def _execute(self, bundle: str, p: Plan) -> None:
         for step in p.steps:

@@ -1,4 +1,4 @@
-"""Load reports (DESIGN.md section 4): sample every ``report_interval_s``, publish the broker's load to the
+"""Load reports (docs/design.md section 4): sample every ``report_interval_s``, publish the broker's load to the
 compacted broker-load topic when any figure moved more than the threshold or the max interval passed, and
 the top-k bundles to the top-bundles topic. After load moves (a bundle acquired or released) the EMA
 restarts from fresh samples, as Pulsar's reporters do, so the next decision sees the new load at once
@@ -74,8 +74,11 @@ class LoadReporter:
         settings: Settings,
         metrics: AgentMetrics,
         *,
+        host: HostSampler,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``host`` fills in the host figures the adapter's samples leave out."""
         self.me = me
         self.adapter = adapter
         self.transport = transport
@@ -83,7 +86,8 @@ class LoadReporter:
         self.metrics = metrics
         self.clock = clock
         self.weights = Weights.from_settings(settings)
-        self.host = HostSampler(settings)
+        self.host = host
+        self._monotonic = monotonic
         self.current: BrokerLoadData | None = None  # latest computed (EMA state)
         self.published: BrokerLoadData | None = None  # last one published
         self.last_top_at = 0.0
@@ -155,7 +159,7 @@ class LoadReporter:
         self.metrics.reports.labels("published", reason).inc()
         top = TopBundles(broker=self.me, bundles=top_k(bundles, self.s.load.top_k), reported_at=now_ms)
         await self._produce(self.s.kafka.top_bundles_topic, _enc.encode(top))
-        self.last_top_at = time.monotonic()
+        self.last_top_at = self._monotonic()
         log.debug("load_published", reason=reason, ema=round(load.weighted_max_ema, 4), bundles=load.bundles)
         return load
 

@@ -6,7 +6,7 @@ changes, and again for every bundle after a restart. Coalesced or missed events 
 and the restart case (Pulsar #25379: an ``Assigning`` naming a restarted broker sat stuck until the
 leader's timeout) is the same code path as the live one.
 
-Roles (DESIGN.md section 3.1 flows):
+Roles (docs/design.md section 3.1 flows):
 
 =================================  ====================================================================
 current record                     steps on this broker

@@ -1,4 +1,4 @@
-"""Choosing a broker for an unowned bundle (DESIGN.md section 5.1), decided locally by any agent.
+"""Choosing a broker for an unowned bundle (docs/design.md section 5.1), decided locally by any agent.
 
 A chain of filters narrows the candidates -- each filter narrows, never empties: a filter that would
 leave nobody is skipped and the skip is reported -- then *least resource usage with weight* picks at

@@ -1,4 +1,4 @@
-"""Self-healing and the ownership monitor (DESIGN.md section 5.4), leader only. Pure.
+"""Self-healing and the ownership monitor (docs/design.md section 5.4), leader only. Pure.
 
 * **Failed brokers** (KIP-46): a broker whose registration vanished gets a persisted first-failure time.
   After the grace period (-1 disables healing) its bundles are reassigned by forced overrides, unless the

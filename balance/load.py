@@ -1,4 +1,4 @@
-"""Broker load data (DESIGN.md section 4): the figures, the weighted-max EMA, and when to publish.
+"""Broker load data (docs/design.md section 4): the figures, the weighted-max EMA, and when to publish.
 
 Pure functions of their inputs; the agent's reporter is the shell that samples and publishes. The wire
 format is JSON (msgspec structs) on compacted topics keyed by broker id, readable with any Kafka tool.

@@ -1,4 +1,4 @@
-"""Load shedding decisions (DESIGN.md section 5.2), leader only. Pure functions of replicated state.
+"""Load shedding decisions (docs/design.md section 5.2), leader only. Pure functions of replicated state.
 
 **TransferShedder** (the default), as Pulsar's extensible load manager does it:
 
@@ -148,6 +148,49 @@ def _expire(state: ShedState, cfg: ShedConfig, now_ms: int) -> None:
         del state.recent_bundles[b]
 
 
+def _pick_bundles(
+    report: TopBundles,
+    hi: str,
+    lo: str,
+    transfer: bool,
+    budget: float,
+    reason: str,
+    load: Mapping[str, float],
+    owner: Owner,
+    state: ShedState,
+    transferable: Transferable,
+    result: ShedResult,
+) -> tuple[list[Unload], float]:
+    """The bundles to move off ``hi`` (to ``lo`` when ``transfer``), heaviest first, up to ``budget`` bytes/s
+    of throughput, always leaving it one bundle; every bundle passed over is noted in
+    ``result.skipped_bundles`` with why. Returns the moves and the throughput they take away."""
+    dst = lo if transfer else None
+    remaining = len(report.bundles)
+    marked = 0.0
+    moved: list[Unload] = []
+    for s in sorted(report.bundles, key=lambda x: (-x.throughput, x.bundle)):
+        if remaining <= 1:
+            break
+        if owner(s.bundle) != hi:
+            result.skipped_bundles.append((s.bundle, "not_owner"))
+            continue
+        if s.bundle in state.recent_bundles:
+            result.skipped_bundles.append((s.bundle, "grace_period"))
+            continue
+        if s.throughput <= 0:
+            continue
+        if not transferable(s.bundle, hi, dst):
+            result.skipped_bundles.append((s.bundle, "not_transferable"))
+            continue
+        if marked + s.throughput > budget:
+            result.skipped_bundles.append((s.bundle, "overshoot"))
+            continue
+        moved.append(Unload(s.bundle, hi, dst, reason, s.throughput, load[hi], load[lo]))
+        marked += s.throughput
+        remaining -= 1
+    return moved, marked
+
+
 def transfer_shedder(
     brokers: Mapping[str, bool],
     loads: Mapping[str, BrokerLoadData],
@@ -189,6 +232,31 @@ def transfer_shedder(
         result.reason = "hit_count"
         return result
 
+    last_skip = _shed_pairs(
+        order, load, tput, tput_ema, m, brokers, cooling, top, owner, state, cfg, transferable, result
+    )
+    return _finish(result, state, now_ms, last_skip)
+
+
+def _shed_pairs(
+    order: list[str],
+    load: dict[str, float],
+    tput: dict[str, float],
+    tput_ema: Mapping[str, float],
+    m: float,
+    brokers: Mapping[str, bool],
+    cooling: set[str],
+    top: Mapping[str, TopBundles],
+    owner: Owner,
+    state: ShedState,
+    cfg: ShedConfig,
+    transferable: Transferable,
+    result: ShedResult,
+) -> str:
+    """Pair the most with the least loaded brokers (``order`` is by load, ascending) and move about half of
+    each gap, updating ``load`` and ``tput`` as if the moves were done so the next pair sees their effect.
+    Appends to ``result``; returns why the last pair moved nothing (the reason when nothing moves)."""
+    max_tput_ema = max(tput_ema.values())
     min_idx, max_idx = 0, len(order) - 1
     pairs = 0
     last_skip = "no_bundles"
@@ -224,30 +292,9 @@ def transfer_shedder(
             last_skip = "no_bundles"  # the sole bundle is the overload: it needs a split, not a move
             result.skipped_bundles.append((report.bundles[0].bundle, "sole_bundle"))
             continue
-        remaining = len(report.bundles)
-        marked = 0.0
-        moved: list[Unload] = []
-        for s in sorted(report.bundles, key=lambda x: (-x.throughput, x.bundle)):
-            if remaining <= 1:
-                break
-            if owner(s.bundle) != hi:
-                result.skipped_bundles.append((s.bundle, "not_owner"))
-                continue
-            if s.bundle in state.recent_bundles:
-                result.skipped_bundles.append((s.bundle, "grace_period"))
-                continue
-            if s.throughput <= 0:
-                continue
-            dst = lo if cfg.transfer else None
-            if not transferable(s.bundle, hi, dst):
-                result.skipped_bundles.append((s.bundle, "not_transferable"))
-                continue
-            if marked + s.throughput > budget:
-                result.skipped_bundles.append((s.bundle, "overshoot"))
-                continue
-            moved.append(Unload(s.bundle, hi, dst, reason, s.throughput, load[hi], load[lo]))
-            marked += s.throughput
-            remaining -= 1
+        moved, marked = _pick_bundles(
+            report, hi, lo, cfg.transfer, budget, reason, load, owner, state, transferable, result
+        )
         if not moved:
             last_skip = "no_bundles"
             continue
@@ -260,6 +307,11 @@ def transfer_shedder(
         pairs += 1
         min_idx += 1
 
+    return last_skip
+
+
+def _finish(result: ShedResult, state: ShedState, now_ms: int, last_skip: str) -> ShedResult:
+    """Remember the moves (grace periods, broker cool-downs) and say what the cycle did."""
     if result.decisions:
         state.hit_count = 0
         for u in result.decisions:

@@ -1,4 +1,4 @@
-"""Which of its own bundles an agent should split this cycle (DESIGN.md section 5.3). Pure.
+"""Which of its own bundles an agent should split this cycle (docs/design.md section 5.3). Pure.
 
 A bundle is split when, for more than ``hit_count_threshold`` consecutive checks, it exceeds one of the
 limits (first match names the reason): topics, sessions, message rate, bandwidth. Namespaces stay under

@@ -179,7 +179,8 @@ def parse(value: bytes, max_depth: int = MAX_DEPTH) -> Any:
     return v
 
 
-def _parse_text(p: _Parser, text: str, max_depth: int) -> Any:
+# One state machine over the text: splitting it would pass its state (stack, position) back and forth.
+def _parse_text(p: _Parser, text: str, max_depth: int) -> Any:  # noqa: PLR0915
     n = len(text)
     # Frames of the containers being filled: [container, pending name (objects only)].
     stack: list[list[Any]] = []

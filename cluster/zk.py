@@ -1,4 +1,4 @@
-"""ZooKeeper state (DESIGN.md section 2): sessions, the broker registry and namespace layouts.
+"""ZooKeeper state (docs/design.md section 2): sessions, the broker registry and namespace layouts.
 
 Layout under ``<root>/<cluster>``::
 

@@ -421,7 +421,7 @@ class LoggingSettings(Section):
 
 
 class Settings(BaseSettings):
-    """All of trimtab's configuration. Sections mirror DESIGN.md: channel (section 3), load (4), assignment,
+    """All of trimtab's configuration. Sections mirror docs/design.md: channel (section 3), load (4), assignment,
     shedding, split and healing (5), placement (6)."""
 
     model_config = SettingsConfigDict(

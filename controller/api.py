@@ -5,16 +5,18 @@ leader (method and body preserved), so any controller address works for operator
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-import httpx
 import msgspec
 from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 
+from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.bundles import parse_bundle
+from trimtab.channel.client import ChannelClient
 from trimtab.cluster.http import (
     ErrorBody,
     add_probes,
@@ -23,10 +25,29 @@ from trimtab.cluster.http import (
     install_error_handlers,
     ownership_view,
 )
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.liveness import Liveness
+from trimtab.cluster.zk import BrokerRegistry
+from trimtab.controller.admin import Admin
+from trimtab.controller.healing import Healer
+from trimtab.controller.leadership import Leadership
+from trimtab.controller.status import StatusReport
 from trimtab.errors import BundleError
 
-if TYPE_CHECKING:
-    from trimtab.controller.daemon import Controller
+
+@dataclass(frozen=True)
+class ControllerApi:
+    """What the HTTP API reads and calls; built by :mod:`trimtab.controller.wiring`."""
+
+    leadership: Leadership
+    channel: ChannelClient
+    registry: BrokerRegistry
+    loads: KeyValueView[BrokerLoadData]
+    admin: Admin
+    healer: Healer
+    status: StatusReport
+    liveness: Liveness
+    prom: CollectorRegistry
 
 
 class TransferRequest(BaseModel):
@@ -49,88 +70,57 @@ class SheddingRequest(BaseModel):
     by: str = Field("api", description="Who asked (recorded in ZooKeeper and the event)")
 
 
-def create_app(ctl: Controller) -> FastAPI:
+def create_app(ctl: ControllerApi) -> FastAPI:
     app = FastAPI(
         title="trimtab controller", version="1", description="Leader-elected balancing and healing."
     )
-
     install_error_handlers(app)
-    err = error_response
+    _views(app, ctl)
+    _admin(app, ctl)
+    # The probes read ``ctl`` late: the OpenAPI spec is rendered from an app built without one.
+    add_probes(
+        app,
+        tick_age=lambda: ctl.liveness.tick_age(),  # noqa: PLW0108
+        started=lambda: ctl.liveness.ready,
+        ready=lambda: (
+            ctl.liveness.ready and ctl.leadership.zk.connected and ctl.channel.health()[0],
+            {"leader": ctl.leadership.is_leader, "channel": ctl.channel.health()[1]},
+        ),
+        registry=lambda: ctl.prom,
+        ready_summary="Readiness: warm (channel and load views caught up) and connected",
+    )
+    return app
 
-    def check_bundle(bundle: str) -> JSONResponse | None:
-        try:
-            parse_bundle(bundle)
-        except BundleError as e:
-            return err(400, str(e))
-        return None
+
+def _check_bundle(bundle: str) -> JSONResponse | None:
+    try:
+        parse_bundle(bundle)
+    except BundleError as e:
+        return error_response(400, str(e))
+    return None
+
+
+def _views(app: FastAPI, ctl: ControllerApi) -> None:
+    """Read-only views: any controller answers them from its own (warm) replica."""
 
     @app.get("/v1/leader", summary="Who leads, with which term")
     async def leader() -> Any:
-        cur = ctl.election.leader()
+        lead = ctl.leadership
+        cur = lead.election.leader()
         return {
             "leader": msgspec.to_builtins(cur) if cur else None,
-            "me": ctl.me,
-            "is_leader": ctl.is_leader,
-            "safe_mode": ctl.safe_mode(),
+            "me": lead.me,
+            "is_leader": lead.is_leader,
+            "safe_mode": lead.safe_mode(),
         }
 
     @app.get("/v1/ownership", summary="Bundle -> record (optionally of one broker or namespace)")
     async def ownership(broker: str | None = None, namespace: str | None = None) -> Any:
-        assert ctl.channel is not None
         return ownership_view(ctl.channel.table.items(), broker, namespace)
 
     @app.get("/v1/brokers", summary="Live brokers with their latest load")
     async def brokers() -> Any:
         return brokers_view(ctl.registry.brokers, ctl.loads.snapshot())
-
-    @app.post(
-        "/v1/admin/transfer",
-        status_code=202,
-        responses={400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
-    )
-    async def transfer(req: TransferRequest) -> Any:
-        if (bad := check_bundle(req.bundle)) is not None:
-            return bad
-        rec = await ctl.admin_move(req.bundle, req.broker)
-        ctl.metrics.admin.labels("transfer", "ok").inc()
-        return {"bundle": req.bundle, "record": rec.to_json()}
-
-    @app.post(
-        "/v1/admin/unload",
-        status_code=202,
-        responses={400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
-    )
-    async def unload(req: UnloadRequest) -> Any:
-        if (bad := check_bundle(req.bundle)) is not None:
-            return bad
-        rec = await ctl.admin_move(req.bundle, None)
-        ctl.metrics.admin.labels("unload", "ok").inc()
-        return {"bundle": req.bundle, "record": rec.to_json()}
-
-    @app.post("/v1/admin/split", status_code=202, summary="Split a bundle (forwarded to its owner's agent)")
-    async def split(req: SplitRequest) -> Any:
-        if (bad := check_bundle(req.bundle)) is not None:
-            return bad
-        ctl.require_leader()
-        assert ctl.channel is not None
-        cur = ctl.channel.table.get(req.bundle)
-        owner = cur.owner() if cur else None
-        info = ctl.registry.brokers.get(owner) if owner else None
-        if info is None:
-            return err(
-                409,
-                f"{req.bundle} has no live owner to split it (state {cur.state.value if cur else 'init'})",
-            )
-        async with httpx.AsyncClient(timeout=30) as client:
-            r = await client.post(f"{info.http_url}/v1/admin/split", json=req.model_dump())
-        ctl.metrics.admin.labels("split", "ok" if r.is_success else "failed").inc()
-        return JSONResponse(r.json(), status_code=r.status_code)
-
-    @app.post("/v1/admin/shedding", summary="Pause or resume shedding (persisted; survives failover)")
-    async def shedding(req: SheddingRequest) -> Any:
-        sw = await ctl.set_shedding_paused(req.paused, req.by)
-        ctl.metrics.admin.labels("shedding", "ok").inc()
-        return msgspec.to_builtins(sw)
 
     @app.get("/v1/healing", summary="Failed brokers, healing progress and pause reason")
     async def healing() -> Any:
@@ -138,26 +128,45 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.get("/v1/status", summary="Leader, brokers with load and bundle counts, load std, recent decisions")
     async def status() -> Any:
-        return ctl.status()
+        return ctl.status.render()
 
     @app.get("/v1/bundles", summary="One bundle's channel state")
     async def bundle(bundle: str = Query(...)) -> Any:
-        if (bad := check_bundle(bundle)) is not None:
+        if (bad := _check_bundle(bundle)) is not None:
             return bad
-        assert ctl.channel is not None
         rec = ctl.channel.table.get(bundle)
         return {"bundle": bundle, "record": rec.to_json() if rec else None}
 
-    add_probes(
-        app,
-        tick_age=lambda: time.monotonic() - ctl.last_tick,
-        started=lambda: ctl.ready,
-        ready=lambda: (
-            ctl.ready and ctl.zk.connected and ctl.channel_health()[0],
-            {"leader": ctl.is_leader, "channel": ctl.channel_health()[1]},
-        ),
-        registry=lambda: ctl.prom,
-        ready_summary="Readiness: warm (channel and load views caught up) and connected",
-    )
 
-    return app
+def _admin(app: FastAPI, ctl: ControllerApi) -> None:
+    """Leader-only writes (a follower answers 307 to the leader, or a retryable 503 while there is none)."""
+    refusals: dict[int | str, dict[str, Any]] = {
+        400: {"model": ErrorBody},
+        404: {"model": ErrorBody},
+        409: {"model": ErrorBody},
+    }
+
+    @app.post("/v1/admin/transfer", status_code=202, responses=refusals)
+    async def transfer(req: TransferRequest) -> Any:
+        if (bad := _check_bundle(req.bundle)) is not None:
+            return bad
+        rec = await ctl.admin.move(req.bundle, req.broker)
+        return {"bundle": req.bundle, "record": rec.to_json()}
+
+    @app.post("/v1/admin/unload", status_code=202, responses=refusals)
+    async def unload(req: UnloadRequest) -> Any:
+        if (bad := _check_bundle(req.bundle)) is not None:
+            return bad
+        rec = await ctl.admin.move(req.bundle, None)
+        return {"bundle": req.bundle, "record": rec.to_json()}
+
+    @app.post("/v1/admin/split", status_code=202, summary="Split a bundle (forwarded to its owner's agent)")
+    async def split(req: SplitRequest) -> Any:
+        if (bad := _check_bundle(req.bundle)) is not None:
+            return bad
+        status, body = await ctl.admin.split(req.bundle, req.model_dump())
+        return JSONResponse(body, status_code=status)
+
+    @app.post("/v1/admin/shedding", summary="Pause or resume shedding (persisted; survives failover)")
+    async def shedding(req: SheddingRequest) -> Any:
+        return msgspec.to_builtins(await ctl.admin.set_shedding_paused(req.paused, req.by))

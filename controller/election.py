@@ -48,14 +48,13 @@ class LeaderElection:
         paths: ZkPaths,
         me: str,
         http_url: str,
-        on_change: Callable[[bool, int | None], object] | None = None,
     ) -> None:
         self.session = session
         self.zk = session.client
         self.paths = paths
         self.me = me
         self.http_url = http_url
-        self._on_change = on_change
+        self._listeners: list[Callable[[bool, int | None], object]] = []
         self.term: int | None = None  # our term while we hold the leader node
         self.current: LeaderInfo | None = None  # whoever leads, as last read
         self.candidate = True
@@ -63,6 +62,10 @@ class LeaderElection:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.elections_won = 0
+
+    def add_listener(self, fn: Callable[[bool, int | None], object]) -> None:
+        """``fn(leading, term)`` on every change of our leadership, on the election's thread."""
+        self._listeners.append(fn)
 
     # ------------------------------------------------------------------ state
     @property
@@ -92,6 +95,11 @@ class LeaderElection:
         """Give up leadership (graceful stop): delete our node so a follower takes over at once."""
         if self.term is None:
             return
+        if not self.session.connected:
+            # Nothing to delete through a dead connection (a request would wait for the reconnect, maybe
+            # forever): the node is ephemeral and goes with the session.
+            self._set(None)
+            return
         try:
             _data, stat = self.zk.get(self.paths.leader)
             if stat.ephemeralOwner == self.session.session_id:
@@ -115,9 +123,11 @@ class LeaderElection:
     def _set(self, term: int | None) -> None:
         changed = term != self.term
         self.term = term
-        if changed and self._on_change is not None:
+        if not changed:
+            return
+        for fn in self._listeners:
             try:
-                self._on_change(term is not None, term)
+                fn(term is not None, term)
             except Exception:
                 log.exception("leadership_listener_failed")
 

@@ -16,6 +16,8 @@ Each round:
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,8 +35,16 @@ from trimtab.balance.heal import (
     plan_destinations,
     throttle,
 )
+from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
+from trimtab.channel.table import TableView
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.controller.destinations import Destinations
+from trimtab.controller.journal import DecisionJournal
+from trimtab.controller.leadership import Leadership
+from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokers, Reassignments
+from trimtab.controller.writes import ChannelWrites
 
 log = structlog.get_logger("trimtab.healing")
 
@@ -49,6 +59,7 @@ class Healer:
         chunk_size: int,
         writer: Callable[[], str],
         term: Callable[[], int],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.failed_store = failed_store
         self.plans = plans
@@ -56,6 +67,7 @@ class Healer:
         self.chunk_size = chunk_size
         self._writer = writer
         self._term = term
+        self._clock = clock
         self.failed: dict[str, FailedBroker] = {}
         self.paused_reason: str | None = None
         self.pending = 0
@@ -163,7 +175,7 @@ class Healer:
         return out, info
 
     def status(self) -> dict[str, Any]:
-        now = int(time.time() * 1000)
+        now = int(self._clock() * 1000)
         return {
             "failed": {
                 b: {"first_failure": f.first_failure, "age_s": round((now - f.first_failure) / 1000, 1)}
@@ -173,3 +185,113 @@ class Healer:
             "pending_bundles": self.pending,
             "grace_s": self.cfg.grace_s,
         }
+
+
+class HealingJob:
+    """Runs the :class:`Healer` on the leader: bookkeeping when membership changes (and every
+    ``bookkeeping_every_s`` as a safety net -- not on every channel change, which in a failover arrives
+    thousands at a time), then a round whose overrides are published after leadership is confirmed.
+    Woken by membership and channel changes rather than a fixed interval, so healing starts at once."""
+
+    name = "healing"
+
+    def __init__(
+        self,
+        healer: Healer,
+        table: TableView,
+        leadership: Leadership,
+        destinations: Destinations,
+        loads: KeyValueView[BrokerLoadData],
+        writes: ChannelWrites,
+        journal: DecisionJournal,
+        metrics: ControllerMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+        bookkeeping_every_s: float = 5.0,
+    ) -> None:
+        self.healer = healer
+        self.table = table
+        self.leadership = leadership
+        self.destinations = destinations
+        self.loads = loads
+        self.writes = writes
+        self.journal = journal
+        self.metrics = metrics
+        self.clock = clock
+        self.mono = mono
+        self.bookkeeping_every_s = bookkeeping_every_s
+        self._membership_changed = True
+        self._last_bookkeeping = -math.inf
+
+    def membership_changed(self) -> None:
+        """Brokers came or went: look for failures in the next round."""
+        self._membership_changed = True
+
+    async def on_lead(self) -> None:
+        """Read what a previous leader left (failed brokers, persisted plans); look for failures at once."""
+        await asyncio.to_thread(self.healer.load)
+        self._membership_changed = True
+
+    @property
+    def ready(self) -> bool:
+        return self.healer.loaded
+
+    async def run_once(self) -> list[Override]:
+        """One round; returns the overrides it published (none in safe mode or while paused)."""
+        if self.leadership.safe_mode() is not None:
+            return []
+        now = int(self.clock() * 1000)
+        live = self.destinations.live()
+        items = self.table.items()
+        await self._bookkeeping(set(live), items, now)
+        if not self.healer.failed:
+            self.metrics.failed_brokers.set(0)
+            self.metrics.healing_pending.set(0)
+            return []
+        loads = self.loads.snapshot()
+        candidates = {
+            b: (loads[b].weighted_max_ema if b in loads else 0.5) for b, i in live.items() if not i.draining
+        }
+        overrides, info = await asyncio.to_thread(
+            self.healer.round, candidates, self.table.get, items, self.destinations.choose, now
+        )
+        self._observe(info)
+        if overrides:
+            await self._publish(overrides, info)
+        return overrides
+
+    async def _bookkeeping(self, live: set[str], items: list[tuple[str, Record]], now: int) -> None:
+        if not (self._membership_changed or self.mono() - self._last_bookkeeping > self.bookkeeping_every_s):
+            return
+        self._membership_changed = False
+        self._last_bookkeeping = self.mono()
+        events = await asyncio.to_thread(self.healer.bookkeeping, live, items, now)
+        for event, broker in events:
+            self.metrics.broker_failures.labels(event).inc()
+            level = log.warning if event == "recorded" else log.info
+            level("broker_failure", change=event, broker=broker)
+            self.journal.record(f"broker_{event}", key=broker, broker=broker)
+
+    def _observe(self, info: dict[str, Any]) -> None:
+        healer = self.healer
+        self.metrics.failed_brokers.set(len(healer.failed))
+        self.metrics.healing_pending.set(healer.pending)
+        for reason in ("mass_failure", "disabled"):
+            self.metrics.healing_paused.labels(reason).set(1 if healer.paused_reason == reason else 0)
+        if healer.paused_reason == "mass_failure" and healer.failed:
+            log.error(
+                "healing_paused",
+                reason="mass_failure",
+                detail=info.get("guard"),
+                failed=sorted(healer.failed),
+            )
+
+    async def _publish(self, overrides: list[Override], info: dict[str, Any]) -> None:
+        n = await self.writes.overrides(overrides)
+        by_broker: dict[str, int] = {}
+        for o in overrides:
+            by_broker[o.broker or "?"] = by_broker.get(o.broker or "?", 0) + 1
+        deferred = info.get("deferred", 0)
+        log.info("healing_overrides", published=n, by_failed_broker=by_broker, deferred=deferred)
+        self.journal.record("heal", key="heal", moved=n, by_failed_broker=by_broker, deferred=deferred)

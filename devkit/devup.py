@@ -197,18 +197,15 @@ def dev_up(
     fast: bool,
     settings: dict[str, Any],
 ) -> dict[str, Any]:
+    """Run the dev cluster (the module docstring's steps) until Ctrl-C, SIGTERM or ``duration``; return the
+    summary. The cluster is stopped and the signal handlers restored however the run ends."""
     console = Console(stderr=True)
     from trimtab.cluster.logs import configure_logging
 
     configure_logging("warning", json_logs=False, role="dev")
     ns = [f"public/ns-{i}" for i in range(namespaces)]
     hot_ns = ns[:hot]
-    base: dict[str, Any] = FAST_TIMERS if fast else {}
-    # A load that keeps the average broker near half capacity, with the hot namespaces well above it.
-    base = _merge(
-        base, {"sim": {"msg_rate_per_topic": 60.0, "namespace_scale": dict.fromkeys(hot_ns, hot_scale)}}
-    )
-    cfg = _merge(base, settings)
+    cfg = _merge(_skewed_load_settings(hot_ns, hot_scale, fast), settings)
     cluster = LocalCluster(workdir, brokers=brokers, controllers=controllers, settings=cfg)
     stop = threading.Event()
     prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -221,11 +218,7 @@ def dev_up(
         ):
             cluster.start()
         cluster.write_state(state_file)
-        console.print(f"[bold]cluster up[/] in {time.monotonic() - started:.1f}s; state file {state_file}")
-        for n in cluster.agents:
-            console.print(f"  agent      {n.name:<14} {n.http}  broker {n.broker}")
-        for n in cluster.controller_nodes:
-            console.print(f"  controller {n.name:<14} {n.http}")
+        _print_nodes(cluster, console, started, state_file)
         from trimtab.config.loader import load_settings
 
         s = load_settings(cluster.config_path, environ=False)
@@ -236,53 +229,127 @@ def dev_up(
         skewed = skew(cluster, hot_ns, console) if hot_ns and brokers > 1 else 0
         time.sleep(min(3.0, s.load.report_interval_s * 3))
         initial = _status(cluster)
-        deadline = time.monotonic() + duration if duration else None
-        if view:
-            with Live(
-                render(cluster, initial, tally, started, state_file), console=console, refresh_per_second=2
-            ) as live:
-                while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                    stop.wait(1.0)
-                    live.update(render(cluster, _status(cluster), tally, started, state_file))
-        else:
+        _run_until_stopped(cluster, tally, stop, duration, view, initial, started, state_file, console)
+        summary = _summary(
+            cluster,
+            tally,
+            started,
+            brokers=brokers,
+            controllers=controllers,
+            lookups=lookups,
+            skewed=skewed,
+            initial=initial,
+            target_std=s.shedding.target_std,
+            state_file=state_file,
+        )
+    finally:
+        _shut_down(cluster, tally, prev, state_file, console)
+    return summary
+
+
+def _skewed_load_settings(hot_ns: list[str], hot_scale: float, fast: bool) -> dict[str, Any]:
+    """The dev kit's own settings (under the caller's): a load that keeps the average broker near half
+    capacity, with the hot namespaces well above it; the fast timers with ``fast``."""
+    base: dict[str, Any] = FAST_TIMERS if fast else {}
+    return _merge(
+        base, {"sim": {"msg_rate_per_topic": 60.0, "namespace_scale": dict.fromkeys(hot_ns, hot_scale)}}
+    )
+
+
+def _print_nodes(cluster: LocalCluster, console: Console, started: float, state_file: Path) -> None:
+    """Where everything listens, once the cluster is up (for curl and scripts)."""
+    console.print(f"[bold]cluster up[/] in {time.monotonic() - started:.1f}s; state file {state_file}")
+    for n in cluster.agents:
+        console.print(f"  agent      {n.name:<14} {n.http}  broker {n.broker}")
+    for n in cluster.controller_nodes:
+        console.print(f"  controller {n.name:<14} {n.http}")
+
+
+def _run_until_stopped(
+    cluster: LocalCluster,
+    tally: EventTally,
+    stop: threading.Event,
+    duration: float | None,
+    view: bool,
+    initial: dict[str, Any] | None,
+    started: float,
+    state_file: Path,
+    console: Console,
+) -> None:
+    """Wait for a stop signal or the end of ``duration``; with ``view``, redraw the live view every second."""
+    deadline = time.monotonic() + duration if duration else None
+    if view:
+        with Live(
+            render(cluster, initial, tally, started, state_file), console=console, refresh_per_second=2
+        ) as live:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 stop.wait(1.0)
-        final = _status(cluster)
-        dead = [n.name for n in cluster.nodes.values() if not n.alive()]
-        summary = {
-            "duration_s": round(time.monotonic() - started, 1),
-            "brokers": brokers,
-            "controllers": controllers,
-            "leader": (final or {}).get("leader"),
-            "bundles": (final or {}).get("channel", {}).get("bundles"),
-            "lookups": lookups,
-            "skew_moves": skewed,
-            "load": {
-                "initial_std": (initial or {}).get("load", {}).get("std"),
-                "final_std": (final or {}).get("load", {}).get("std"),
-                "target_std": s.shedding.target_std,
-                "final_avg": (final or {}).get("load", {}).get("avg"),
-            },
-            "per_broker": (final or {}).get("brokers"),
-            "moves": dict(tally.moves),
-            "decisions": dict(tally.kinds),
-            "healing": (final or {}).get("healing"),
-            "exited_unexpectedly": dead,
-            "state_file": str(state_file),
-        }
-    finally:
-        with console.status("stopping..."):
-            if tally is not None:
-                tally.stop()
-            for n in cluster.controller_nodes:
-                cluster.kill(n.name, signal.SIGTERM)
-            cluster.stop(graceful=True)
-        for sig, h in prev.items():
-            signal.signal(sig, h)
-        if state_file.exists():
-            state_file.unlink()
-        console.print("stopped.")
-    return summary
+                live.update(render(cluster, _status(cluster), tally, started, state_file))
+    else:
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            stop.wait(1.0)
+
+
+def _summary(
+    cluster: LocalCluster,
+    tally: EventTally,
+    started: float,
+    *,
+    brokers: int,
+    controllers: int,
+    lookups: dict[str, int],
+    skewed: int,
+    initial: dict[str, Any] | None,
+    target_std: float,
+    state_file: Path,
+) -> dict[str, Any]:
+    """The JSON summary printed on stdout: the leader's final view beside the initial one, the moves and
+    decisions the events topic carried, and any process that exited on its own."""
+    final = _status(cluster)
+    dead = [n.name for n in cluster.nodes.values() if not n.alive()]
+    return {
+        "duration_s": round(time.monotonic() - started, 1),
+        "brokers": brokers,
+        "controllers": controllers,
+        "leader": (final or {}).get("leader"),
+        "bundles": (final or {}).get("channel", {}).get("bundles"),
+        "lookups": lookups,
+        "skew_moves": skewed,
+        "load": {
+            "initial_std": (initial or {}).get("load", {}).get("std"),
+            "final_std": (final or {}).get("load", {}).get("std"),
+            "target_std": target_std,
+            "final_avg": (final or {}).get("load", {}).get("avg"),
+        },
+        "per_broker": (final or {}).get("brokers"),
+        "moves": dict(tally.moves),
+        "decisions": dict(tally.kinds),
+        "healing": (final or {}).get("healing"),
+        "exited_unexpectedly": dead,
+        "state_file": str(state_file),
+    }
+
+
+def _shut_down(
+    cluster: LocalCluster,
+    tally: EventTally | None,
+    prev: dict[signal.Signals, Any],
+    state_file: Path,
+    console: Console,
+) -> None:
+    """Stop the event follower and every process (the controllers first, with SIGTERM), restore the
+    signal handlers and remove the state file: the cluster is gone, so scripts must not find it."""
+    with console.status("stopping..."):
+        if tally is not None:
+            tally.stop()
+        for n in cluster.controller_nodes:
+            cluster.kill(n.name, signal.SIGTERM)
+        cluster.stop(graceful=True)
+    for sig, h in prev.items():
+        signal.signal(sig, h)
+    if state_file.exists():
+        state_file.unlink()
+    console.print("stopped.")
 
 
 def _status(cluster: LocalCluster) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 """Fixtures shared by every test suite.
 
-Real components only (DESIGN.md section 9): a real ZooKeeper server process and the real Kafka wire
+Real components only (docs/design.md section 9): a real ZooKeeper server process and the real Kafka wire
 protocol (confluent-kafka against librdkafka's mock cluster). Nothing here is mocked. If ZooKeeper or
 Java is missing the ZooKeeper fixtures *error* with the install hint (``apt-get install zookeeper`` or
 ``bash scripts/setup.sh``): a missing dependency must not turn into a green run of skipped tests.

@@ -130,10 +130,16 @@ def agent(
     broker_id: str | None,
 ) -> None:
     """Run the sidecar agent for one broker."""
-    from trimtab.agent.daemon import Agent
+    from trimtab.agent import wiring
 
     flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
-    _run_daemon("agent", Agent, settings_from(config_file, sets, **flags, **{"broker.id": broker_id}))
+    s = settings_from(config_file, sets, **flags, **{"broker.id": broker_id})
+    try:
+        wiring.check(s)  # before binding or connecting anything
+    except ConfigError as e:
+        click.echo(f"agent: invalid configuration: {e}", err=True)
+        sys.exit(2)
+    _run_daemon("agent", wiring.AgentProcess, s)
 
 
 @main.command()
@@ -150,12 +156,12 @@ def controller(
     controller_id: str | None,
 ) -> None:
     """Run a controller (several may run; one is elected leader)."""
-    from trimtab.controller.daemon import Controller
+    from trimtab.controller.wiring import ControllerProcess
 
     flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
     _run_daemon(
         "controller",
-        Controller,
+        ControllerProcess,
         settings_from(config_file, sets, **flags, **{"controller.id": controller_id}),
     )
 
@@ -409,7 +415,12 @@ def admin(ctx: click.Context, controller: str) -> None:
 
 
 def _call(
-    ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None, **params: Any
+    ctx: click.Context,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    params: dict[str, str] | None = None,
 ) -> None:
     import httpx
 
@@ -456,7 +467,7 @@ def admin_brokers(ctx: click.Context) -> None:
 def admin_ownership(ctx: click.Context, broker: str | None, namespace: str | None) -> None:
     """Bundle -> channel record, optionally for one broker or namespace."""
     params = {k: v for k, v in (("broker", broker), ("namespace", namespace)) if v}
-    _call(ctx, "GET", "/v1/ownership", **params)
+    _call(ctx, "GET", "/v1/ownership", params=params)
 
 
 @admin.command("transfer")

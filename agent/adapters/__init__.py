@@ -8,20 +8,28 @@ from trimtab.config.settings import Settings
 from trimtab.errors import ConfigError
 
 
-def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, SimulatedBroker | None]:
-    a = settings.broker.adapter
-    if a.kind is None:
+def require_adapter_kind(settings: Settings) -> str:
+    """``broker.adapter.kind``; :class:`ConfigError` when it is unset (there is no default)."""
+    kind = settings.broker.adapter.kind
+    if kind is None:
         raise ConfigError(
             "broker.adapter.kind is not set: an agent must be told how to reach its broker -- webhook (with "
             "broker.adapter.url, see docs/broker-adapter.md) or command (with broker.adapter.command). "
             '"simulated" runs a synthetic broker and is only for the local cluster, tests and benchmarks.'
         )
-    if a.kind == "webhook":
+    return kind
+
+
+def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, SimulatedBroker | None]:
+    """The broker adapter ``broker.adapter`` describes, and the simulated broker if that is the one."""
+    a = settings.broker.adapter
+    kind = require_adapter_kind(settings)
+    if kind == "webhook":
         from trimtab.agent.adapters.webhook import WebhookAdapter
 
         assert a.url is not None  # checked by the settings validator
         return WebhookAdapter(a.url, a.timeout_s), None
-    if a.kind == "command":
+    if kind == "command":
         from trimtab.agent.adapters.command import CommandAdapter
 
         return CommandAdapter(a.command), None

@@ -1,4 +1,4 @@
-"""The broker adapter: the only way the agent touches its broker (DESIGN.md section 7).
+"""The broker adapter: the only way the agent touches its broker (docs/design.md section 7).
 
 Operations, all idempotent (a retry after a lost response must be harmless):
 

@@ -1,4 +1,4 @@
-"""The channel benchmark (DESIGN.md section 11): replay speed, bootstrap over Kafka, memory per bundle.
+"""The channel benchmark (docs/design.md section 11): replay speed, bootstrap over Kafka, memory per bundle.
 
 Everything is measured on one realistic, seeded channel log (:func:`generate_log`) and every measured run
 is checked against what the generator intended -- accepted, rejected and skipped counts by reason and the
@@ -135,136 +135,203 @@ def generate_log(
         raise ValueError("need at least one record and one bundle")
     if brokers < 2:
         raise ValueError("transfers need at least two brokers")
-    rng = random.Random(seed)
-    names = bundle_names(bundles, namespaces)
-    broker_ids = [f"broker-{i}:8080" for i in range(brokers)]
-    log = ChannelLog([], partitions, bundles, min(namespaces, bundles), brokers, seed)
-    messages = log.messages
-    ends = [0] * partitions
-    cur: list[Record | None] = [None] * bundles
-    plans: dict[int, list[Step]] = {}
-    unassigned = list(range(bundles))
-    rng.shuffle(unassigned)
-    inflight: list[int] = []
-    stable: list[int] = []
-    racers: list[tuple[int, int, int, Record]] = []  # heap of (due, seq, bundle, record)
-    crc32 = zlib.crc32
+    generator = LogGenerator(
+        records, bundles, seed=seed, namespaces=namespaces, brokers=brokers, partitions=partitions
+    )
+    return generator.generate()
 
-    def put(idx: int, value: bytes | None) -> None:
-        key = names[idx].encode()
-        p = crc32(key) % partitions
-        messages.append(Message(key, value, p, ends[p]))
-        ends[p] += 1
 
-    def other_broker(not_this: str | None) -> str:
-        while True:
-            b = broker_ids[rng.randrange(brokers)]
-            if b != not_this:
-                return b
+class LogGenerator:
+    """Writes the log of :func:`generate_log`, one message per :meth:`_next_message`.
 
-    def write(idx: int, step: Step, ts: int) -> None:
+    One method per kind of message -- a racing duplicate landing, garbage, the start of an assignment, a
+    transfer or an unload, the next step of an operation in flight -- so each can be read alone. The log
+    must stay byte-for-byte the same for a seed (runs and machines are compared on it), so the random
+    draws are part of the output: every method draws exactly what it draws, in the order it draws it; a
+    change that adds, drops or reorders a draw changes every log.
+    """
+
+    def __init__(
+        self, records: int, bundles: int, *, seed: int, namespaces: int, brokers: int, partitions: int
+    ) -> None:
+        self.records = records
+        self.rng = random.Random(seed)
+        self.names = bundle_names(bundles, namespaces)
+        self.broker_ids = [f"broker-{i}:8080" for i in range(brokers)]
+        self.log = ChannelLog([], partitions, bundles, min(namespaces, bundles), brokers, seed)
+        self.messages = self.log.messages
+        self.ends = [0] * partitions
+        self.cur: list[Record | None] = [None] * bundles  # each bundle's last accepted record
+        self.plans: dict[int, list[Step]] = {}  # bundle in flight -> the steps its operation has left
+        self.unassigned = list(range(bundles))
+        self.rng.shuffle(self.unassigned)
+        self.inflight: list[int] = []
+        self.stable: list[int] = []
+        self.racers: list[tuple[int, int, int, Record]] = []  # heap of (due, seq, bundle, record)
+
+    def generate(self) -> ChannelLog:
+        while len(self.messages) < self.records:
+            self._next_message()
+        log = self.log
+        log.final = {self.names[i]: r for i, r in enumerate(self.cur) if r is not None}
+        log.ops["in_flight_at_end"] = len(self.inflight)
+        log.ops["never_assigned"] = len(self.unassigned)
+        log.ends = dict(enumerate(self.ends))
+        return log
+
+    def _next_message(self) -> None:
+        n = len(self.messages)
+        ts = BASE_TS + 3 * n
+        if self.racers and self.racers[0][0] <= n:
+            self._land_racer()
+        elif self.rng.random() < P_GARBAGE:
+            self._garbage(ts)
+        else:
+            self._operation_step(n, ts)
+
+    def _operation_step(self, n: int, ts: int) -> None:
+        """Start an operation or take the next step of one in flight. New assignments are paced to end
+        within ASSIGN_PHASE of the log; the more operations in flight, the likelier one continues."""
+        rng, unassigned, inflight, stable = self.rng, self.unassigned, self.inflight, self.stable
+        p_new = min(1.0, len(unassigned) / max(1.0, self.records * ASSIGN_PHASE - n))
+        if unassigned and (rng.random() < p_new or not (inflight or stable)):
+            self._start(unassigned.pop(), ts)
+        elif inflight and (not stable or rng.random() < len(inflight) / (len(inflight) + INFLIGHT_K)):
+            self._advance(rng.randrange(len(inflight)), ts)
+        elif stable:
+            self._start(_swap_remove(stable, rng.randrange(len(stable))), ts)
+        else:  # pragma: no cover - unreachable: some bundle is always unassigned, in flight or stable
+            raise AssertionError("generator has nothing to do")
+
+    # ------------------------------------------------------------------------------- operations
+
+    def _start(self, idx: int, ts: int) -> None:
+        """Begin an operation on a bundle at rest: write its first record, keep the rest as its plan."""
+        now = self.cur[idx]
+        if now is None or now.state is State.FREE:
+            steps = self._assign(now)
+        elif now.state is State.OWNED and self.rng.random() < P_TRANSFER:
+            steps = self._transfer(now)
+        elif now.state is State.OWNED:
+            steps = self._unload(now)
+        else:
+            raise AssertionError(f"bundle {self.names[idx]} starts an operation in state {now.state}")
+        self._write(idx, steps[0], ts)
+        self.plans[idx] = steps[1:]
+        self.inflight.append(idx)
+
+    def _assign(self, now: Record | None) -> list[Step]:
+        """Assign (a bundle never written) or re-assign (a Free one): Assigning -> Owned."""
+        dst = self._other_broker(None)
+        steps: list[Step] = [
+            (State.ASSIGNING, dst, None, self._other_broker(None)),
+            (State.OWNED, dst, None, dst),
+        ]
+        self.log.ops["assign" if now is None else "reassign"] += 1
+        return steps
+
+    def _transfer(self, now: Record) -> list[Step]:
+        """Move an owned bundle to another broker: Releasing{src,dst} -> Assigning -> Owned."""
+        src = now.dst
+        assert src is not None
+        dst = self._other_broker(src)
+        steps: list[Step] = [
+            (State.RELEASING, dst, src, LEADER),
+            (State.ASSIGNING, dst, src, src),
+            (State.OWNED, dst, src, dst),
+        ]
+        self.log.ops["transfer"] += 1
+        return steps
+
+    def _unload(self, now: Record) -> list[Step]:
+        """Unload an owned bundle: Releasing{src} -> Free (re-assigned by a later operation)."""
+        src = now.dst
+        assert src is not None
+        steps: list[Step] = [(State.RELEASING, None, src, LEADER), (State.FREE, None, src, src)]
+        self.log.ops["unload"] += 1
+        return steps
+
+    def _advance(self, j: int, ts: int) -> None:
+        """Write the next step of the ``j``-th operation in flight; a finished bundle comes to rest."""
+        idx = self.inflight[j]
+        plan = self.plans[idx]
+        self._write(idx, plan.pop(0), ts)
+        if not plan:
+            del self.plans[idx]
+            _swap_remove(self.inflight, j)
+            self.stable.append(idx)
+            self.log.ops["completed"] += 1
+
+    # ------------------------------------------------------------------------------- messages
+
+    def _put(self, idx: int, value: bytes | None) -> None:
+        key = self.names[idx].encode()
+        p = zlib.crc32(key) % len(self.ends)
+        self.messages.append(Message(key, value, p, self.ends[p]))
+        self.ends[p] += 1
+
+    def _write(self, idx: int, step: Step, ts: int) -> None:
+        """An accepted record: the bundle's next version. Sometimes a racer is queued to land soon after."""
         state, dst, src, writer = step
-        prev = cur[idx]
+        prev = self.cur[idx]
         rec = make(state, version=(prev.version if prev else 0) + 1, ts=ts, writer=writer, dst=dst, src=src)
-        put(idx, encode(rec))
-        cur[idx] = rec
-        log.accepted += 1
-        if rng.random() < P_RACE:
+        self._put(idx, encode(rec))
+        self.cur[idx] = rec
+        self.log.accepted += 1
+        if self.rng.random() < P_RACE:
+            messages = self.messages
             heapq.heappush(
-                racers, (len(messages) + rng.randrange(RACE_DELAY), len(messages), idx, racer(rec))
+                self.racers,
+                (len(messages) + self.rng.randrange(RACE_DELAY), len(messages), idx, self._racer(rec)),
             )
 
-    def racer(rec: Record) -> Record:
+    def _racer(self, rec: Record) -> Record:
         """A record another writer could have written at the same version (valid had it landed first)."""
         ts = rec.ts + 1
         if rec.state is State.ASSIGNING and rec.src is None:  # two agents assigned the same bundle
-            dst = other_broker(rec.dst)
-            return make(State.ASSIGNING, version=rec.version, ts=ts, writer=other_broker(None), dst=dst)
+            dst = self._other_broker(rec.dst)
+            return make(State.ASSIGNING, version=rec.version, ts=ts, writer=self._other_broker(None), dst=dst)
         if rec.state is State.RELEASING:  # a stale leader decided differently (transfer vs unload)
-            alt: str | None = other_broker(rec.src) if rec.dst is None else None
+            alt: str | None = self._other_broker(rec.src) if rec.dst is None else None
             return make(
                 State.RELEASING, version=rec.version, ts=ts, writer=STALE_LEADER, dst=alt, src=rec.src
             )
         # Owned, the Assigning of a transfer, Free: a retried write of the same transition
         return make(rec.state, version=rec.version, ts=ts, writer=rec.writer, dst=rec.dst, src=rec.src)
 
-    def start(idx: int, ts: int) -> None:
-        now = cur[idx]
-        steps: list[Step]
-        if now is None or now.state is State.FREE:  # assign or re-assign
-            dst = other_broker(None)
-            steps = [(State.ASSIGNING, dst, None, other_broker(None)), (State.OWNED, dst, None, dst)]
-            log.ops["assign" if now is None else "reassign"] += 1
-        elif now.state is State.OWNED and rng.random() < P_TRANSFER:
-            src = now.dst
-            assert src is not None
-            dst = other_broker(src)
-            steps = [
-                (State.RELEASING, dst, src, LEADER),
-                (State.ASSIGNING, dst, src, src),
-                (State.OWNED, dst, src, dst),
-            ]
-            log.ops["transfer"] += 1
-        elif now.state is State.OWNED:
-            src = now.dst
-            assert src is not None
-            steps = [(State.RELEASING, None, src, LEADER), (State.FREE, None, src, src)]
-            log.ops["unload"] += 1
+    def _land_racer(self) -> None:
+        """The racer due first lands: a version already used, so replay must reject it."""
+        _, _, idx, rec = heapq.heappop(self.racers)
+        self._put(idx, encode(rec))
+        self.log.rejected["stale_version"] += 1
+
+    def _garbage(self, ts: int) -> None:
+        """A message that is not a record replay can use (truncated JSON or a future schema): skipped."""
+        rng = self.rng
+        idx = rng.randrange(self.log.bundles)
+        fake = make(State.OWNED, version=7, ts=ts, writer="mystery", dst=self.broker_ids[0])
+        if rng.random() < 0.5:
+            value = encode(fake)
+            assert value is not None
+            self._put(idx, value[: rng.randrange(1, len(value) - 1)])  # truncated JSON
+            self.log.skipped["malformed"] += 1
         else:
-            raise AssertionError(f"bundle {names[idx]} starts an operation in state {now.state}")
-        write(idx, steps[0], ts)
-        plans[idx] = steps[1:]
-        inflight.append(idx)
+            self._put(idx, orjson.dumps({**fake.to_json(), "schema": 2, "lease": 30}))
+            self.log.skipped["future_schema"] += 1
 
-    def swap_remove(items: list[int], j: int) -> int:
-        item = items[j]
-        items[j] = items[-1]
-        items.pop()
-        return item
+    def _other_broker(self, not_this: str | None) -> str:
+        while True:
+            b = self.broker_ids[self.rng.randrange(len(self.broker_ids))]
+            if b != not_this:
+                return b
 
-    while len(messages) < records:
-        n = len(messages)
-        ts = BASE_TS + 3 * n
-        if racers and racers[0][0] <= n:
-            _, _, idx, rec = heapq.heappop(racers)
-            put(idx, encode(rec))
-            log.rejected["stale_version"] += 1
-            continue
-        if rng.random() < P_GARBAGE:
-            idx = rng.randrange(bundles)
-            fake = make(State.OWNED, version=7, ts=ts, writer="mystery", dst=broker_ids[0])
-            if rng.random() < 0.5:
-                value = encode(fake)
-                assert value is not None
-                put(idx, value[: rng.randrange(1, len(value) - 1)])  # truncated JSON
-                log.skipped["malformed"] += 1
-            else:
-                put(idx, orjson.dumps({**fake.to_json(), "schema": 2, "lease": 30}))
-                log.skipped["future_schema"] += 1
-            continue
-        p_new = min(1.0, len(unassigned) / max(1.0, records * ASSIGN_PHASE - n))
-        if unassigned and (rng.random() < p_new or not (inflight or stable)):
-            start(unassigned.pop(), ts)
-        elif inflight and (not stable or rng.random() < len(inflight) / (len(inflight) + INFLIGHT_K)):
-            j = rng.randrange(len(inflight))
-            idx = inflight[j]
-            plan = plans[idx]
-            write(idx, plan.pop(0), ts)
-            if not plan:
-                del plans[idx]
-                swap_remove(inflight, j)
-                stable.append(idx)
-                log.ops["completed"] += 1
-        elif stable:
-            start(swap_remove(stable, rng.randrange(len(stable))), ts)
-        else:  # pragma: no cover - unreachable: some bundle is always unassigned, in flight or stable
-            raise AssertionError("generator has nothing to do")
 
-    log.final = {names[i]: r for i, r in enumerate(cur) if r is not None}
-    log.ops["in_flight_at_end"] = len(inflight)
-    log.ops["never_assigned"] = len(unassigned)
-    log.ends = dict(enumerate(ends))
-    return log
+def _swap_remove(items: list[int], j: int) -> int:
+    """Remove and return ``items[j]`` in O(1) (the last item takes its place)."""
+    item = items[j]
+    items[j] = items[-1]
+    items.pop()
+    return item
 
 
 def owned_pairs_log(bundles: int, *, brokers: int = 50, partitions: int = PARTITIONS) -> ChannelLog:
@@ -600,94 +667,149 @@ def write_snapshot(bootstrap: str, snapshot_topic: str, topic: str, log: Channel
 def kafka_part(
     log: ChannelLog, kafka_runs: int, progress: Progress, timeout: float = 300.0
 ) -> dict[str, Any]:
+    """Every Kafka measurement against one mock cluster, in this order: produce the log, bootstrap in
+    this process, in a fresh process, consume only, then bootstrap from a snapshot written for it."""
     suffix = uuid.uuid4().hex[:8]
     topic, snapshot_topic = f"bench-channel-{suffix}", f"bench-channel-snapshot-{suffix}"
-    out: dict[str, Any] = {}
     progress("starting the librdkafka mock cluster in a separate process...")
     cluster = MockClusterProcess([topic, snapshot_topic])
     try:
+        kafka = KafkaRuns(
+            log, cluster.bootstrap_servers, topic, snapshot_topic, kafka_runs, timeout, progress
+        )
+        return {
+            **kafka.produce(),
+            **kafka.bootstraps(),
+            **kafka.fresh_process_bootstraps(),
+            **kafka.consume_only(),
+            **kafka.snapshot_bootstraps(),
+        }
+    finally:
+        cluster.close()
+
+
+@dataclass
+class KafkaRuns:
+    """The Kafka measurements of :func:`kafka_part`, one method each, all on one topic of one mock cluster.
+
+    Each method returns its figures under the keys :func:`run` reads, and checks what it measured against
+    the generated log first: a bootstrap that is fast because it read less than the log is not a figure.
+    """
+
+    log: ChannelLog
+    bootstrap: str
+    topic: str
+    snapshot_topic: str
+    runs: int
+    timeout: float
+    progress: Progress
+
+    def produce(self) -> dict[str, Any]:
+        """Write the log to the topic and check that the mock kept all of it (it drops old batches)."""
         from trimtab.channel.kafka import KafkaTransport
 
-        bootstrap = cluster.bootstrap_servers
-        meta = KafkaTransport(bootstrap, client_id="bench-meta")
+        log, topic = self.log, self.topic
+        meta = KafkaTransport(self.bootstrap, client_id="bench-meta")
         try:
             parts = meta.partitions(topic)
             if parts != log.partitions:
                 raise BenchError(
                     f"{topic} has {parts} partitions, the log was generated for {log.partitions}"
                 )
-            progress(
+            self.progress(
                 f"producing {len(log.messages)} records to {topic} (zstd bulk producer, explicit partitions)..."
             )
-            out["kafka_produce_s"] = round(bulk_produce(bootstrap, topic, log.messages), 3)
+            produce_s = round(bulk_produce(self.bootstrap, topic, log.messages), 3)
             check_watermarks(meta, topic, log)
         finally:
             meta.close()
-        progress(f"produced in {out['kafka_produce_s']} s")
+        self.progress(f"produced in {produce_s} s")
+        return {"kafka_produce_s": produce_s}
 
-        runs: list[float] = []
+    def bootstraps(self) -> dict[str, Any]:
+        """A fresh ChannelClient in this process, start() to ready; table, stats and positions checked."""
+        log, runs = self.log, self.runs
+        times: list[float] = []
         cpus: list[float] = []
         details: list[dict[str, Any]] = []
-        for i in range(kafka_runs):
+        for i in range(runs):
             gc.collect()
-            client, elapsed, d = time_bootstrap(bootstrap, topic, None, timeout)
+            client, elapsed, d = time_bootstrap(self.bootstrap, self.topic, None, self.timeout)
             check_table(client.table, log, f"kafka bootstrap run {i + 1}")
             if d["records_replayed"] != len(log.messages):
                 raise BenchError(
                     f"bootstrap read {d['records_replayed']} records, the log has {len(log.messages)}"
                 )
-            runs.append(elapsed)
+            times.append(elapsed)
             cpus.append(d["cpu_s"])
             details.append(d)
-            progress(
-                f"bootstrap run {i + 1}/{kafka_runs}: {elapsed:.2f} s, {d['cpu_s']:.2f} CPU-s (table verified)"
+            self.progress(
+                f"bootstrap run {i + 1}/{runs}: {elapsed:.2f} s, {d['cpu_s']:.2f} CPU-s (table verified)"
             )
             del client
-        out["bootstrap_1m_s"] = round(statistics.median(runs), 3)
-        out["bootstrap_1m_s_runs"] = [round(x, 3) for x in runs]
-        out["bootstrap_details"] = details[0]
-        out["bootstrap_1m_cpu_s"] = round(statistics.median(cpus), 3)
-        out["bootstrap_1m_cpu_s_runs"] = cpus
+        return {
+            "bootstrap_1m_s": round(statistics.median(times), 3),
+            "bootstrap_1m_s_runs": [round(x, 3) for x in times],
+            "bootstrap_details": details[0],
+            "bootstrap_1m_cpu_s": round(statistics.median(cpus), 3),
+            "bootstrap_1m_cpu_s_runs": cpus,
+        }
 
+    def fresh_process_bootstraps(self) -> dict[str, Any]:
+        """The same bootstrap in a new interpreter; its table is compared by digest, its stats by value."""
+        log, runs = self.log, self.runs
         want_digest = table_digest(list(log.final.items()))
+        want_stats = {k: v for k, v in log.expected_stats().items() if not k.endswith("_reason")}
         fresh: list[float] = []
         fresh_cpu: list[float] = []
-        for i in range(kafka_runs):
-            elapsed, r = time_bootstrap_fresh_process(bootstrap, topic, timeout)
+        for i in range(runs):
+            elapsed, r = time_bootstrap_fresh_process(self.bootstrap, self.topic, self.timeout)
             if r["digest"] != want_digest or r["records"] != len(log.messages):
                 raise BenchError(f"fresh-process bootstrap table differs from the generator's: {r}")
-            if r["stats"] != {k: v for k, v in log.expected_stats().items() if not k.endswith("_reason")}:
+            if r["stats"] != want_stats:
                 raise BenchError(f"fresh-process bootstrap stats {r['stats']} != {log.expected_stats()}")
             fresh.append(elapsed)
             fresh_cpu.append(round(r["cpu"], 3))
-            progress(
-                f"fresh-process bootstrap run {i + 1}/{kafka_runs}: {elapsed:.2f} s, {r['cpu']:.2f} CPU-s "
+            self.progress(
+                f"fresh-process bootstrap run {i + 1}/{runs}: {elapsed:.2f} s, {r['cpu']:.2f} CPU-s "
                 "(table verified)"
             )
-        out["bootstrap_1m_s_fresh_process"] = round(statistics.median(fresh), 3)
-        out["bootstrap_1m_s_fresh_process_runs"] = [round(x, 3) for x in fresh]
-        out["bootstrap_1m_cpu_s_fresh_process_runs"] = fresh_cpu
+        return {
+            "bootstrap_1m_s_fresh_process": round(statistics.median(fresh), 3),
+            "bootstrap_1m_s_fresh_process_runs": [round(x, 3) for x in fresh],
+            "bootstrap_1m_cpu_s_fresh_process_runs": fresh_cpu,
+        }
 
+    def consume_only(self) -> dict[str, Any]:
+        """A follower that applies nothing: what getting the messages into Python costs on its own."""
+        runs = self.runs
         consume: list[float] = []
         consume_cpu: list[float] = []
-        for i in range(kafka_runs):
+        for i in range(runs):
             gc.collect()
-            elapsed, n, cpu = time_consume_only(bootstrap, topic, timeout)
-            if n != len(log.messages):
-                raise BenchError(f"consume-only read {n} records, the log has {len(log.messages)}")
+            elapsed, n, cpu = time_consume_only(self.bootstrap, self.topic, self.timeout)
+            if n != len(self.log.messages):
+                raise BenchError(f"consume-only read {n} records, the log has {len(self.log.messages)}")
             consume.append(elapsed)
             consume_cpu.append(round(cpu, 3))
-            progress(f"consume-only run {i + 1}/{kafka_runs}: {elapsed:.2f} s, {cpu:.2f} CPU-s")
-        out["kafka_consume_only_1m_s"] = round(statistics.median(consume), 3)
-        out["kafka_consume_only_1m_s_runs"] = [round(x, 3) for x in consume]
-        out["kafka_consume_only_1m_cpu_s_runs"] = consume_cpu
+            self.progress(f"consume-only run {i + 1}/{runs}: {elapsed:.2f} s, {cpu:.2f} CPU-s")
+        return {
+            "kafka_consume_only_1m_s": round(statistics.median(consume), 3),
+            "kafka_consume_only_1m_s_runs": [round(x, 3) for x in consume],
+            "kafka_consume_only_1m_cpu_s_runs": consume_cpu,
+        }
 
-        progress(f"writing a snapshot of {len(log.final)} bundles to {snapshot_topic}...")
-        out["snapshot"] = write_snapshot(bootstrap, snapshot_topic, topic, log)
+    def snapshot_bootstraps(self) -> dict[str, Any]:
+        """Write a snapshot of the final table, then bootstrap from it: it must be used, with an empty
+        tail, and give the same table and positions."""
+        log, runs = self.log, self.runs
+        self.progress(f"writing a snapshot of {len(log.final)} bundles to {self.snapshot_topic}...")
+        snapshot = write_snapshot(self.bootstrap, self.snapshot_topic, self.topic, log)
+        ends = {p: o for p, o in log.ends.items() if o}
         snap_runs: list[float] = []
-        for i in range(kafka_runs):
+        for i in range(runs):
             gc.collect()
-            client, elapsed, d = time_bootstrap(bootstrap, topic, snapshot_topic, timeout)
+            client, elapsed, d = time_bootstrap(self.bootstrap, self.topic, self.snapshot_topic, self.timeout)
             if not d["snapshot_used"]:
                 raise BenchError("the snapshot bootstrap did not use the snapshot (it replayed the channel)")
             if d["records_replayed"] != 0:
@@ -695,18 +817,16 @@ def kafka_part(
                     f"the snapshot bootstrap replayed {d['records_replayed']} tail records, want 0"
                 )
             check_table(client.table, log, f"snapshot bootstrap run {i + 1}", stats=False)
-            if {p: o for p, o in client.table.positions.items() if o} != {
-                p: o for p, o in log.ends.items() if o
-            }:
+            if {p: o for p, o in client.table.positions.items() if o} != ends:
                 raise BenchError(f"snapshot bootstrap positions {client.table.positions} != {log.ends}")
             snap_runs.append(elapsed)
-            progress(f"snapshot bootstrap run {i + 1}/{kafka_runs}: {elapsed:.2f} s (table verified)")
+            self.progress(f"snapshot bootstrap run {i + 1}/{runs}: {elapsed:.2f} s (table verified)")
             del client
-        out["bootstrap_snapshot_1m_s"] = round(statistics.median(snap_runs), 3)
-        out["bootstrap_snapshot_1m_s_runs"] = [round(x, 3) for x in snap_runs]
-    finally:
-        cluster.close()
-    return out
+        return {
+            "snapshot": snapshot,
+            "bootstrap_snapshot_1m_s": round(statistics.median(snap_runs), 3),
+            "bootstrap_snapshot_1m_s_runs": [round(x, 3) for x in snap_runs],
+        }
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -722,6 +842,22 @@ def _frozen_gc(enabled: bool) -> Iterator[None]:
     finally:
         if enabled:
             gc.unfreeze()
+
+
+@dataclass
+class Figures:
+    """Everything :func:`run` measured, each part already checked, for :func:`report`."""
+
+    log: ChannelLog
+    generate_s: float
+    rates: list[float]  # replay, records per wall-clock second, one per run
+    cpu_rates: list[float]  # replay, records per CPU second of this thread
+    replay_stats: dict[str, Any]  # TableView.stats.detail() of the last replay
+    bytes_per_bundle: float
+    breakdown: dict[str, Any]
+    big: dict[str, Any] | None  # the owned-only table of memory_bundles bundles, if measured
+    instr: dict[str, Any] | None  # instructions per record under callgrind, if counted
+    kafka: dict[str, Any]  # kafka_part's figures; empty with skip_kafka
 
 
 def run(
@@ -744,8 +880,31 @@ def run(
         raise ValueError(f"{records} records cannot assign {bundles} bundles (need at least 2 per bundle)")
     progress = progress or progress_printer("channel")
     load_start = loadavg()
-    out: dict[str, Any] = {"bench": "channel"}
+    log, gen_s = generate_checked(records, bundles, seed, progress)
+    batches = batches_of(log.messages)
+    with _frozen_gc(gc_freeze):
+        rates, cpu_rates, replay_stats = measure_replay(batches, log, runs, progress)
+        bytes_per_bundle, breakdown = measure_memory(batches, log, progress)
+        big = measure_memory_owned(memory_bundles, progress) if memory_bundles else None
+        instr = count_instructions(log, instructions, progress) if instructions else None
+        kafka = {} if skip_kafka else kafka_part(log, kafka_runs, progress)
+    figures = Figures(
+        log, gen_s, rates, cpu_rates, replay_stats, bytes_per_bundle, breakdown, big, instr, kafka
+    )
+    return report(
+        figures,
+        bundles=bundles,
+        seed=seed,
+        runs=runs,
+        kafka_runs=kafka_runs,
+        gc_freeze=gc_freeze,
+        load_start=load_start,
+    )
 
+
+def generate_checked(records: int, bundles: int, seed: int, progress: Progress) -> tuple[ChannelLog, float]:
+    """The log every part measures, and the seconds generating it took. A log that leaves a bundle
+    unassigned could not be checked against a table of ``bundles`` bundles: refused."""
     progress(f"generating log: {records} records over {bundles} bundles (seed {seed})...")
     t0 = time.perf_counter()
     log = generate_log(records, bundles, seed=seed)
@@ -756,202 +915,114 @@ def run(
         f"generated in {gen_s:.1f} s: accepted {log.accepted}, rejected {sum(log.rejected.values())}, "
         f"skipped {sum(log.skipped.values())}"
     )
-    batches = batches_of(log.messages)
+    return log, gen_s
 
-    with _frozen_gc(gc_freeze):
-        # ---- replay
-        rates: list[float] = []
-        cpu_rates: list[float] = []
-        table: TableView | None = None
-        for i in range(runs):
-            table = None
-            gc.collect()
-            table, elapsed, cpu = replay_once(batches, log.partitions)
-            check_table(table, log, f"replay run {i + 1}")
-            rates.append(len(log.messages) / elapsed)
-            cpu_rates.append(len(log.messages) / cpu)
-            progress(
-                f"replay run {i + 1}/{runs}: {rates[-1] / 1000:.0f}k rec/s "
-                f"({cpu_rates[-1] / 1000:.0f}k per CPU-second, verified)"
-            )
-        assert table is not None
-        replay_stats = table.stats.detail()
-        del table
 
-        # ---- memory
-        progress("measuring memory per bundle (tracemalloc replay)...")
-        table, traced = traced_table_bytes(batches, log.partitions)
-        check_table(table, log, "tracemalloc replay")
-        bytes_per_bundle = traced / len(table)
-        breakdown = size_breakdown(table)
-        del table
-        progress(f"{bytes_per_bundle:.0f} bytes per bundle over {len(log.final)} bundles")
+def measure_replay(
+    batches: list[Sequence[Message]], log: ChannelLog, runs: int, progress: Progress
+) -> tuple[list[float], list[float], dict[str, Any]]:
+    """``runs`` replays into fresh tables, each checked: (wall-clock rates, CPU rates, the last run's
+    stats). Each table is dropped before the next replay, so only one is alive at a time."""
+    rates: list[float] = []
+    cpu_rates: list[float] = []
+    table: TableView | None = None
+    for i in range(runs):
+        table = None
+        gc.collect()
+        table, elapsed, cpu = replay_once(batches, log.partitions)
+        check_table(table, log, f"replay run {i + 1}")
+        rates.append(len(log.messages) / elapsed)
+        cpu_rates.append(len(log.messages) / cpu)
+        progress(
+            f"replay run {i + 1}/{runs}: {rates[-1] / 1000:.0f}k rec/s "
+            f"({cpu_rates[-1] / 1000:.0f}k per CPU-second, verified)"
+        )
+    assert table is not None
+    return rates, cpu_rates, table.stats.detail()
 
-        big: dict[str, Any] | None = None
-        if memory_bundles:
-            progress(f"measuring memory for {memory_bundles} owned bundles ({2 * memory_bundles} records)...")
-            big_log = owned_pairs_log(memory_bundles)
-            big_batches = batches_of(big_log.messages)
-            big_table, big_traced = traced_table_bytes(big_batches, big_log.partitions)
-            check_table(big_table, big_log, f"{memory_bundles}-bundle replay")
-            big = {
-                "bytes_per_bundle": round(big_traced / len(big_table), 1),
-                "bundles": len(big_table),
-                "records": len(big_log.messages),
-                "breakdown": size_breakdown(big_table),
-            }
-            del big_table, big_batches, big_log
-            gc.collect()
-            progress(f"{big['bytes_per_bundle']:.0f} bytes per bundle over {big['bundles']} bundles")
 
-        # ---- instructions (callgrind)
-        instr: dict[str, Any] | None = None
-        if instructions:
-            from trimtab.devkit.bench import instructions as callgrind
+def measure_memory(
+    batches: list[Sequence[Message]], log: ChannelLog, progress: Progress
+) -> tuple[float, dict[str, Any]]:
+    """Bytes per bundle of the replayed (and checked) table under tracemalloc, and where they go."""
+    progress("measuring memory per bundle (tracemalloc replay)...")
+    table, traced = traced_table_bytes(batches, log.partitions)
+    check_table(table, log, "tracemalloc replay")
+    bytes_per_bundle = traced / len(table)
+    breakdown = size_breakdown(table)
+    progress(f"{bytes_per_bundle:.0f} bytes per bundle over {len(log.final)} bundles")
+    return bytes_per_bundle, breakdown
 
-            progress(f"counting instructions per record under callgrind ({instructions} records)...")
-            instr = callgrind.measure(log.messages[:instructions])
-            progress(f"{instr['replay_instructions_per_record']:.0f} instructions per record")
 
-        # ---- Kafka
-        kafka: dict[str, Any] = {}
-        if not skip_kafka:
-            kafka = kafka_part(log, kafka_runs, progress)
+def measure_memory_owned(memory_bundles: int, progress: Progress) -> dict[str, Any]:
+    """Bytes per bundle of a table of ``memory_bundles`` owned bundles (a table at scale, not the log's)."""
+    progress(f"measuring memory for {memory_bundles} owned bundles ({2 * memory_bundles} records)...")
+    big_log = owned_pairs_log(memory_bundles)
+    big_batches = batches_of(big_log.messages)
+    big_table, big_traced = traced_table_bytes(big_batches, big_log.partitions)
+    check_table(big_table, big_log, f"{memory_bundles}-bundle replay")
+    big = {
+        "bytes_per_bundle": round(big_traced / len(big_table), 1),
+        "bundles": len(big_table),
+        "records": len(big_log.messages),
+        "breakdown": size_breakdown(big_table),
+    }
+    del big_table, big_batches, big_log
+    gc.collect()  # a million records and their table are gone before the next part measures anything
+    progress(f"{big['bytes_per_bundle']:.0f} bytes per bundle over {big['bundles']} bundles")
+    return big
 
-    median_rate = statistics.median(rates)
-    out.update(
-        {
-            "replay_records_per_s": round(median_rate),
-            "replay_records_per_s_target": REPLAY_TARGET_RECORDS_PER_S,
-            "replay_records_per_s_runs": [round(r) for r in rates],
-            "replay_us_per_record": round(1e6 / median_rate, 3),
-            "replay_records_per_cpu_s": round(statistics.median(cpu_rates)),
-            "replay_records_per_cpu_s_runs": [round(r) for r in cpu_rates],
-            "bootstrap_1m_s": kafka.get("bootstrap_1m_s"),
-            "bootstrap_1m_s_target": BOOTSTRAP_TARGET_S,
-            "bootstrap_1m_s_runs": kafka.get("bootstrap_1m_s_runs"),
-            "bootstrap_1m_cpu_s": kafka.get("bootstrap_1m_cpu_s"),
-            "bootstrap_1m_cpu_s_runs": kafka.get("bootstrap_1m_cpu_s_runs"),
-            "bootstrap_1m_s_fresh_process": kafka.get("bootstrap_1m_s_fresh_process"),
-            "bootstrap_1m_s_fresh_process_runs": kafka.get("bootstrap_1m_s_fresh_process_runs"),
-            "bootstrap_1m_cpu_s_fresh_process_runs": kafka.get("bootstrap_1m_cpu_s_fresh_process_runs"),
-            "kafka_consume_only_1m_s": kafka.get("kafka_consume_only_1m_s"),
-            "kafka_consume_only_1m_s_runs": kafka.get("kafka_consume_only_1m_s_runs"),
-            "kafka_consume_only_1m_cpu_s_runs": kafka.get("kafka_consume_only_1m_cpu_s_runs"),
-            "bootstrap_snapshot_1m_s": kafka.get("bootstrap_snapshot_1m_s"),
-            "bootstrap_snapshot_1m_s_runs": kafka.get("bootstrap_snapshot_1m_s_runs"),
-            "bytes_per_bundle": round(bytes_per_bundle, 1),
-            "bytes_per_bundle_target": BYTES_PER_BUNDLE_TARGET,
-            "bytes_per_bundle_1m_bundles": big["bytes_per_bundle"] if big else None,
-            "replay_instructions_per_record": instr["replay_instructions_per_record"] if instr else None,
-        }
-    )
-    if instr:
-        out["instructions"] = instr
+
+def count_instructions(log: ChannelLog, instructions: int, progress: Progress) -> dict[str, Any]:
+    """Instructions per record replaying the first ``instructions`` records, under callgrind."""
+    from trimtab.devkit.bench import instructions as callgrind
+
+    progress(f"counting instructions per record under callgrind ({instructions} records)...")
+    instr = callgrind.measure(log.messages[:instructions])
+    progress(f"{instr['replay_instructions_per_record']:.0f} instructions per record")
+    return instr
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+
+def report(
+    fig: Figures,
+    *,
+    bundles: int,
+    seed: int,
+    runs: int,
+    kafka_runs: int,
+    gc_freeze: bool,
+    load_start: list[float] | None,
+) -> dict[str, Any]:
+    """The JSON-ready result: the headline figures first, then how each was measured."""
+    out: dict[str, Any] = {"bench": "channel", **_headline(fig)}
+    if fig.instr:
+        out["instructions"] = fig.instr
+    kafka = fig.kafka
     out["meets_targets"] = {
-        "replay_records_per_s": median_rate >= REPLAY_TARGET_RECORDS_PER_S,
+        "replay_records_per_s": statistics.median(fig.rates) >= REPLAY_TARGET_RECORDS_PER_S,
         "bootstrap_1m_s": None if not kafka else kafka["bootstrap_1m_s"] < BOOTSTRAP_TARGET_S,
-        "bytes_per_bundle": bytes_per_bundle <= BYTES_PER_BUNDLE_TARGET,
+        "bytes_per_bundle": fig.bytes_per_bundle <= BYTES_PER_BUNDLE_TARGET,
     }
-    out["log"] = {
-        "records": len(log.messages),
-        "bundles": bundles,
-        "bundles_in_table": len(log.final),
-        "namespaces": log.namespaces,
-        "brokers": log.brokers,
-        "partitions": log.partitions,
-        "seed": seed,
-        "encoded_bytes": log.encoded_bytes(),
-        "generate_s": round(gen_s, 2),
-        "intended": log.expected_stats(),
-        "operations": dict(sorted(log.ops.items())),
-        "final_states": dict(sorted(Counter(r.state.value for r in log.final.values()).items())),
-        "how": (
-            "seeded generator (trimtab.devkit.bench.channel.generate_log): every bundle assigned (Assigning v1 -> Owned v2) "
-            "within the first half of the log, interleaved with transfers (Releasing{src,dst} -> Assigning "
-            "-> Owned) and unloads (Releasing{src} -> Free, re-assigned later), many operations in flight; "
-            "~5% racing second-writer records with an already-used version (must be rejected), ~0.1% "
-            "garbage (truncated JSON, schema 2; must be skipped); partition = crc32(key) % 4 with "
-            "per-partition offsets, as the consistent partitioner assigns them"
-        ),
-    }
-    out["replay"] = {
-        **replay_stats,
-        "batch": BATCH,
-        "runs": runs,
-        "headline": "median of runs",
-        "timer": "time.perf_counter around apply_all over pre-sliced batches, fresh TableView per run",
-        "cpu_timer": (
-            "time.thread_time over the same span (replay_records_per_cpu_s): what the rate would be with a "
-            "core to itself; the wall-clock figure is the headline"
-        ),
-        "table_partitions": log.partitions,
-        "gc_frozen": gc_freeze,
-        "gc_note": "gc.freeze() after generating the log (a node's log is not garbage); gc stays enabled",
-    }
+    out["log"] = _log_section(fig, bundles, seed)
+    out["replay"] = _replay_section(fig, runs, gc_freeze)
     out["memory"] = {
         "method": (
             "tracemalloc started just before replaying into a fresh TableView (messages generated before "
             "and kept alive, so not counted); traced bytes still allocated after replay / bundles in table"
         ),
-        "bundles": len(log.final),
-        "breakdown": breakdown,
-        "one_million_bundles": big,
+        "bundles": len(fig.log.final),
+        "breakdown": fig.breakdown,
+        "one_million_bundles": fig.big,
     }
     if kafka:
-        out["kafka"] = {
-            "cluster": "librdkafka mock cluster (1 broker) in a separate process, over loopback",
-            "produce_s": kafka["kafka_produce_s"],
-            "producer": {**BULK_PRODUCER, "partition": "explicit, crc32(key) % 4"},
-            "producer_note": (
-                "zstd, not lz4: the mock keeps only 5 MiB of compressed batches per partition and deletes "
-                "older ones; with lz4 it kept 42% of the 1M-record log. Watermarks are checked after produce"
-            ),
-            "runs": kafka_runs,
-            "bootstrap": (
-                "fresh KafkaTransport + ChannelClient(snapshot_topic=None), perf_counter from start() until "
-                "wait_ready() returns; the table and stats verified against the generator"
-            ),
-            "bootstrap_details_run1": kafka["bootstrap_details"],
-            "split_estimate": {
-                "wall_s": {
-                    "consume_into_python": kafka["kafka_consume_only_1m_s"],
-                    "replay_and_the_rest": round(
-                        kafka["bootstrap_1m_s"] - kafka["kafka_consume_only_1m_s"], 3
-                    ),
-                },
-                "cpu_s": {
-                    "consume_into_python": statistics.median(kafka["kafka_consume_only_1m_cpu_s_runs"]),
-                    "replay_and_the_rest": round(
-                        kafka["bootstrap_1m_cpu_s"]
-                        - statistics.median(kafka["kafka_consume_only_1m_cpu_s_runs"]),
-                        3,
-                    ),
-                },
-                "note": (
-                    "medians of the consume-only follower vs the full bootstrap (the follower thread does "
-                    "both in turn; librdkafka fetches and decompresses on its own thread). The CPU split is "
-                    "the steadier one when other processes compete for the cores"
-                ),
-            },
-            "bootstrap_fresh_process": (
-                "the same bootstrap in a new interpreter holding nothing else (no generated log in its "
-                "heap, gc not frozen); table verified by SHA-256 digest, stats compared"
-            ),
-            "consume_only": "fresh KafkaTransport + Follower with a no-op apply, start() to ready",
-            "cpu_s": (
-                "time.process_time over the same span: every thread of the measuring process (follower "
-                "and librdkafka threads; the mock cluster runs in another process); wall-clock is the headline"
-            ),
-            "snapshot": {
-                **kafka["snapshot"],
-                "bootstrap": "fresh ChannelClient with the snapshot topic: reads the snapshot, empty tail",
-            },
-        }
+        out["kafka"] = _kafka_section(kafka, kafka_runs)
     out["checks"] = {
         "replay_matches_generator": True,
         "tracemalloc_replay_matches_generator": True,
-        "memory_1m_bundles_table_complete": big is not None or None,
+        "memory_1m_bundles_table_complete": fig.big is not None or None,
         "kafka_bootstrap_matches_generator": True if kafka else None,
         "kafka_fresh_process_bootstrap_matches_generator": True if kafka else None,
         "kafka_snapshot_bootstrap_matches_generator": True if kafka else None,
@@ -965,3 +1036,123 @@ def run(
         note="single-threaded replay; other processes on the machine share its cores (see loadavg)",
     )
     return out
+
+
+def _headline(fig: Figures) -> dict[str, Any]:
+    median_rate = statistics.median(fig.rates)
+    kafka, big, instr = fig.kafka, fig.big, fig.instr
+    return {
+        "replay_records_per_s": round(median_rate),
+        "replay_records_per_s_target": REPLAY_TARGET_RECORDS_PER_S,
+        "replay_records_per_s_runs": [round(r) for r in fig.rates],
+        "replay_us_per_record": round(1e6 / median_rate, 3),
+        "replay_records_per_cpu_s": round(statistics.median(fig.cpu_rates)),
+        "replay_records_per_cpu_s_runs": [round(r) for r in fig.cpu_rates],
+        "bootstrap_1m_s": kafka.get("bootstrap_1m_s"),
+        "bootstrap_1m_s_target": BOOTSTRAP_TARGET_S,
+        "bootstrap_1m_s_runs": kafka.get("bootstrap_1m_s_runs"),
+        "bootstrap_1m_cpu_s": kafka.get("bootstrap_1m_cpu_s"),
+        "bootstrap_1m_cpu_s_runs": kafka.get("bootstrap_1m_cpu_s_runs"),
+        "bootstrap_1m_s_fresh_process": kafka.get("bootstrap_1m_s_fresh_process"),
+        "bootstrap_1m_s_fresh_process_runs": kafka.get("bootstrap_1m_s_fresh_process_runs"),
+        "bootstrap_1m_cpu_s_fresh_process_runs": kafka.get("bootstrap_1m_cpu_s_fresh_process_runs"),
+        "kafka_consume_only_1m_s": kafka.get("kafka_consume_only_1m_s"),
+        "kafka_consume_only_1m_s_runs": kafka.get("kafka_consume_only_1m_s_runs"),
+        "kafka_consume_only_1m_cpu_s_runs": kafka.get("kafka_consume_only_1m_cpu_s_runs"),
+        "bootstrap_snapshot_1m_s": kafka.get("bootstrap_snapshot_1m_s"),
+        "bootstrap_snapshot_1m_s_runs": kafka.get("bootstrap_snapshot_1m_s_runs"),
+        "bytes_per_bundle": round(fig.bytes_per_bundle, 1),
+        "bytes_per_bundle_target": BYTES_PER_BUNDLE_TARGET,
+        "bytes_per_bundle_1m_bundles": big["bytes_per_bundle"] if big else None,
+        "replay_instructions_per_record": instr["replay_instructions_per_record"] if instr else None,
+    }
+
+
+def _log_section(fig: Figures, bundles: int, seed: int) -> dict[str, Any]:
+    log = fig.log
+    return {
+        "records": len(log.messages),
+        "bundles": bundles,
+        "bundles_in_table": len(log.final),
+        "namespaces": log.namespaces,
+        "brokers": log.brokers,
+        "partitions": log.partitions,
+        "seed": seed,
+        "encoded_bytes": log.encoded_bytes(),
+        "generate_s": round(fig.generate_s, 2),
+        "intended": log.expected_stats(),
+        "operations": dict(sorted(log.ops.items())),
+        "final_states": dict(sorted(Counter(r.state.value for r in log.final.values()).items())),
+        "how": (
+            "seeded generator (trimtab.devkit.bench.channel.generate_log): every bundle assigned (Assigning v1 -> Owned v2) "
+            "within the first half of the log, interleaved with transfers (Releasing{src,dst} -> Assigning "
+            "-> Owned) and unloads (Releasing{src} -> Free, re-assigned later), many operations in flight; "
+            "~5% racing second-writer records with an already-used version (must be rejected), ~0.1% "
+            "garbage (truncated JSON, schema 2; must be skipped); partition = crc32(key) % 4 with "
+            "per-partition offsets, as the consistent partitioner assigns them"
+        ),
+    }
+
+
+def _replay_section(fig: Figures, runs: int, gc_freeze: bool) -> dict[str, Any]:
+    return {
+        **fig.replay_stats,
+        "batch": BATCH,
+        "runs": runs,
+        "headline": "median of runs",
+        "timer": "time.perf_counter around apply_all over pre-sliced batches, fresh TableView per run",
+        "cpu_timer": (
+            "time.thread_time over the same span (replay_records_per_cpu_s): what the rate would be with a "
+            "core to itself; the wall-clock figure is the headline"
+        ),
+        "table_partitions": fig.log.partitions,
+        "gc_frozen": gc_freeze,
+        "gc_note": "gc.freeze() after generating the log (a node's log is not garbage); gc stays enabled",
+    }
+
+
+def _kafka_section(kafka: dict[str, Any], kafka_runs: int) -> dict[str, Any]:
+    consume_cpu = statistics.median(kafka["kafka_consume_only_1m_cpu_s_runs"])
+    return {
+        "cluster": "librdkafka mock cluster (1 broker) in a separate process, over loopback",
+        "produce_s": kafka["kafka_produce_s"],
+        "producer": {**BULK_PRODUCER, "partition": "explicit, crc32(key) % 4"},
+        "producer_note": (
+            "zstd, not lz4: the mock keeps only 5 MiB of compressed batches per partition and deletes "
+            "older ones; with lz4 it kept 42% of the 1M-record log. Watermarks are checked after produce"
+        ),
+        "runs": kafka_runs,
+        "bootstrap": (
+            "fresh KafkaTransport + ChannelClient(snapshot_topic=None), perf_counter from start() until "
+            "wait_ready() returns; the table and stats verified against the generator"
+        ),
+        "bootstrap_details_run1": kafka["bootstrap_details"],
+        "split_estimate": {
+            "wall_s": {
+                "consume_into_python": kafka["kafka_consume_only_1m_s"],
+                "replay_and_the_rest": round(kafka["bootstrap_1m_s"] - kafka["kafka_consume_only_1m_s"], 3),
+            },
+            "cpu_s": {
+                "consume_into_python": consume_cpu,
+                "replay_and_the_rest": round(kafka["bootstrap_1m_cpu_s"] - consume_cpu, 3),
+            },
+            "note": (
+                "medians of the consume-only follower vs the full bootstrap (the follower thread does "
+                "both in turn; librdkafka fetches and decompresses on its own thread). The CPU split is "
+                "the steadier one when other processes compete for the cores"
+            ),
+        },
+        "bootstrap_fresh_process": (
+            "the same bootstrap in a new interpreter holding nothing else (no generated log in its "
+            "heap, gc not frozen); table verified by SHA-256 digest, stats compared"
+        ),
+        "consume_only": "fresh KafkaTransport + Follower with a no-op apply, start() to ready",
+        "cpu_s": (
+            "time.process_time over the same span: every thread of the measuring process (follower "
+            "and librdkafka threads; the mock cluster runs in another process); wall-clock is the headline"
+        ),
+        "snapshot": {
+            **kafka["snapshot"],
+            "bootstrap": "fresh ChannelClient with the snapshot topic: reads the snapshot, empty tail",
+        },
+    }

@@ -53,7 +53,7 @@ def _emit(result: dict[str, object], output: str | None) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 def bench() -> None:
-    """Benchmarks (DESIGN.md section 11). Each prints one JSON object with its targets beside it."""
+    """Benchmarks (docs/design.md section 11). Each prints one JSON object with its targets beside it."""
 
 
 @bench.command("channel")

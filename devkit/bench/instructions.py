@@ -34,14 +34,15 @@ def available() -> bool:
 
 def _child(path: str, mode: str) -> None:
     with open(path, "rb") as f:
-        messages: list[tuple[Any, ...]] = pickle.load(f)
+        # what measure() pickled: each Message as a plain (key, value, partition, offset) tuple
+        messages: list[tuple[bytes | None, bytes | None, int, int]] = pickle.load(f)
     gc.freeze()
     from trimtab.channel.table import TableView
 
     if mode == "replay":
         view = TableView(4)
         for i in range(0, len(messages), BATCH):
-            view.apply_all(messages[i : i + BATCH])  # type: ignore[arg-type]
+            view.apply_all(messages[i : i + BATCH])
         print(view.stats.as_dict(), file=sys.stderr)
 
 

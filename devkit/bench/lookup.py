@@ -1,4 +1,4 @@
-"""The lookup benchmark (DESIGN.md sections 3.5 and 11): owned lookups, assignment latency, and the raw
+"""The lookup benchmark (docs/design.md sections 3.5 and 11): owned lookups, assignment latency, and the raw
 produce->consume round trip it is compared with (assignment p99 <= 3x the raw round trip's p99).
 
 One :class:`trimtab.devkit.localcluster.LocalCluster` per configuration -- a real ZooKeeper server, the librdkafka
@@ -57,7 +57,7 @@ from trimtab.devkit.bench.common import (
     progress_printer,
     summary_ms,
 )
-from trimtab.devkit.localcluster import LocalCluster, _merge
+from trimtab.devkit.localcluster import LocalCluster, Node, _merge
 
 ASSIGN_VS_RTT_TARGET = 3.0
 RTT_TOPIC = "trimtab-bench-rtt"
@@ -246,10 +246,12 @@ def owned_phase(
 def assign_phase(
     cluster: LocalCluster, watch: ChannelWatch, samples: int, default_bundles: int, progress: Progress
 ) -> dict[str, Any]:
+    """Phase 2 (see the module docstring): ``samples`` sequential lookups that each assign an unowned
+    bundle, every answer checked against the bench's replica and the brokers' timelines; their latency,
+    and where it goes."""
     if default_bundles < 2:
         raise BenchError("namespace.default_bundles must be at least 2 for the assignment phase")
     agents = cluster.agents
-    brokers = {n.broker for n in agents}
     per_ns = default_bundles - 1
     namespaces = [f"bench-assign/ns-{i}" for i in range((samples + per_ns - 1) // per_ns)]
     topics = {ns: _topics_per_bundle(ns, default_bundles) for ns in namespaces}
@@ -258,18 +260,8 @@ def assign_phase(
         progress(
             f"assignment: creating {len(namespaces)} namespace layouts and caching them on every agent..."
         )
-        for ns in namespaces:
-            for c in clients:  # the first lookup creates the layout (and owns bundle 0); all cache it
-                r = c.get("/v1/lookup", params={"topic": topics[ns][0]})
-                if r.status_code != 200:
-                    raise BenchError(f"layout lookup in {ns}: {r.status_code} {r.text}")
-        plan: list[tuple[str, str, int]] = []  # (topic, expected bundle, agent index)
-        for j in range(samples):
-            ns = namespaces[j // per_ns]
-            k = 1 + j % per_ns
-            plan.append(
-                (topics[ns][k], BundleLayout.default(ns, default_bundles).bundles[k], j % len(agents))
-            )
+        _cache_layouts(clients, namespaces, topics)
+        plan = _assignment_plan(namespaces, topics, samples, default_bundles, len(agents))
         for topic, bundle, _ in plan:
             if watch.table.get(bundle) is not None:
                 raise BenchError(
@@ -277,82 +269,14 @@ def assign_phase(
                 )
         before = _metrics(cluster)
         progress(f"assignment: measuring {samples} sequential lookups of unowned bundles...")
-        lat: list[float] = []
-        rows: list[dict[str, Any]] = []
-        for topic, bundle, a in plan:
-            w0 = time.time()
-            t0 = time.perf_counter()
-            r = clients[a].get("/v1/lookup", params={"topic": topic})
-            t1 = time.perf_counter()
-            w1 = time.time()
-            if r.status_code != 200:
-                raise BenchError(f"assigning lookup of {topic}: {r.status_code} {r.text}")
-            body = r.json()
-            if body["bundle"] != bundle or body["how"] != "assigned" or body["state"] != State.OWNED.value:
-                raise BenchError(
-                    f"assigning lookup of {topic} answered {body}, want an assignment of {bundle}"
-                )
-            if body["owner"] not in brokers:
-                raise BenchError(f"{bundle} assigned to {body['owner']}, not a live broker")
-            lat.append(t1 - t0)
-            rows.append(
-                {"bundle": bundle, "owner": body["owner"], "via": agents[a].broker, "w0": w0, "w1": w1}
-            )
+        lat, rows = _timed_assignments(clients, agents, plan)
         after = _metrics(cluster)
     finally:
         for c in clients:
             c.close()
-
-    # Independent replica: every sampled bundle Owned by the answered owner, after Assigning (v1, v2).
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(watch.table.get(x["bundle"]) is None for x in rows):
-        time.sleep(0.05)
-    seen: dict[str, dict[str, tuple[int, float]]] = {}
-    for key, rec, at in list(watch.changes):
-        if rec is not None:
-            seen.setdefault(key, {})[rec.state.value] = (rec.ts, at)
-    for x in rows:
-        rec = watch.table.get(x["bundle"])
-        if rec is None or rec.state is not State.OWNED or rec.dst != x["owner"] or rec.version != 2:
-            raise BenchError(
-                f"the bench's channel replica has {x['bundle']} as {rec}, lookup said {x['owner']}"
-            )
-        if State.ASSIGNING.value not in seen.get(x["bundle"], {}):
-            raise BenchError(f"the bench's channel replica never saw {x['bundle']} Assigning")
-    # Each owner's simulated broker acquired each sampled bundle exactly once; nobody else touched it.
-    acquired: Counter[tuple[str, str]] = Counter()
-    touched: Counter[str] = Counter()
-    sampled = {x["bundle"] for x in rows}
-    for broker, timeline in cluster.timelines().items():
-        for e in timeline:
-            if e["bundle"] in sampled:
-                touched[e["bundle"]] += 1
-                if e["op"] == "acquire":
-                    acquired[(broker, e["bundle"])] += 1
-    for x in rows:
-        if acquired[(x["owner"], x["bundle"])] != 1 or touched[x["bundle"]] != 1:
-            raise BenchError(
-                f"{x['bundle']}: acquired {acquired[(x['owner'], x['bundle'])]}x by its owner, "
-                f"{touched[x['bundle']]} timeline events in all (want exactly one acquire)"
-            )
-
-    # Where the time goes, from the records' writer timestamps (ms) and this process's clock.
-    seg: dict[str, list[float]] = {k: [] for k in ("to_assigning", "assigning_to_owned", "owned_to_answer")}
-    hop: list[float] = []
-    local = remote = 0
-    for x in rows:
-        st = seen[x["bundle"]]
-        a_ts, a_seen = st[State.ASSIGNING.value]
-        o_ts, o_seen = st[State.OWNED.value]
-        seg["to_assigning"].append(a_ts / 1000 - x["w0"])
-        seg["assigning_to_owned"].append((o_ts - a_ts) / 1000)
-        seg["owned_to_answer"].append(x["w1"] - o_ts / 1000)
-        hop.append(a_seen - a_ts / 1000)
-        hop.append(o_seen - o_ts / 1000)
-        if x["owner"] == x["via"]:
-            local += 1
-        else:
-            remote += 1
+    seen = _check_replica_agrees(watch, rows)
+    _check_acquired_once(cluster, rows)
+    seg, hop, local, remote = _time_segments(rows, seen)
     s = summary_ms(lat)
     progress(f"assignment: p50 {s['p50']} ms, p99 {s['p99']} ms over {samples} samples (all checked)")
     return {
@@ -404,6 +328,123 @@ def assign_phase(
     }
 
 
+def _cache_layouts(clients: list[httpx.Client], namespaces: list[str], topics: dict[str, list[str]]) -> None:
+    """Look up each namespace's first topic through every agent: the first lookup creates the layout (and
+    owns bundle 0), and every agent caches it, so no measured lookup reads ZooKeeper."""
+    for ns in namespaces:
+        for c in clients:
+            r = c.get("/v1/lookup", params={"topic": topics[ns][0]})
+            if r.status_code != 200:
+                raise BenchError(f"layout lookup in {ns}: {r.status_code} {r.text}")
+
+
+def _assignment_plan(
+    namespaces: list[str], topics: dict[str, list[str]], samples: int, default_bundles: int, agents: int
+) -> list[tuple[str, str, int]]:
+    """(topic, expected bundle, agent index) per sample: bundles 1.. of each namespace in turn (bundle 0
+    was assigned by :func:`_cache_layouts`), round-robin over the agents."""
+    per_ns = default_bundles - 1
+    plan: list[tuple[str, str, int]] = []
+    for j in range(samples):
+        ns = namespaces[j // per_ns]
+        k = 1 + j % per_ns
+        plan.append((topics[ns][k], BundleLayout.default(ns, default_bundles).bundles[k], j % agents))
+    return plan
+
+
+def _timed_assignments(
+    clients: list[httpx.Client], agents: list[Node], plan: list[tuple[str, str, int]]
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """The measured lookups, one at a time: (latencies, one row per sample with the owner, the agent asked
+    and the wall-clock times around the request). Each answer must be an assignment to a live broker."""
+    brokers = {n.broker for n in agents}
+    lat: list[float] = []
+    rows: list[dict[str, Any]] = []
+    for topic, bundle, a in plan:
+        w0 = time.time()
+        t0 = time.perf_counter()
+        r = clients[a].get("/v1/lookup", params={"topic": topic})
+        t1 = time.perf_counter()
+        w1 = time.time()
+        if r.status_code != 200:
+            raise BenchError(f"assigning lookup of {topic}: {r.status_code} {r.text}")
+        body = r.json()
+        if body["bundle"] != bundle or body["how"] != "assigned" or body["state"] != State.OWNED.value:
+            raise BenchError(f"assigning lookup of {topic} answered {body}, want an assignment of {bundle}")
+        if body["owner"] not in brokers:
+            raise BenchError(f"{bundle} assigned to {body['owner']}, not a live broker")
+        lat.append(t1 - t0)
+        rows.append({"bundle": bundle, "owner": body["owner"], "via": agents[a].broker, "w0": w0, "w1": w1})
+    return lat, rows
+
+
+Seen = dict[str, dict[str, tuple[int, float]]]  # bundle -> state -> (writer timestamp ms, seen at wall s)
+
+
+def _check_replica_agrees(watch: ChannelWatch, rows: list[dict[str, Any]]) -> Seen:
+    """Independent replica: every sampled bundle Owned by the answered owner, after Assigning (v1, v2).
+    Returns what the replica saw, for :func:`_time_segments`."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(watch.table.get(x["bundle"]) is None for x in rows):
+        time.sleep(0.05)
+    seen: Seen = {}
+    for key, rec, at in list(watch.changes):
+        if rec is not None:
+            seen.setdefault(key, {})[rec.state.value] = (rec.ts, at)
+    for x in rows:
+        rec = watch.table.get(x["bundle"])
+        if rec is None or rec.state is not State.OWNED or rec.dst != x["owner"] or rec.version != 2:
+            raise BenchError(
+                f"the bench's channel replica has {x['bundle']} as {rec}, lookup said {x['owner']}"
+            )
+        if State.ASSIGNING.value not in seen.get(x["bundle"], {}):
+            raise BenchError(f"the bench's channel replica never saw {x['bundle']} Assigning")
+    return seen
+
+
+def _check_acquired_once(cluster: LocalCluster, rows: list[dict[str, Any]]) -> None:
+    """Each owner's simulated broker acquired each sampled bundle exactly once; nobody else touched it."""
+    acquired: Counter[tuple[str, str]] = Counter()
+    touched: Counter[str] = Counter()
+    sampled = {x["bundle"] for x in rows}
+    for broker, timeline in cluster.timelines().items():
+        for e in timeline:
+            if e["bundle"] in sampled:
+                touched[e["bundle"]] += 1
+                if e["op"] == "acquire":
+                    acquired[(broker, e["bundle"])] += 1
+    for x in rows:
+        if acquired[(x["owner"], x["bundle"])] != 1 or touched[x["bundle"]] != 1:
+            raise BenchError(
+                f"{x['bundle']}: acquired {acquired[(x['owner'], x['bundle'])]}x by its owner, "
+                f"{touched[x['bundle']]} timeline events in all (want exactly one acquire)"
+            )
+
+
+def _time_segments(
+    rows: list[dict[str, Any]], seen: Seen
+) -> tuple[dict[str, list[float]], list[float], int, int]:
+    """Where the time goes, from the records' writer timestamps (ms) and this process's clock: (seconds
+    per segment, the replica's channel hops, samples owned by the agent asked, by another agent)."""
+    seg: dict[str, list[float]] = {k: [] for k in ("to_assigning", "assigning_to_owned", "owned_to_answer")}
+    hop: list[float] = []
+    local = remote = 0
+    for x in rows:
+        st = seen[x["bundle"]]
+        a_ts, a_seen = st[State.ASSIGNING.value]
+        o_ts, o_seen = st[State.OWNED.value]
+        seg["to_assigning"].append(a_ts / 1000 - x["w0"])
+        seg["assigning_to_owned"].append((o_ts - a_ts) / 1000)
+        seg["owned_to_answer"].append(x["w1"] - o_ts / 1000)
+        hop.append(a_seen - a_ts / 1000)
+        hop.append(o_seen - o_ts / 1000)
+        if x["owner"] == x["via"]:
+            local += 1
+        else:
+            remote += 1
+    return seg, hop, local, remote
+
+
 # ---------------------------------------------------------------------------------------------- 3. raw rtt
 
 
@@ -417,6 +458,9 @@ def rtt_phase(
     follower_samples: int,
     progress: Progress,
 ) -> dict[str, Any]:
+    """Phase 3 (see the module docstring): the raw produce -> consume round trip the assignment latency is
+    compared with, and the same round trip through the channel's Follower."""
+
     def transport(name: str) -> KafkaTransport:
         return KafkaTransport(
             bootstrap,
@@ -430,73 +474,10 @@ def rtt_phase(
     try:
         n = producer.partitions(RTT_TOPIC)
         start = {p: consumer.watermarks(RTT_TOPIC, p)[1] for p in range(n)}
-        reader = consumer.reader(RTT_TOPIC, start, low_latency=True)
-        try:
-            progress(f"raw round trip: {samples} produce -> consume samples...")
-            lat: list[float] = []
-            for i in range(samples + 20):
-                key = f"rtt-{i}".encode()
-                value = f"{i}:{time.time_ns()}".encode()
-                t0 = time.perf_counter()
-                fut = producer.produce(RTT_TOPIC, key, value)
-                got: list[Message] = []
-                deadline = t0 + 10
-                while not got:
-                    got = reader.poll(1, 0.05)
-                    if time.perf_counter() > deadline:
-                        raise BenchError(f"raw round trip: message {i} not consumed within 10 s")
-                t1 = time.perf_counter()
-                m = got[0]
-                if m.key != key or m.value != value:
-                    raise BenchError(
-                        f"raw round trip: sent {key!r}={value!r}, consumed {m.key!r}={m.value!r}"
-                    )
-                written = fut.result(10)
-                if (written.partition, written.offset) != (m.partition, m.offset):
-                    raise BenchError("raw round trip: consumed a different offset than the one written")
-                if i >= 20:  # the first ones warm the connections
-                    lat.append(t1 - t0)
-            extra = reader.poll(100, 0.2)
-            if extra:
-                raise BenchError(f"raw round trip: {len(extra)} messages consumed twice or unexpected")
-        finally:
-            reader.close()
-
+        lat = _raw_round_trips(producer, consumer, start, samples, progress)
         progress(f"follower round trip: {follower_samples} samples through channel.transport.Follower...")
-        arrived: dict[bytes, float] = {}
-        ev = threading.Event()
-
-        def apply(msgs: list[Message]) -> None:
-            now = time.perf_counter()
-            for m in msgs:
-                if m.key is not None:
-                    arrived[m.key] = now
-            ev.set()
-
         fstart = {p: consumer.watermarks(RTT_TOPIC, p)[1] for p in range(n)}
-        follower = Follower(transport("rtt-follower"), RTT_TOPIC, apply, start=fstart, name="bench-rtt")
-        follower.start()
-        try:
-            if not follower.wait_ready(30):
-                raise BenchError("follower round trip: the follower did not start")
-            flat: list[float] = []
-            for i in range(follower_samples + 5):
-                key = f"frtt-{i}".encode()
-                ev.clear()
-                t0 = time.perf_counter()
-                producer.produce(RTT_TOPIC, key, b"x")
-                deadline = t0 + 10
-                while key not in arrived:
-                    ev.wait(0.5)
-                    ev.clear()
-                    if time.perf_counter() > deadline:
-                        raise BenchError(f"follower round trip: message {i} not applied within 10 s")
-                if i >= 5:
-                    flat.append(arrived[key] - t0)
-        finally:
-            follower.stop()
-            with contextlib.suppress(Exception):
-                follower.transport.close()
+        flat = _follower_round_trips(producer, transport("rtt-follower"), fstart, follower_samples)
     finally:
         producer.close()
         consumer.close()
@@ -527,6 +508,88 @@ def rtt_phase(
             ),
         },
     }
+
+
+def _raw_round_trips(
+    producer: KafkaTransport,
+    consumer: KafkaTransport,
+    start: dict[int, int],
+    samples: int,
+    progress: Progress,
+) -> list[float]:
+    """``samples`` produce -> consume round trips (after 20 that warm the connections), one message in
+    flight, each checked (key, value, offset) and consumed exactly once; seconds each."""
+    reader = consumer.reader(RTT_TOPIC, start, low_latency=True)
+    try:
+        progress(f"raw round trip: {samples} produce -> consume samples...")
+        lat: list[float] = []
+        for i in range(samples + 20):
+            key = f"rtt-{i}".encode()
+            value = f"{i}:{time.time_ns()}".encode()
+            t0 = time.perf_counter()
+            fut = producer.produce(RTT_TOPIC, key, value)
+            got: list[Message] = []
+            deadline = t0 + 10
+            while not got:
+                got = reader.poll(1, 0.05)
+                if time.perf_counter() > deadline:
+                    raise BenchError(f"raw round trip: message {i} not consumed within 10 s")
+            t1 = time.perf_counter()
+            m = got[0]
+            if m.key != key or m.value != value:
+                raise BenchError(f"raw round trip: sent {key!r}={value!r}, consumed {m.key!r}={m.value!r}")
+            written = fut.result(10)
+            if (written.partition, written.offset) != (m.partition, m.offset):
+                raise BenchError("raw round trip: consumed a different offset than the one written")
+            if i >= 20:  # the first ones warm the connections
+                lat.append(t1 - t0)
+        extra = reader.poll(100, 0.2)
+        if extra:
+            raise BenchError(f"raw round trip: {len(extra)} messages consumed twice or unexpected")
+    finally:
+        reader.close()
+    return lat
+
+
+def _follower_round_trips(
+    producer: KafkaTransport, follower_transport: KafkaTransport, start: dict[int, int], samples: int
+) -> list[float]:
+    """``samples`` round trips (after 5 warm-ups) from ``producer`` to the apply callback of a
+    :class:`channel.transport.Follower` on ``follower_transport`` (closed when done); seconds each."""
+    arrived: dict[bytes, float] = {}
+    ev = threading.Event()
+
+    def apply(msgs: list[Message]) -> None:
+        now = time.perf_counter()
+        for m in msgs:
+            if m.key is not None:
+                arrived[m.key] = now
+        ev.set()
+
+    follower = Follower(follower_transport, RTT_TOPIC, apply, start=start, name="bench-rtt")
+    follower.start()
+    try:
+        if not follower.wait_ready(30):
+            raise BenchError("follower round trip: the follower did not start")
+        flat: list[float] = []
+        for i in range(samples + 5):
+            key = f"frtt-{i}".encode()
+            ev.clear()
+            t0 = time.perf_counter()
+            producer.produce(RTT_TOPIC, key, b"x")
+            deadline = t0 + 10
+            while key not in arrived:
+                ev.wait(0.5)
+                ev.clear()
+                if time.perf_counter() > deadline:
+                    raise BenchError(f"follower round trip: message {i} not applied within 10 s")
+            if i >= 5:
+                flat.append(arrived[key] - t0)
+    finally:
+        follower.stop()
+        with contextlib.suppress(Exception):
+            follower.transport.close()
+    return flat
 
 
 # ---------------------------------------------------------------------------------------------- the run

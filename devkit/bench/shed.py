@@ -1,4 +1,4 @@
-"""The shedding benchmark (DESIGN.md sections 5.2 and 11): one shedding decision over 1 000 brokers x
+"""The shedding benchmark (docs/design.md sections 5.2 and 11): one shedding decision over 1 000 brokers x
 100 000 bundles in < 50 ms.
 
 Inputs are generated (seeded) the way a leader holds them:
@@ -84,44 +84,93 @@ class ShedInputs:
 
 
 def build_inputs(brokers: int, bundles: int, *, seed: int = 1, cfg: ShedConfig | None = None) -> ShedInputs:
+    """The seeded inputs of one shedding decision (see the module docstring), built in steps.
+
+    Every step draws from the one ``rng`` in turn, so the steps run in a fixed order and each draws exactly
+    what it draws: the same seed must give the same inputs, or runs could not be compared.
+    """
     if brokers < 4 or bundles < brokers * 2:
         raise ValueError("need at least 4 brokers and 2 bundles per broker")
     cfg = cfg or ShedConfig()
     rng = random.Random(seed)
     now = NOW_MS
     ids = [f"10.{i // 250}.{i % 250}.{1 + i % 7}:8080" for i in range(brokers)]
+    names = _bundle_names(bundles)
+    weights, owner_of, by_broker = _skewed_placement(rng, ids, names)
+    tput = _bundle_throughputs(rng, owner_of, dict(zip(ids, weights, strict=True)))
+    loads = _broker_loads(rng, ids, by_broker, tput, now)
+    top = {b: _top_bundles(b, by_broker[b], tput, loads[b].reported_at) for b in ids}
+    records, stale = _owned_records(rng, ids, owner_of, top, now)
+    live, infos = _broker_registry(rng, ids, now)
+    state, in_grace, expired = _shed_state(rng, ids, names, loads, top, cfg, now)
+    return ShedInputs(
+        brokers=live,
+        infos=infos,
+        loads=loads,
+        top=top,
+        records=records,
+        state=state,
+        cfg=cfg,
+        now_ms=now,
+        bundles_per_broker={b: len(v) for b, v in by_broker.items()},
+        stale_top_entries=stale,
+        recent_in_grace=in_grace,
+        recent_expired=expired,
+    )
 
+
+def _bundle_names(bundles: int) -> list[str]:
+    """``bundles`` bundle names: default layouts of 100 bundles per namespace (fewer for small runs)."""
     per_ns = 100 if bundles >= 100 * 10 else max(1, bundles // 10)
     names: list[str] = []
     ns = 0
     while len(names) < bundles:
         names.extend(BundleLayout.default(f"tenant-{ns % 50}/ns-{ns}", per_ns).bundles)
         ns += 1
-    names = names[:bundles]
+    return names[:bundles]
 
-    # Skewed placement: a broker's share of bundles ~ log-normal weight; every broker gets at least one.
+
+def _skewed_placement(
+    rng: random.Random, ids: list[str], names: list[str]
+) -> tuple[list[float], dict[str, str], dict[str, list[str]]]:
+    """Skewed placement: a broker's share of bundles ~ log-normal weight; every broker gets at least one.
+    Returns (each broker's weight, bundle -> broker, broker -> its bundles)."""
     weights = [rng.lognormvariate(0.0, 0.5) for _ in ids]
     owner_of: dict[str, str] = {}
     by_broker: dict[str, list[str]] = {b: [] for b in ids}
     for i, b in enumerate(ids):
         owner_of[names[i]] = b
         by_broker[b].append(names[i])
-    rest = rng.choices(ids, weights=weights, k=bundles - len(ids))
+    rest = rng.choices(ids, weights=weights, k=len(names) - len(ids))
     for name, b in zip(names[len(ids) :], rest, strict=True):
         owner_of[name] = b
         by_broker[b].append(name)
+    return weights, owner_of, by_broker
 
-    # Bundle traffic: log-normal, heavier on hot brokers (their weight scales the median).
-    wmap = dict(zip(ids, weights, strict=True))
+
+def _bundle_throughputs(
+    rng: random.Random, owner_of: dict[str, str], weight_of: dict[str, float]
+) -> dict[str, float]:
+    """Bundle traffic: log-normal, heavier on hot brokers (their weight scales the median)."""
     tput: dict[str, float] = {}
     for name, b in owner_of.items():
-        tput[name] = rng.lognormvariate(math.log(200_000.0), 1.2) * (0.75 + 0.25 * wmap[b])
+        tput[name] = rng.lognormvariate(math.log(200_000.0), 1.2) * (0.75 + 0.25 * weight_of[b])
+    return tput
 
+
+def _broker_loads(
+    rng: random.Random,
+    ids: list[str],
+    by_broker: dict[str, list[str]],
+    tput: dict[str, float],
+    now: int,
+) -> dict[str, BrokerLoadData]:
+    """Each broker's load report: its bundles' throughput over a capacity around mean/0.45 (+-20%), so
+    loads average ~45%, hot brokers saturate and cold ones idle; reported 1-60 s ago."""
     broker_tput = {b: sum(tput[n] for n in by_broker[b]) for b in ids}
     mean_tput = sum(broker_tput.values()) / len(ids)
     loads: dict[str, BrokerLoadData] = {}
     for b in ids:
-        # Capacity around mean/0.45 (+-20%): loads average ~45%, hot brokers saturate, cold ones idle.
         capacity = mean_tput / 0.45 * rng.uniform(0.8, 1.2)
         t = broker_tput[b]
         wm = min(0.99, max(0.005, t / capacity))
@@ -147,28 +196,34 @@ def build_inputs(brokers: int, bundles: int, *, seed: int = 1, cfg: ShedConfig |
             updated_at=updated,
             reported_at=updated,
         )
+    return loads
 
-    top: dict[str, TopBundles] = {}
-    stale = 0
-    for b in ids:
-        stats = [
-            BundleStats(
-                bundle=n,
-                msg_rate_in=tput[n] / 2 / MSG_SIZE,
-                msg_rate_out=tput[n] / 2 / MSG_SIZE,
-                msg_throughput_in=tput[n] / 2,
-                msg_throughput_out=tput[n] / 2,
-                topics=8,
-                producers=8,
-                consumers=8,
-            )
-            for n in by_broker[b]
-        ]
-        best = top_k(stats, TOP_K)
-        top[b] = TopBundles(broker=b, bundles=best, reported_at=loads[b].reported_at)
 
-    # ~1% of top-k entries are stale: the bundle moved to another broker after the report.
+def _top_bundles(broker: str, bundles: list[str], tput: dict[str, float], reported_at: int) -> TopBundles:
+    """The broker's top-bundles report: its ``TOP_K`` heaviest bundles, as of its load report."""
+    stats = [
+        BundleStats(
+            bundle=n,
+            msg_rate_in=tput[n] / 2 / MSG_SIZE,
+            msg_rate_out=tput[n] / 2 / MSG_SIZE,
+            msg_throughput_in=tput[n] / 2,
+            msg_throughput_out=tput[n] / 2,
+            topics=8,
+            producers=8,
+            consumers=8,
+        )
+        for n in bundles
+    ]
+    return TopBundles(broker=broker, bundles=top_k(stats, TOP_K), reported_at=reported_at)
+
+
+def _owned_records(
+    rng: random.Random, ids: list[str], owner_of: dict[str, str], top: dict[str, TopBundles], now: int
+) -> tuple[dict[str, Record], int]:
+    """The channel table: an ``Owned`` record per bundle, where ~1% of the top-k entries are stale (the
+    bundle moved to another broker after the report). Returns (the records, how many entries are stale)."""
     records: dict[str, Record] = {}
+    stale = 0
     for name, b in owner_of.items():
         records[name] = make(State.OWNED, dst=b, version=2, ts=now - 3_600_000, writer=b)
     for b in ids:
@@ -180,9 +235,15 @@ def build_inputs(brokers: int, bundles: int, *, seed: int = 1, cfg: ShedConfig |
                         State.OWNED, dst=other, src=b, version=6, ts=now - 60_000, writer=other
                     )
                     stale += 1
+    return records, stale
 
+
+def _broker_registry(
+    rng: random.Random, ids: list[str], now: int
+) -> tuple[dict[str, bool], dict[str, BrokerInfo]]:
+    """The live brokers (0.5% of them draining: they take no load) and their registrations."""
     live = {b: True for b in ids}
-    for b in rng.sample(ids, max(1, brokers // 200)):
+    for b in rng.sample(ids, max(1, len(ids) // 200)):
         live[b] = False  # draining: takes no load
     infos = {
         b: BrokerInfo(
@@ -195,37 +256,37 @@ def build_inputs(brokers: int, bundles: int, *, seed: int = 1, cfg: ShedConfig |
         )
         for i, b in enumerate(ids)
     }
+    return live, infos
 
+
+def _shed_state(
+    rng: random.Random,
+    ids: list[str],
+    names: list[str],
+    loads: dict[str, BrokerLoadData],
+    top: dict[str, TopBundles],
+    cfg: ShedConfig,
+    now: int,
+) -> tuple[ShedState, int, int]:
+    """A leader's shedding state that makes the cycle decide, with the constraints it must honour: ~1% of
+    brokers cooling down, recently moved bundles inside the grace period (among the hottest brokers' top
+    bundles) and expired ones the cycle drops. Returns (the state, bundles in grace, bundles expired)."""
     state = ShedState(hit_count=cfg.hit_count_threshold + 1)
-    for b in rng.sample(ids, max(1, brokers // 100)):
+    for b in rng.sample(ids, max(1, len(ids) // 100)):
         # Moved 100 s ago (inside the cool-down); its report (< 60 s old) already reflects the move.
         state.recent_brokers[b] = now - 100_000
-    hottest = sorted(ids, key=lambda x: -loads[x].weighted_max_ema)[: max(2, brokers // 20)]
+    hottest = sorted(ids, key=lambda x: -loads[x].weighted_max_ema)[: max(2, len(ids) // 20)]
     in_grace = 0
     for b in hottest:
         for s in top[b].bundles[1::3]:
             state.recent_bundles[s.bundle] = now - rng.randint(60_000, int(cfg.bundle_grace_s * 1000) - 1)
             in_grace += 1
     expired = 0
-    for n in rng.sample(names, min(len(names), max(10, bundles // 50))):
+    for n in rng.sample(names, min(len(names), max(10, len(names) // 50))):
         if n not in state.recent_bundles:
             state.recent_bundles[n] = now - int(cfg.bundle_grace_s * 1000) - rng.randint(1_000, 3_600_000)
             expired += 1
-
-    return ShedInputs(
-        brokers=live,
-        infos=infos,
-        loads=loads,
-        top=top,
-        records=records,
-        state=state,
-        cfg=cfg,
-        now_ms=now,
-        bundles_per_broker={b: len(v) for b, v in by_broker.items()},
-        stale_top_entries=stale,
-        recent_in_grace=in_grace,
-        recent_expired=expired,
-    )
+    return state, in_grace, expired
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -341,8 +402,8 @@ def time_with_inputs(
     from prometheus_client import CollectorRegistry
 
     from trimtab.cluster.events import EventPublisher
-    from trimtab.controller.daemon import observe_shed_cycle, shed_event
     from trimtab.controller.metrics import ControllerMetrics
+    from trimtab.controller.shedding import observe_shed_cycle, shed_event
 
     metrics = ControllerMetrics.create(CollectorRegistry())
     transport = MemoryTransport()

@@ -1,4 +1,4 @@
-"""Process-level tests of the broker-side agent (DESIGN.md sections 3, 5.1, 5.3, 7).
+"""Process-level tests of the broker-side agent (docs/design.md sections 3, 5.1, 5.3, 7).
 
 Real components only: a real ZooKeeper server, the real Kafka protocol (confluent-kafka against the
 librdkafka mock cluster owned by :class:`trimtab.devkit.localcluster.LocalCluster`) and agents running as real

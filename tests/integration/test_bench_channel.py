@@ -1,7 +1,7 @@
 """Smoke test of the channel benchmark (``bench channel``) at a small size, Kafka part included.
 
 It checks that the bench runs end to end, prints one JSON object with every figure, and that its
-correctness checks hold; it never asserts on speed (DESIGN.md section 11: performance is measured by
+correctness checks hold; it never asserts on speed (docs/design.md section 11: performance is measured by
 benchmarks, not by timed tests).
 """
 

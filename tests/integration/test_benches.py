@@ -2,7 +2,7 @@
 
 Each runs the real command end to end (the lookup and failover ones with a LocalCluster: real ZooKeeper,
 the Kafka mock, agent and controller processes), parses the one JSON object on stdout and checks that every
-figure is there and that the bench's own correctness checks held. Speed is never asserted (DESIGN.md
+figure is there and that the bench's own correctness checks held. Speed is never asserted (docs/design.md
 section 11: performance is measured by benchmarks, not by timed tests).
 """
 

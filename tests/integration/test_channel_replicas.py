@@ -1,5 +1,5 @@
 """Three processes replay one channel while racing writers publish conflicting transitions, and all three
-end with identical tables (DESIGN.md section 3.3), over the real Kafka protocol (librdkafka mock cluster).
+end with identical tables (docs/design.md section 3.3), over the real Kafka protocol (librdkafka mock cluster).
 
 The pytest process owns the mock cluster and runs the racing writers (threads, each a separate node with
 its own producer, consumer and table view; see tests/support/channel_race.py). The replicas are separate

@@ -1,6 +1,6 @@
 """Process-level tests of the leader-elected controller (issue "The leader-elected controller", section 8).
 
-Real components only (DESIGN.md sections 9 and 10): a real ZooKeeper server, the real Kafka protocol
+Real components only (docs/design.md sections 9 and 10): a real ZooKeeper server, the real Kafka protocol
 against the librdkafka mock cluster this process owns, and agents (each beside its built-in simulated
 broker) and controllers running as real ``trimtab`` processes (:class:`trimtab.devkit.localcluster.LocalCluster`).
 Timers are fast (:data:`FAST`); tests synchronise only by waiting for conditions with deadlines.
@@ -240,6 +240,21 @@ class Harness:
         r = self.cluster.post(self.leader(), "/v1/admin/shedding", {"paused": paused, "by": "test"})
         assert r.status_code == 200, r.text
         assert r.json()["shedding_paused"] is paused
+
+    def hold_shedding(self) -> Node:
+        """Pause shedding, so only the test moves bundles (what it reads stays true while it acts), and
+        return the leader."""
+        self.set_paused(True)
+        return self.leader()
+
+    def follower(self, leader: Node) -> Node:
+        """A controller that is not ``leader``."""
+        return next(n for n in self.cluster.controller_nodes if n is not leader)
+
+    def owned_bundles(self, via: Node | None = None) -> list[str]:
+        """The test's bundles that have an owner, sorted: tests pick theirs by position."""
+        owners = self.owners(via)
+        return sorted(b for b in self.bundles if owners.get(b))
 
     def timelines(self) -> dict[str, list[dict[str, Any]]]:
         """Every simulated broker's timeline: live ones now, killed ones as captured before the kill."""
@@ -535,19 +550,25 @@ class TestBalancing:
         assert mine[0].writer == h.cluster.get(leader, "/v1/leader")["me"]
         assert mine[0].channel == h.channel_topic
 
-    def test_admin_basics(self, balance: Harness) -> None:
+    # ---- the admin API. Each test holds the shedder first (so only the test moves bundles) and picks its
+    # own bundle among the owned ones; the last one kills the leader.
+
+    def test_leader_and_follower_agree_on_the_leader(self, balance: Harness) -> None:
         h, c = balance, balance.cluster
         leader = h.leader()
-        follower = next(n for n in c.controller_nodes if n is not leader)
         leader_info = c.get(leader, "/v1/leader")
         assert leader_info["is_leader"] is True and leader_info["safe_mode"] is None
         term = leader_info["leader"]["term"]
         assert leader_info["leader"]["id"] == leader_info["me"]
-        follower_info = c.get(follower, "/v1/leader")
+        follower_info = c.get(h.follower(leader), "/v1/leader")
         assert follower_info["is_leader"] is False
         assert follower_info["leader"]["id"] == leader_info["me"] and follower_info["leader"]["term"] == term
 
-        # An admin write to a follower is redirected (307, method and body kept) to the leader.
+    def test_admin_write_to_a_follower_is_redirected_to_the_leader(self, balance: Harness) -> None:
+        h, c = balance, balance.cluster
+        leader = h.leader()
+        follower = h.follower(leader)
+        # Redirected with 307, so the method and body are kept.
         r = httpx.post(
             f"{follower.http}/v1/admin/shedding", json={"paused": True, "by": "test"}, follow_redirects=False
         )
@@ -559,25 +580,33 @@ class TestBalancing:
         data, _ = h.zk.get(h.paths.controller_state)
         assert orjson.loads(data)["shedding_paused"] is True
 
-        # Brokers, with their load.
+    def test_admin_lists_the_brokers_with_their_load(self, balance: Harness) -> None:
+        h, c = balance, balance.cluster
+        leader = h.leader()
         brokers = c.get(leader, "/v1/brokers")["brokers"]
         assert sorted(brokers) == h.live_brokers()
         for b, info in brokers.items():
             assert info["info"]["id"] == b
             assert info["load"] is not None and info["load"]["broker"] == b
-        # Ownership, whole and filtered.
+
+    def test_admin_lists_ownership_whole_and_filtered(self, balance: Harness) -> None:
+        h, c = balance, balance.cluster
+        leader = h.hold_shedding()
         everything = c.get(leader, "/v1/ownership")
         assert everything["count"] == len(everything["bundles"]) >= len(h.bundles)
         owners = h.owners(leader)
         for b in h.live_brokers():
             mine = c.get(leader, "/v1/ownership", broker=b)["bundles"]
             assert sorted(mine) == sorted(k for k, o in owners.items() if o == b)
-        ns0 = c.get(leader, "/v1/ownership", namespace="public/ns-2")["bundles"]
-        assert ns0 and all(namespace_of(k) == "public/ns-2" for k in ns0)
+        ns2 = c.get(leader, "/v1/ownership", namespace="public/ns-2")["bundles"]
+        assert ns2 and all(namespace_of(k) == "public/ns-2" for k in ns2)
 
-        # Transfer to another broker: 202, then Owned there.
-        bundle = sorted(b for b in h.bundles if owners.get(b))[0]
-        src = owners[bundle]
+    def test_admin_transfer_moves_a_bundle_to_another_broker(self, balance: Harness) -> None:
+        h, c = balance, balance.cluster
+        leader = h.hold_shedding()
+        bundle = h.owned_bundles(leader)[0]
+        src = h.owners(leader)[bundle]
+        assert src is not None
         dst = next(b for b in h.live_brokers() if b != src)
         r = c.post(leader, "/v1/admin/transfer", {"bundle": bundle, "broker": dst})
         assert r.status_code == 202, r.text
@@ -592,22 +621,30 @@ class TestBalancing:
             interval=0.1,
             message="the destination broker serves it and the source does not",
         )
+
+    def test_admin_transfer_refuses_bad_requests(self, balance: Harness) -> None:
+        h, c = balance, balance.cluster
+        leader = h.hold_shedding()
+        bundle = h.owned_bundles(leader)[0]
+        owner = h.owners(leader)[bundle]
         # To its current owner: 400; to a broker that does not exist: 400; an unknown bundle: 404.
-        r = c.post(leader, "/v1/admin/transfer", {"bundle": bundle, "broker": dst})
+        r = c.post(leader, "/v1/admin/transfer", {"bundle": bundle, "broker": owner})
         assert r.status_code == 400 and "already owned" in r.json()["error"]
         r = c.post(leader, "/v1/admin/transfer", {"bundle": bundle, "broker": "127.0.0.1:1"})
         assert r.status_code == 400, r.text
         r = c.post(
-            leader, "/v1/admin/transfer", {"bundle": "nobody/here/0x00000000_0xffffffff", "broker": dst}
+            leader, "/v1/admin/transfer", {"bundle": "nobody/here/0x00000000_0xffffffff", "broker": owner}
         )
         assert r.status_code == 404, r.text
-        r = c.post(leader, "/v1/admin/transfer", {"bundle": "not a bundle", "broker": dst})
+        r = c.post(leader, "/v1/admin/transfer", {"bundle": "not a bundle", "broker": owner})
         assert r.status_code == 400, r.text
 
-        # Unload: Free, then a lookup assigns it again.
-        owners = h.owners(leader)
-        victim = next(b for b in sorted(h.bundles) if owners.get(b) and b != bundle)
-        was = owners[victim]
+    def test_admin_unload_frees_a_bundle_and_a_lookup_assigns_it_again(self, balance: Harness) -> None:
+        h, c = balance, balance.cluster
+        leader = h.hold_shedding()
+        victim = h.owned_bundles(leader)[1]  # not the one the transfer test moved
+        was = h.owners(leader)[victim]
+        assert was is not None
         r = c.post(leader, "/v1/admin/unload", {"bundle": victim})
         assert r.status_code == 202, r.text
         wait_for(
@@ -626,10 +663,13 @@ class TestBalancing:
             message=f"{victim} Owned again after the lookup",
         )
 
-        # Split through the controller: forwarded to the owner's agent, children Owned by that owner.
-        owners = h.owners(leader)
-        parent = next(b for b in sorted(h.bundles) if owners.get(b) and b not in (bundle, victim))
-        owner = owners[parent]
+    def test_admin_split_is_forwarded_to_the_owner_and_its_children_stay_there(
+        self, balance: Harness
+    ) -> None:
+        h, c = balance, balance.cluster
+        leader = h.hold_shedding()
+        parent = h.owned_bundles(leader)[2]  # neither the transferred nor the unloaded one
+        owner = h.owners(leader)[parent]
         r = c.post(leader, "/v1/admin/split", {"bundle": parent})
         assert r.status_code == 202, r.text
         body = r.json()
@@ -659,7 +699,13 @@ class TestBalancing:
         r = c.post(leader, "/v1/admin/split", {"bundle": parent})
         assert r.status_code == 409, r.text
 
-        # The pause survives a leader change; resume works on the new leader.
+    def test_shedding_pause_survives_a_leader_change_and_resumes_on_the_new_leader(
+        self, balance: Harness
+    ) -> None:
+        # Kills the leader: the last test of the class.
+        h, c = balance, balance.cluster
+        leader = h.hold_shedding()
+        term = c.get(leader, "/v1/leader")["leader"]["term"]
         h.sigkill(leader)
         new = wait_for(
             lambda: (n := c.leader()) is not None and n is not leader and n,
@@ -694,6 +740,7 @@ class TestBalancing:
             interval=0.2,
             message="the new leader runs shedding cycles again (not skipped as paused) after the resume",
         )
+        # Nothing the admin tests did put a bundle on two brokers at once.
         h.check_single_owner()
 
 
@@ -801,67 +848,11 @@ class TestFailover:
         max_in_flight = h.settings.healing.max_in_flight
         assert len(mine) > 3 * max_in_flight, f"{victim} owns only {len(mine)} bundles"
 
-        def acquire_latency(seconds: float) -> None:
-            # (The fault API sets latency together with failing the next N calls of an operation; prewarm is
-            # never called here -- no standbys -- so the injected failure is a no-op.)
-            for n in survivors:
-                r = c.post(n, "/v1/sim/faults", {"op": "prewarm", "times": 1, "latency_s": seconds})
-                assert r.status_code == 200, r.text
-
-        # Brokers take longer to take a bundle over than a leader takes to fail over: the old leader's
-        # overrides are still in flight (Assigning) when the new leader takes over, the case where a
-        # leader that misread them would reassign bundles twice.
-        acquire_latency(SESSION_TIMEOUT + 3)
-        try:
-            with ForcedWatch(h, victim) as watch:
-                died = h.sigkill_agent(node)
-                # Wait for the persisted plan and the first overrides, then kill the leader at once.
-                plan = wait_for(
-                    lambda: watch.count() >= 1 and h.plan_chunks(victim),
-                    SESSION_TIMEOUT + 20,
-                    interval=0.01,
-                    message=lambda: f"a persisted plan for {victim} and its first overrides: {h.describe()}",
-                )
-                h.sigkill(leader)
-                moved_before_kill = watch.count()
-            assert len(plan) >= 2, plan  # several chunks of chunk_size
-            assert moved_before_kill < len(mine), "the reassignment finished before the leader was killed"
-
-            new = wait_for(
-                lambda: (n := c.leader()) is not None and n is not leader and n,
-                SESSION_TIMEOUT + 30,
-                interval=0.05,
-                message="a new leader",
-            )
-            in_flight = [
-                b
-                for b, r in h.records(new).items()
-                if r["state"] == "assigning" and r["src"] == victim and r["writer"] == old_writer
-            ]
-            assert in_flight, "no override of the old leader was still in flight at the takeover"
-        finally:
-            acquire_latency(0)
+        new, died = kill_the_leader_mid_reassignment(h, leader, node, survivors, len(mine), old_writer)
         info = c.get(new, "/v1/leader")
         assert info["me"] != old_id and info["leader"]["term"] > old_term
         new_writer = f"controller:{info['me']}:t{info['leader']['term']}"
-        live = {n.broker for n in survivors}
-        plan_terms: set[int] = set()
-
-        def all_owned_by_live() -> bool:
-            # Meanwhile: the plan being worked through is the one the old leader persisted.
-            for seq in h.plan_chunks(victim):
-                with contextlib.suppress(NoNodeError):
-                    data, _ = h.zk.get(f"{h.paths.reassignments}/{victim}/{seq}")
-                    plan_terms.add(orjson.loads(data)["term"])
-            o = h.owners(new)
-            return all(o.get(b) in live for b in mine)
-
-        wait_for(
-            all_owned_by_live,
-            90,
-            interval=0.2,
-            message=lambda: f"every bundle of {victim} owned by a live broker: {h.describe()}",
-        )
+        plan_terms = wait_reassigned_noting_plan_terms(h, new, victim, mine, {n.broker for n in survivors})
         assert plan_terms == {old_term}, plan_terms
         # Without duplicates: exactly one accepted forced override off the victim per bundle, the old
         # leader's for some and the new leader's for the rest.
@@ -887,6 +878,85 @@ class TestFailover:
             interval=0.1,
             message=f"plan and failure record of {victim} cleared",
         )
+
+
+def set_acquire_latency(h: Harness, nodes: list[Node], seconds: float) -> None:
+    """Make the simulated brokers of ``nodes`` take ``seconds`` longer to take a bundle over.
+
+    (The fault API sets latency together with failing the next N calls of an operation; prewarm is never
+    called here -- no standbys -- so the injected failure is a no-op.)"""
+    for n in nodes:
+        r = h.cluster.post(n, "/v1/sim/faults", {"op": "prewarm", "times": 1, "latency_s": seconds})
+        assert r.status_code == 200, r.text
+
+
+def kill_the_leader_mid_reassignment(
+    h: Harness, leader: Node, node: Node, survivors: list[Node], owned: int, old_writer: str
+) -> tuple[Node, int]:
+    """SIGKILL the agent ``node`` (which owns ``owned`` bundles), then ``leader`` the moment it has
+    persisted a plan for them and its first overrides are accepted; return (the new leader, when the agent
+    died, monotonic ns).
+
+    The survivors' brokers take longer to take a bundle over than a leader takes to fail over, so the old
+    leader's overrides are still in flight (Assigning) when the new leader takes over: the case where a
+    leader that misread them would reassign bundles twice. Checked here, as the premise of the test."""
+    c, victim = h.cluster, node.broker
+    assert victim is not None
+    set_acquire_latency(h, survivors, SESSION_TIMEOUT + 3)
+    try:
+        with ForcedWatch(h, victim) as watch:
+            died = h.sigkill_agent(node)
+            # Wait for the persisted plan and the first overrides, then kill the leader at once.
+            plan = wait_for(
+                lambda: watch.count() >= 1 and h.plan_chunks(victim),
+                SESSION_TIMEOUT + 20,
+                interval=0.01,
+                message=lambda: f"a persisted plan for {victim} and its first overrides: {h.describe()}",
+            )
+            h.sigkill(leader)
+            moved_before_kill = watch.count()
+        assert len(plan) >= 2, plan  # several chunks of chunk_size
+        assert moved_before_kill < owned, "the reassignment finished before the leader was killed"
+
+        new = wait_for(
+            lambda: (n := c.leader()) is not None and n is not leader and n,
+            SESSION_TIMEOUT + 30,
+            interval=0.05,
+            message="a new leader",
+        )
+        in_flight = [
+            b
+            for b, r in h.records(new).items()
+            if r["state"] == "assigning" and r["src"] == victim and r["writer"] == old_writer
+        ]
+        assert in_flight, "no override of the old leader was still in flight at the takeover"
+    finally:
+        set_acquire_latency(h, survivors, 0)
+    return new, died
+
+
+def wait_reassigned_noting_plan_terms(
+    h: Harness, leader: Node, victim: str, bundles: list[str], live: set[str | None]
+) -> set[int]:
+    """Wait until every one of ``bundles`` is owned by a ``live`` broker in ``leader``'s view; return the
+    terms of the plan chunks for ``victim`` seen meanwhile (the plan being worked through)."""
+    plan_terms: set[int] = set()
+
+    def all_owned_by_live() -> bool:
+        for seq in h.plan_chunks(victim):
+            with contextlib.suppress(NoNodeError):
+                data, _ = h.zk.get(f"{h.paths.reassignments}/{victim}/{seq}")
+                plan_terms.add(orjson.loads(data)["term"])
+        o = h.owners(leader)
+        return all(o.get(b) in live for b in bundles)
+
+    wait_for(
+        all_owned_by_live,
+        90,
+        interval=0.2,
+        message=lambda: f"every bundle of {victim} owned by a live broker: {h.describe()}",
+    )
+    return plan_terms
 
 
 # ================================================================================================ ZooKeeper
@@ -971,79 +1041,27 @@ class TestZooKeeper:
         # Controllers for this test: no healing grace and a settle period longer than a session timeout,
         # so a leader that skipped the settle period would reassign the killed broker's bundles visibly
         # early (its znode vanishes one session timeout after ZooKeeper is back).
-        old_controllers = list(c.controller_nodes)
-        overrides = ["--set", "healing.grace_s=0", "--set", f"healing.safe_mode_settle_s={OUTAGE_SETTLE}"]
-        fresh = [c.add_controller(args=overrides) for _ in range(2)]
-        for n in old_controllers:
-            assert c.terminate(n.name, timeout=30) == 0
-        leader = wait_for(
-            lambda: (n := c.leader()) in fresh and n,
-            SESSION_TIMEOUT + 30,
-            interval=0.1,
-            message="one of the new controllers leads",
+        leader = replace_controllers(
+            h, ["--set", "healing.grace_s=0", "--set", f"healing.safe_mode_settle_s={OUTAGE_SETTLE}"]
         )
-        assert isinstance(leader, Node)
-        brokers = h.live_brokers()
-        owners = h.owners(leader)
-        node = h.agent(max(brokers, key=lambda b: (sum(1 for o in owners.values() if o == b), b)))
-        victim = node.broker
-        assert victim is not None
-        survivors = [n for n in c.agents if n is not node]
-        mine = sorted(b for b, o in owners.items() if o == victim)
-        theirs = {n.broker: sorted(b for b, o in owners.items() if o == n.broker) for n in survivors}
-        assert mine and all(theirs.values())
-        probes = {b: topic_in(b, prefix="outage") for bs in theirs.values() for b in bs}
-        # Every surviving agent has looked up every probe (and so knows every namespace's layout).
-        for n in survivors:
-            for b, t in probes.items():
-                assert h.lookup(t, via=n)["owner"] == owners[b]
-        serving = {n.broker: set(c.get(n, "/v1/sim/state")["serving"]) for n in survivors}
-        assert all(set(theirs[b]) <= serving[b] for b in serving)
-        mark = h.watermarks()
-
-        def written_since_mark() -> list[Accepted]:
-            return [a for a in h.accepted() if a.offset >= mark.get(a.partition, 0)]
+        scene = OutageScene.prepare(h, leader)
 
         # ---- ZooKeeper down, and an agent killed while it is.
         down_at = time.monotonic()
         c.zk.stop()
-        h.sigkill_agent(node)
-
-        def controllers_hold_back() -> bool:
-            infos = {n.name: c.get(n, "/v1/leader") for n in c.controller_nodes}
-            assert all(i["is_leader"] is False for i in infos.values()), infos
-            # The leader is paused by ZooKeeper (it keeps its term); the follower is just a follower.
-            return infos[leader.name]["safe_mode"] == "zookeeper_suspended" and all(
-                i["safe_mode"] == "not_leader" for k, i in infos.items() if k != leader.name
-            )
-
+        h.sigkill_agent(scene.node)
         wait_for(
-            controllers_hold_back,
+            lambda: controllers_hold_back(c, leader),
             10,
             interval=0.1,
             message="the leader paused by the ZooKeeper outage, the follower following",
         )
-        lookups = 0
         # The outage lasts well past the session timeout, and is checked all along.
+        lookups = 0
         while time.monotonic() - down_at < SESSION_TIMEOUT * 2 + 1:
-            assert controllers_hold_back()
-            # Brokers keep serving what they own; lookups of owned bundles still answer.
-            for n in survivors:
-                assert set(c.get(n, "/v1/sim/state")["serving"]) == serving[n.broker]
-            for i, (b, t) in enumerate(probes.items()):
-                got = c.lookup(t, via=survivors[(lookups + i) % len(survivors)])
-                assert (got["bundle"], got["owner"]) == (b, owners[b]), got
+            assert controllers_hold_back(c, leader)
+            scene.check_nothing_moved(h, lookups)
             lookups += 1
-            # Nothing destructive in the channel: no override, unload or tombstone, nothing by a controller.
-            bad = [
-                (a.key, a.new)
-                for a in written_since_mark()
-                if a.new is None
-                or a.new.force
-                or a.new.state in (State.RELEASING, State.FREE)
-                or a.new.writer.startswith("controller:")
-            ]
-            assert not bad, bad
         assert lookups >= 3
         # Admin writes are refused as retryable while nobody can lead (a follower may send them to the
         # paused leader first), never redirected in a loop.
@@ -1055,38 +1073,19 @@ class TestZooKeeper:
         # Nobody can reconnect before the server starts: a lower bound on every reconnect.
         back_ms = int(time.time() * 1000)
         c.zk.start()
-        settling: list[str] = []
-
-        def recovered() -> bool:
-            for n in c.controller_nodes:
-                with contextlib.suppress(httpx.HTTPError):
-                    sm = c.get(n, "/v1/leader")["safe_mode"]
-                    if sm and sm.startswith("settling"):
-                        settling.append(sm)
-            ldr = c.leader()
-            if ldr is None:
-                return False
-            listed = set(c.get(ldr, "/v1/brokers")["brokers"])
-            return c.get(ldr, "/v1/leader")["safe_mode"] is None and {n.broker for n in survivors} <= listed
-
-        wait_for(
-            recovered,
-            SESSION_TIMEOUT + OUTAGE_SETTLE + 30,
-            interval=0.05,
-            message=lambda: f"agents registered, a leader out of safe mode: {h.describe()}",
-        )
+        settling = wait_recovered(h, scene.survivors)
         assert settling, "no controller reported the settle period after ZooKeeper came back"
         assert int(time.time() * 1000) - back_ms >= OUTAGE_SETTLE * 1000
         leader = h.leader()
-        live = {n.broker for n in survivors}
+        live = {n.broker for n in scene.survivors}
         wait_for(
-            lambda: (o := h.owners(leader)) and all(o.get(b) in live for b in mine),
+            lambda: (o := h.owners(leader)) and all(o.get(b) in live for b in scene.mine),
             SESSION_TIMEOUT + OUTAGE_SETTLE + 40,
             interval=0.2,
             message=lambda: f"the killed broker's bundles reassigned after recovery: {h.describe()}",
         )
-        forced = forced_off(h.accepted(), victim)
-        assert Counter(a.key for a in forced) == Counter(mine)
+        forced = forced_off(h.accepted(), scene.victim)
+        assert Counter(a.key for a in forced) == Counter(scene.mine)
         earliest = min(a.new.ts for a in forced if a.new is not None)
         assert earliest >= back_ms + OUTAGE_SETTLE * 1000, (
             f"a bundle was reassigned {(earliest - back_ms) / 1000:.1f}s after ZooKeeper came back, "
@@ -1094,7 +1093,123 @@ class TestZooKeeper:
         )
         # Survivors kept their own bundles all along.
         after = h.owners(leader)
-        for n in survivors:
-            assert set(theirs[n.broker]) <= set(c.get(n, "/v1/sim/state")["serving"])
-            assert all(after[b] == n.broker for b in theirs[n.broker])
+        for n in scene.survivors:
+            assert set(scene.theirs[n.broker]) <= set(c.get(n, "/v1/sim/state")["serving"])
+            assert all(after[b] == n.broker for b in scene.theirs[n.broker])
         h.check_single_owner()
+
+
+def replace_controllers(h: Harness, args: list[str]) -> Node:
+    """Start two controllers with the extra command-line ``args``, stop the old ones (cleanly), and return
+    the new leader: one of the fresh two."""
+    c = h.cluster
+    old_controllers = list(c.controller_nodes)
+    fresh = [c.add_controller(args=args) for _ in range(2)]
+    for n in old_controllers:
+        assert c.terminate(n.name, timeout=30) == 0
+    leader = wait_for(
+        lambda: (n := c.leader()) in fresh and n,
+        SESSION_TIMEOUT + 30,
+        interval=0.1,
+        message="one of the new controllers leads",
+    )
+    assert isinstance(leader, Node)
+    return leader
+
+
+def controllers_hold_back(c: LocalCluster, leader: Node) -> bool:
+    """No controller leads: ``leader`` is paused by ZooKeeper (it keeps its term), the others just follow.
+    Asserts that none claims to lead; False while the leader has not noticed the outage yet."""
+    infos = {n.name: c.get(n, "/v1/leader") for n in c.controller_nodes}
+    assert all(i["is_leader"] is False for i in infos.values()), infos
+    return infos[leader.name]["safe_mode"] == "zookeeper_suspended" and all(
+        i["safe_mode"] == "not_leader" for k, i in infos.items() if k != leader.name
+    )
+
+
+@dataclass
+class OutageScene:
+    """The cluster as the ZooKeeper outage finds it: the agent to kill during it (the broker owning the
+    most), the survivors with their bundles and what their brokers serve, a probe topic per survivor
+    bundle (looked up through every survivor, so each knows every namespace's layout), and the channel's
+    end offsets, after which nothing destructive may be written."""
+
+    node: Node
+    victim: str
+    survivors: list[Node]
+    owners: dict[str, str | None]
+    mine: list[str]  # the victim's bundles
+    theirs: dict[str | None, list[str]]  # survivor broker -> its bundles
+    probes: dict[str, str]  # survivor bundle -> a topic in it
+    serving: dict[str | None, set[str]]  # survivor broker -> the bundles its broker serves
+    mark: dict[int, int]
+
+    @classmethod
+    def prepare(cls, h: Harness, leader: Node) -> OutageScene:
+        c = h.cluster
+        brokers = h.live_brokers()
+        owners = h.owners(leader)
+        node = h.agent(max(brokers, key=lambda b: (sum(1 for o in owners.values() if o == b), b)))
+        victim = node.broker
+        assert victim is not None
+        survivors = [n for n in c.agents if n is not node]
+        mine = sorted(b for b, o in owners.items() if o == victim)
+        theirs = {n.broker: sorted(b for b, o in owners.items() if o == n.broker) for n in survivors}
+        assert mine and all(theirs.values())
+        probes = {b: topic_in(b, prefix="outage") for bs in theirs.values() for b in bs}
+        for n in survivors:
+            for b, t in probes.items():
+                assert h.lookup(t, via=n)["owner"] == owners[b]
+        serving = {n.broker: set(c.get(n, "/v1/sim/state")["serving"]) for n in survivors}
+        assert all(set(theirs[b]) <= serving[b] for b in serving)
+        return cls(node, victim, survivors, owners, mine, theirs, probes, serving, h.watermarks())
+
+    def check_nothing_moved(self, h: Harness, round_: int) -> None:
+        """During the outage: brokers keep serving what they own, lookups of owned bundles still answer
+        (spread over the survivors, shifted each ``round_``), and nothing destructive is in the channel --
+        no override, unload or tombstone, nothing written by a controller."""
+        c, survivors = h.cluster, self.survivors
+        for n in survivors:
+            assert set(c.get(n, "/v1/sim/state")["serving"]) == self.serving[n.broker]
+        for i, (b, t) in enumerate(self.probes.items()):
+            got = c.lookup(t, via=survivors[(round_ + i) % len(survivors)])
+            assert (got["bundle"], got["owner"]) == (b, self.owners[b]), got
+        bad = [
+            (a.key, a.new)
+            for a in h.accepted()
+            if a.offset >= self.mark.get(a.partition, 0)
+            and (
+                a.new is None
+                or a.new.force
+                or a.new.state in (State.RELEASING, State.FREE)
+                or a.new.writer.startswith("controller:")
+            )
+        ]
+        assert not bad, bad
+
+
+def wait_recovered(h: Harness, survivors: list[Node]) -> list[str]:
+    """After ZooKeeper is back: wait until a leader is out of safe mode and lists every survivor; return
+    the settle-period safe modes the controllers reported meanwhile."""
+    c = h.cluster
+    settling: list[str] = []
+
+    def recovered() -> bool:
+        for n in c.controller_nodes:
+            with contextlib.suppress(httpx.HTTPError):
+                sm = c.get(n, "/v1/leader")["safe_mode"]
+                if sm and sm.startswith("settling"):
+                    settling.append(sm)
+        ldr = c.leader()
+        if ldr is None:
+            return False
+        listed = set(c.get(ldr, "/v1/brokers")["brokers"])
+        return c.get(ldr, "/v1/leader")["safe_mode"] is None and {n.broker for n in survivors} <= listed
+
+    wait_for(
+        recovered,
+        SESSION_TIMEOUT + OUTAGE_SETTLE + 30,
+        interval=0.05,
+        message=lambda: f"agents registered, a leader out of safe mode: {h.describe()}",
+    )
+    return settling

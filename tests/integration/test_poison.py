@@ -433,6 +433,78 @@ def serving_matches(p: Poisoned, table: Mapping[str, Mapping[str, Any]]) -> str 
 # ---------------------------------------------------------------------------------------------- fixture
 
 
+def own_some_bundles(cluster: LocalCluster, owned_bundles: list[str]) -> dict[str, dict[str, Any]]:
+    """History: lookups through the agents in turn until every node's table agrees and shows each of
+    ``owned_bundles`` owned; returns that table."""
+    agents = list(cluster.agents)
+    for k, b in enumerate(owned_bundles):
+        wait_for(
+            functools.partial(cluster.lookup, topic_in(b), via=agents[k % 3]),
+            40,
+            interval=0.2,
+            message=functools.partial(lambda b: f"setup lookup in {b}\n{tails(cluster)}", b),
+            ignore=(Exception,),
+        )
+    holder: dict[str, Any] = {}
+
+    def settled() -> bool:
+        views = [cluster.ownership(via=n) for n in cluster.nodes.values()]
+        ok = all(v == views[0] for v in views) and all(
+            views[0].get(b, {}).get("state") == "owned" for b in owned_bundles
+        )
+        holder["table"] = views[0]
+        return ok
+
+    wait_for(settled, 30, interval=0.1, message="every node has the same table, setup bundles owned")
+    table: dict[str, dict[str, Any]] = holder["table"]
+    return table
+
+
+def check_the_premise(poison: list[Poison]) -> None:
+    """The test's own premise: without its defect every value is a record that replay would accept."""
+    for q in poison:
+        assert q.clean is not None and q.target is not None, q.what
+        rec = decode(q.clean)
+        assert not isinstance(rec, Skip), f"{q.what}: clean twin skipped ({rec.reason})"
+        verdict = resolve(parse_bundle(q.target.bundle)[1], q.target.current, rec)
+        assert verdict is ACCEPT, f"{q.what}: clean twin would be {verdict}"
+
+
+def health_baseline(
+    http: httpx.Client, nodes: list[Node]
+) -> tuple[dict[str, Counter[str]], dict[str, tuple[float, float]]]:
+    """Each node's skip counts and (recoveries, history gaps) before the poison."""
+    baseline: dict[str, Counter[str]] = {}
+    health0: dict[str, tuple[float, float]] = {}
+    for n in nodes:
+        text = http.get(f"{n.http}/metrics").text
+        baseline[n.name] = skip_counts(text)
+        health0[n.name] = (
+            sample(text, "trimtab_channel_recoveries_total"),
+            sample(text, "trimtab_channel_history_gaps_total"),
+        )
+    return baseline, health0
+
+
+def produce_poison(producer: Producer, topic: str, poison: list[Poison], partitions: int) -> None:
+    """Every value, delivered; keyed ones without an explicit partition in their home partition."""
+    delivered: list[tuple[Poison, KafkaError | None, int | None, int | None]] = []
+
+    def on_delivery(q: Poison, e: KafkaError | None, m: Message) -> None:
+        delivered.append((q, e, m.partition(), m.offset()))
+
+    for q in poison:
+        kw: dict[str, Any] = {"partition": q.partition} if q.partition is not None else {}
+        producer.produce(topic, value=q.value, key=q.key, on_delivery=functools.partial(on_delivery, q), **kw)
+    producer.flush(30)
+    assert len(delivered) == len(poison) and all(e is None for _, e, _, _ in delivered), delivered
+    for q, _, part, _ in delivered:
+        if q.key is not None and q.partition is None:
+            assert part == zlib.crc32(q.key) % partitions, (
+                f"{q.what} landed in {part}: not the home partition"
+            )
+
+
 @pytest.fixture(scope="module")
 def p(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Poisoned]:
     cluster = LocalCluster(tmp_path_factory.mktemp("poison"), brokers=3, controllers=2, settings=SETTINGS)
@@ -453,32 +525,12 @@ def p(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Poisoned]:
         s = load_settings(cluster.config_path, environ=False)
         topic = s.kafka.channel_topic
         partitions = len(producer.list_topics(topic, timeout=10).topics[topic].partitions)
-        agents = list(cluster.agents)
-        brokers = [str(a.broker) for a in agents]
+        brokers = [str(a.broker) for a in cluster.agents]
 
         # History: every bundle of one namespace and half of another owned, through lookups.
         owned_bundles = bundles_of(OWNED_NS) + bundles_of(MIXED_NS)[:2]
         init_bundles = bundles_of(MIXED_NS)[2:]
-        for k, b in enumerate(owned_bundles):
-            wait_for(
-                functools.partial(cluster.lookup, topic_in(b), via=agents[k % 3]),
-                40,
-                interval=0.2,
-                message=functools.partial(lambda b: f"setup lookup in {b}\n{tails(cluster)}", b),
-                ignore=(Exception,),
-            )
-        holder: dict[str, Any] = {}
-
-        def settled() -> bool:
-            views = [cluster.ownership(via=n) for n in cluster.nodes.values()]
-            ok = all(v == views[0] for v in views) and all(
-                views[0].get(b, {}).get("state") == "owned" for b in owned_bundles
-            )
-            holder["table"] = views[0]
-            return ok
-
-        wait_for(settled, 30, interval=0.1, message="every node has the same table, setup bundles owned")
-        before: dict[str, dict[str, Any]] = holder["table"]
+        before = own_some_bundles(cluster, owned_bundles)
         assert not any(b in before for b in init_bundles)
 
         def target(b: str, k: int) -> Target:
@@ -489,44 +541,12 @@ def p(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Poisoned]:
         owned = [target(b, k) for k, b in enumerate(owned_bundles)]
         init = [target(b, k) for k, b in enumerate(init_bundles)]
         poison = channel_poison(owned, init, partitions)
-        # The test's own premise: without its defect every value is a record that replay would accept.
-        for q in poison:
-            assert q.clean is not None and q.target is not None, q.what
-            rec = decode(q.clean)
-            assert not isinstance(rec, Skip), f"{q.what}: clean twin skipped ({rec.reason})"
-            verdict = resolve(parse_bundle(q.target.bundle)[1], q.target.current, rec)
-            assert verdict is ACCEPT, f"{q.what}: clean twin would be {verdict}"
+        check_the_premise(poison)
 
         nodes = list(cluster.nodes.values())
-        baseline: dict[str, Counter[str]] = {}
-        health0: dict[str, tuple[float, float]] = {}
-        for n in nodes:
-            text = http.get(f"{n.http}/metrics").text
-            baseline[n.name] = skip_counts(text)
-            health0[n.name] = (
-                sample(text, "trimtab_channel_recoveries_total"),
-                sample(text, "trimtab_channel_history_gaps_total"),
-            )
+        baseline, health0 = health_baseline(http, nodes)
         watch = ReadyWatch(nodes).start()
-
-        delivered: list[tuple[Poison, KafkaError | None, int | None, int | None]] = []
-
-        def on_delivery(q: Poison, e: KafkaError | None, m: Message) -> None:
-            delivered.append((q, e, m.partition(), m.offset()))
-
-        for q in poison:
-            kw: dict[str, Any] = {"partition": q.partition} if q.partition is not None else {}
-            producer.produce(
-                topic, value=q.value, key=q.key, on_delivery=functools.partial(on_delivery, q), **kw
-            )
-        producer.flush(30)
-        assert len(delivered) == len(poison) and all(e is None for _, e, _, _ in delivered), delivered
-        for q, _, part, _ in delivered:
-            if q.key is not None and q.partition is None:
-                assert part == zlib.crc32(q.key) % partitions, (
-                    f"{q.what} landed in {part}: not the home partition"
-                )
-
+        produce_poison(producer, topic, poison, partitions)
         yield Poisoned(
             cluster, s, producer, partitions, before, owned, init, poison, baseline, health0, watch, http
         )

@@ -1,6 +1,6 @@
 """Shared hypothesis strategies, and an independent reference model of the bundle state channel.
 
-The reference model (:class:`Oracle`) is written from DESIGN.md section 3 and docs of the wire format, not
+The reference model (:class:`Oracle`) is written from docs/design.md section 3 and docs of the wire format, not
 from ``channel.resolve``/``channel.table``: it parses JSON with the standard library, validates fields by
 hand, and states the transition table literally. Property tests compare the real code against it after
 every message. The log generator (:func:`channel_logs`) also uses it to know the true state of a bundle
@@ -30,7 +30,7 @@ WRITERS = (*BROKERS, "leader")
 STATE_NAMES = ("free", "owned", "assigning", "releasing", "splitting", "deleted")
 REQUIRED_FIELDS = ("schema", "state", "dst", "src", "version", "force", "ts", "writer")
 
-# DESIGN.md 3.1, verbatim: from -> allowed non-forced targets; None is Init (no record / tombstone).
+# docs/design.md 3.1, verbatim: from -> allowed non-forced targets; None is Init (no record / tombstone).
 DESIGN_TRANSITIONS: dict[str | None, frozenset[str | None]] = {
     None: frozenset({"assigning", "owned"}),
     "free": frozenset({"assigning", None}),
@@ -196,7 +196,7 @@ def oracle_shape_ok(lo: int, hi: int, r: dict[str, Any]) -> bool:
 
 
 def oracle_accepts(lo: int, hi: int, cur: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
-    """First valid transition, restated from DESIGN.md 3.1/3.3 (``lo``/``hi``: the bundle's range)."""
+    """First valid transition, restated from docs/design.md 3.1/3.3 (``lo``/``hi``: the bundle's range)."""
     if new is None:  # tombstone: only a semi-terminal bundle goes back to Init
         return cur is not None and cur["state"] in ("free", "deleted")
     expected = 1 if cur is None else cur["version"] + 1
@@ -575,7 +575,7 @@ class _Builder:
         return {f"0x{lo:08x}_0x{cut:08x}": owner, f"0x{cut:08x}_0x{hi:08x}": owner}
 
     def flows(self, name: str, cur: dict[str, Any] | None) -> list[dict[str, Any] | None]:
-        """The plausible next records of a bundle observed at ``cur`` (DESIGN.md 3.1 flows)."""
+        """The plausible next records of a bundle observed at ``cur`` (docs/design.md 3.1 flows)."""
         self.ts += 1
         w = self.draw(st.sampled_from(WRITERS))
 

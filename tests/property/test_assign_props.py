@@ -1,4 +1,4 @@
-"""Properties of broker selection (DESIGN.md 5.1) over random broker sets, loads and exclusions."""
+"""Properties of broker selection (docs/design.md 5.1) over random broker sets, loads and exclusions."""
 
 from __future__ import annotations
 

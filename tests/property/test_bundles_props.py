@@ -31,7 +31,7 @@ from trimtab.errors import BundleError
 
 
 def holds(lower: int, upper: int, h: int) -> bool:
-    """DESIGN.md 1 / Pulsar: [lower, upper), except that the last bundle also holds 0xffffffff."""
+    """docs/design.md 1 / Pulsar: [lower, upper), except that the last bundle also holds 0xffffffff."""
     return lower <= h < upper or (h == upper == FULL_UPPER)
 
 

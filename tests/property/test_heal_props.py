@@ -1,4 +1,4 @@
-"""Properties of healing and the monitor (DESIGN.md 5.4) over random tables and random dead sets.
+"""Properties of healing and the monitor (docs/design.md 5.4) over random tables and random dead sets.
 
 The key one: every override returned by ``throttle``/``monitor`` is accepted by ``channel.resolve`` as
 the bundle's next record, and never names a dead broker as its destination.

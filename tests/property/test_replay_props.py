@@ -1,4 +1,4 @@
-"""Replay of random channel logs against the independent reference model (DESIGN.md 3.3).
+"""Replay of random channel logs against the independent reference model (docs/design.md 3.3).
 
 The logs mix plausible flows (assign, transfer, unload, split and child claims, overrides, tombstones,
 re-created bundles) with racing and stale writers, duplicates, garbage values, bad keys and records in the

@@ -1,4 +1,4 @@
-"""Properties of the first-valid-transition predicate (DESIGN.md 3.3), against the reference model."""
+"""Properties of the first-valid-transition predicate (docs/design.md 3.3), against the reference model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Properties of the shedders (DESIGN.md 5.2) over random clusters, reports, ownership and memory."""
+"""Properties of the shedders (docs/design.md 5.2) over random clusters, reports, ownership and memory."""
 
 from __future__ import annotations
 

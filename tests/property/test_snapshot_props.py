@@ -1,4 +1,4 @@
-"""DESIGN.md 3.4: bootstrap(snapshot, tail) produces exactly the table a full replay from offset zero produces.
+"""docs/design.md 3.4: bootstrap(snapshot, tail) produces exactly the table a full replay from offset zero produces.
 
 A simulated leader follows a random multi-partition channel (partitions interleaved arbitrarily) and writes
 snapshots of its live table at random points. Its writer may crash mid-write (only a prefix of the
@@ -99,6 +99,60 @@ def foreign_snapshot(n: int, partitions: int) -> list[SnapshotMsg]:
     )
 
 
+def failover(leader: Leader, topic: list[SnapshotMsg], by_partition: dict[int, list[Msg]]) -> Leader:
+    """A new leader bootstraps from what is there now (the channel up to this leader's positions, which is
+    what it could read) and carries on; the old one keeps a copy of its view as it was (deposed)."""
+    partitions = leader.partitions
+    seen = leader.view.positions
+    so_far = [x for p, xs in sorted(by_partition.items()) for x in xs if x[3] < seen.get(p, 0)]
+    new_view = bootstrap(list(topic), so_far, partitions=partitions, channel=CHANNEL)
+    assert new_view.as_dict() == leader.view.as_dict()
+    successor = Leader(partitions, leader.term + 1)
+    successor.view = new_view
+    successor.observe(topic)
+    stale_view = TableView(partitions)
+    stale_view.load(leader.view.as_dict(), leader.view.positions)
+    leader.view = stale_view
+    event("leader failover")
+    return successor
+
+
+def run_leaders(
+    draw: Any, log: ChannelLog, by_partition: dict[int, list[Msg]]
+) -> tuple[list[SnapshotMsg], list[str], bool]:
+    """Leaders follow the channel and, at random points, write snapshots (sometimes crashing mid-write),
+    fail over, let a deposed leader finish a snapshot of its older view (collecting garbage with full
+    knowledge of the topic), or see another channel's snapshot land. Returns the snapshot topic, the ids
+    of complete snapshots in the order they completed, and whether a foreign snapshot landed."""
+    assert log.partitions is not None
+    leader = Leader(log.partitions)
+    deposed: list[Leader] = []  # earlier leaders that do not know they lost (they keep an old view)
+    topic: list[SnapshotMsg] = []
+    complete: list[str] = []
+    foreign = False
+    for i, m in enumerate(draw(deliveries(log))):
+        leader.view.apply(*m)
+        action = draw(
+            st.sampled_from(["none"] * 6 + ["snapshot", "snapshot", "failover", "foreign", "stale"])
+        )
+        if action == "snapshot":
+            leader.write(draw, topic, complete)
+        elif action == "stale" and deposed:
+            old = deposed[draw(st.integers(0, len(deposed) - 1))]
+            old.observe(topic)
+            old.write(draw, topic, complete)
+            event("stale leader wrote a snapshot")
+        elif action == "foreign":
+            foreign = True
+            topic.extend(foreign_snapshot(i, log.partitions))
+        elif action == "failover":
+            deposed.append(leader)
+            leader = failover(leader, topic, by_partition)
+    if draw(st.booleans()):
+        leader.write(draw, topic, complete)
+    return topic, complete, foreign
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=SLOW_OK)
 @given(data=st.data())
 def test_bootstrap_equals_full_replay(data: st.DataObject) -> None:
@@ -115,47 +169,7 @@ def test_bootstrap_equals_full_replay(data: st.DataObject) -> None:
     assert table_json(full.items()) == reference.table
 
     # The leader follows the channel in its own interleaving and snapshots at random points.
-    leader = Leader(partitions)
-    deposed: list[Leader] = []  # earlier leaders that do not know they lost (they keep an old view)
-    topic: list[SnapshotMsg] = []
-    complete: list[str] = []
-    foreign = False
-    live_stream = draw(deliveries(log))
-    for i, m in enumerate(live_stream):
-        leader.view.apply(*m)
-        action = draw(
-            st.sampled_from(["none"] * 6 + ["snapshot", "snapshot", "failover", "foreign", "stale"])
-        )
-        if action == "snapshot":
-            leader.write(draw, topic, complete)
-        elif action == "stale" and deposed:
-            # A deposed leader finishes a snapshot of its older view after the new leader wrote one, and
-            # collects garbage knowing every key in the topic: it must not break the newer snapshots.
-            old = deposed[draw(st.integers(0, len(deposed) - 1))]
-            old.observe(topic)
-            old.write(draw, topic, complete)
-            event("stale leader wrote a snapshot")
-        elif action == "foreign":
-            foreign = True
-            topic.extend(foreign_snapshot(i, partitions))
-        elif action == "failover":
-            # A new leader bootstraps from what is there now (the channel up to this leader's positions,
-            # which is what it could read) and carries on with the old leader's stream.
-            seen = leader.view.positions
-            so_far = [x for p, xs in sorted(by_partition.items()) for x in xs if x[3] < seen.get(p, 0)]
-            new_view = bootstrap(list(topic), so_far, partitions=partitions, channel=CHANNEL)
-            assert new_view.as_dict() == leader.view.as_dict()
-            successor = Leader(partitions, leader.term + 1)
-            successor.view = new_view
-            successor.observe(topic)
-            stale_view = TableView(partitions)  # the deposed leader keeps a copy of its view as it was
-            stale_view.load(leader.view.as_dict(), leader.view.positions)
-            leader.view = stale_view
-            deposed.append(leader)
-            leader = successor
-            event("leader failover")
-    if draw(st.booleans()):
-        leader.write(draw, topic, complete)
+    topic, complete, foreign = run_leaders(draw, log, by_partition)
 
     # Compaction of (a prefix of) the snapshot topic.
     compacted = False

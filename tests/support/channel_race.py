@@ -3,7 +3,7 @@
 Each :class:`RacingWriter` is a broker-like node: its own transport (own producer and consumer), its own
 :class:`channel.client.ChannelClient` table view, and a seeded RNG. Every round it reads its *own* view of
 each bundle and publishes the next transition it wants, without waiting for anyone; several writers
-computing the same next version from the same view is the race DESIGN.md section 3.3 resolves ("first
+computing the same next version from the same view is the race docs/design.md section 3.3 resolves ("first
 valid transition wins"). The moves deliberately include the conflicts that matter:
 
 * every writer claims the same ``Init``/``Free`` bundle for itself (``Assigning`` version n+1);

@@ -1,4 +1,4 @@
-"""Choosing a broker for an unowned bundle (DESIGN.md 5.1; digest pulsar_elb.md 5.1-5.2)."""
+"""Choosing a broker for an unowned bundle (docs/design.md 5.1; digest pulsar_elb.md 5.1-5.2)."""
 
 from __future__ import annotations
 

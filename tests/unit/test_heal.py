@@ -1,4 +1,4 @@
-"""Self-healing and the ownership monitor (DESIGN.md 5.4; digest pulsar_elb.md 2.x leader monitor).
+"""Self-healing and the ownership monitor (docs/design.md 5.4; digest pulsar_elb.md 2.x leader monitor).
 
 The key property throughout: every override is a record that ``channel.resolve.resolve`` accepts as the
 next state of the bundle -- an override the channel rejects would heal nothing.

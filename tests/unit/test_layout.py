@@ -50,3 +50,18 @@ def test_trimtab_exposes_each_top_level_folder() -> None:
         link = ROOT / "trimtab" / name
         assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), name
         assert (ROOT / name / "__init__.py").is_file(), name
+
+
+def test_no_import_cycles_between_modules() -> None:
+    """A cycle -- even one hidden in a function body or under TYPE_CHECKING -- means two modules that
+    cannot be read, tested or replaced alone; the wiring modules are where both ends meet instead."""
+    import grimp
+
+    graph = grimp.build_graph("trimtab", include_external_packages=False)
+    cycles: dict[frozenset[str], tuple[str, ...]] = {}
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            back = graph.find_shortest_chain(importer=imported, imported=module)
+            if back is not None:
+                cycles.setdefault(frozenset(back), (module, *back))
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles.values())

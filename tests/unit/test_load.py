@@ -1,4 +1,4 @@
-"""Broker load data (DESIGN.md section 4; reference digest pulsar_elb.md sections 3.1-3.3).
+"""Broker load data (docs/design.md section 4; reference digest pulsar_elb.md sections 3.1-3.3).
 
 weighted max, the EMA, the reporter's publish rule, freshness and the top-k bundle report.
 """

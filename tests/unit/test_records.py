@@ -1,4 +1,4 @@
-"""The record wire format (DESIGN.md 3.2): round trips, and decoding that never raises."""
+"""The record wire format (docs/design.md 3.2): round trips, and decoding that never raises."""
 
 from __future__ import annotations
 

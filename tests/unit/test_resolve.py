@@ -1,4 +1,4 @@
-"""First valid transition wins (DESIGN.md 3.1 and 3.3): the transition table and every broker check."""
+"""First valid transition wins (docs/design.md 3.1 and 3.3): the transition table and every broker check."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ INVALID = Verdict.INVALID_TRANSITION
 MISMATCH = Verdict.BROKER_MISMATCH
 BAD = Verdict.BAD_RECORD
 
-# DESIGN.md 3.1, copied by hand: from -> to; None is Init (no record, or a tombstone as the target).
+# docs/design.md 3.1, copied by hand: from -> to; None is Init (no record, or a tombstone as the target).
 DESIGN = {
     None: {State.ASSIGNING, State.OWNED},
     State.FREE: {State.ASSIGNING, None},

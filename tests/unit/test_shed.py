@@ -1,4 +1,4 @@
-"""Load shedding decisions (DESIGN.md 5.2; digest pulsar_elb.md 4.2 TransferShedder, 4.4 ThresholdShedder)."""
+"""Load shedding decisions (docs/design.md 5.2; digest pulsar_elb.md 4.2 TransferShedder, 4.4 ThresholdShedder)."""
 
 from __future__ import annotations
 

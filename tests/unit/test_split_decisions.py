@@ -1,4 +1,4 @@
-"""Which bundles an agent splits (DESIGN.md 5.3; digest pulsar_elb.md 5.3) and the child ranges."""
+"""Which bundles an agent splits (docs/design.md 5.3; digest pulsar_elb.md 5.3) and the child ranges."""
 
 from __future__ import annotations
 

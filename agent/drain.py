@@ -1,0 +1,109 @@
+"""Draining before exit (docs/design.md section 7): the first SIGTERM marks the broker draining in its
+registration (so nobody assigns to it, this agent included), transfers every bundle it owns to another
+broker -- ``Releasing{src=me, dst=B}``, or a plain unload when no other broker is left -- and waits,
+bounded by ``agent.drain_timeout_s``, until the channel names it nowhere *and* its broker closed (with
+redirects) everything it fenced. Exiting earlier would drop clients without telling them where to go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+
+import structlog
+
+from trimtab.agent.identity import BrokerIdentity
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.reconciler import Reconciler
+from trimtab.balance.assign import AssignContext, select_broker
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record, State, make
+from trimtab.cluster.zk import BrokerRegistry
+
+log = structlog.get_logger("trimtab.agent")
+
+
+class Drainer:
+    def __init__(
+        self,
+        identity: BrokerIdentity,
+        channel: ChannelClient,
+        reconciler: Reconciler,
+        registry: BrokerRegistry,
+        *,
+        assign_context: Callable[[frozenset[str]], AssignContext],
+        rng: random.Random,
+        metrics: AgentMetrics,
+        timeout_s: float,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        poll_s: float = 0.05,
+    ) -> None:
+        """``reconciler`` tells what the broker still serves or keeps fenced; ``registry`` where the
+        bundles can go (live brokers not draining) and where the draining flag is published."""
+        self.identity = identity
+        self.me = identity.id
+        self.channel = channel
+        self.reconciler = reconciler
+        self.registry = registry
+        self._assign_context = assign_context
+        self.rng = rng
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._monotonic = monotonic
+        self.poll_s = poll_s
+        self.draining = False
+
+    def owned(self) -> set[str]:
+        return {k for k, r in self.channel.table.items() if r.state is State.OWNED and r.dst == self.me}
+
+    def _naming_me(self) -> dict[str, Record]:
+        return {
+            k: r
+            for k, r in self.channel.table.items()
+            if (r.state is State.OWNED and r.dst == self.me) or (r.state.in_flight and r.names(self.me))
+        }
+
+    async def drain(self, force_exit: asyncio.Event) -> str:
+        """Transfer every owned bundle away and wait until they are owned elsewhere and closed here.
+
+        Returns "" when done, else why it stopped early (``force_exit`` set, or the drain timeout)."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.registry.update, self.identity.info(draining=True))
+        deadline = self._monotonic() + self.timeout_s
+        requested: dict[str, int] = {}  # bundle -> version we asked to release
+        log.info("drain_started", owned=len(self.owned()), timeout_s=self.timeout_s)
+        while True:
+            mine = self._naming_me()
+            closing = self.reconciler.served | self.reconciler.fenced
+            if not mine and not closing:
+                log.info("drain_complete", moved=len(requested))
+                return ""
+            if force_exit.is_set() or self._monotonic() > deadline:
+                why = "second signal" if force_exit.is_set() else "drain timeout"
+                log.warning("drain_incomplete", reason=why, bundles_left=len(mine), not_closed=len(closing))
+                return f"drain incomplete ({why}): {len(mine)} bundles left"
+            others = {k: v for k, v in self.registry.brokers.items() if k != self.me and not v.draining}
+            for bundle, rec in mine.items():
+                if rec.state is not State.OWNED or requested.get(bundle) == rec.version:
+                    continue
+                sel = select_broker(bundle, others, self._assign_context(frozenset({self.me})), self.rng)
+                nxt = make(
+                    State.RELEASING,
+                    src=self.me,
+                    dst=sel.broker,  # None -> a plain unload when no other broker is left
+                    version=rec.version + 1,
+                    ts=int(self.clock() * 1000),
+                    writer=self.me,
+                )
+                self.channel.publish(bundle, nxt)
+                requested[bundle] = rec.version
+            # The channel and the broker move on other threads and tasks; re-check shortly.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(force_exit.wait(), self.poll_s)

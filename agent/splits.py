@@ -1,0 +1,149 @@
+"""Bundle splits started by this broker (docs/design.md section 5.3): the automatic split scheduler and
+the admin split.
+
+Every ``split.interval_s`` the scheduler feeds the latest per-bundle stats of the broker (those of the
+last load report, else a fresh sample) to :func:`balance.split.decide_splits` and publishes
+``Splitting{src=me, children}`` for each decision; the reconciler then carries the split out like any
+other step it owes (:mod:`agent.roles`). Only the owner may start a split: a bundle owned elsewhere is
+refused with 409, a bundle in flight on this broker with a retryable 503. Paused while draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from trimtab.agent.adapters.base import BrokerAdapter
+from trimtab.agent.lookup import LayoutCache
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.reporter import LoadReporter
+from trimtab.balance.load import BundleStats
+from trimtab.balance.split import SplitDecision, SplitLimits, children_for, decide_splits
+from trimtab.channel.bundles import parse_bundle
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record, State, make
+from trimtab.cluster.events import EventPublisher
+from trimtab.errors import BundleError, RequestError
+
+log = structlog.get_logger("trimtab.agent")
+
+
+class SplitRefused(RequestError):
+    """A split this agent will not start (not the owner, bad input, in flight)."""
+
+
+class SplitScheduler:
+    def __init__(
+        self,
+        me: str,
+        channel: ChannelClient,
+        *,
+        reporter: LoadReporter,
+        adapter: BrokerAdapter,
+        layouts: LayoutCache,
+        events: EventPublisher,
+        metrics: AgentMetrics,
+        limits: SplitLimits,
+        enabled: bool,
+        interval_s: float,
+        paused: Callable[[], bool],
+        clock: Callable[[], float] = time.time,
+        publish_timeout_s: float = 30.0,
+    ) -> None:
+        """``reporter`` gives the stats of the last load report; ``layouts`` the bundle count of every
+        namespace seen; ``paused`` (draining) suspends the automatic splits (not the admin ones)."""
+        self.me = me
+        self.channel = channel
+        self.reporter = reporter
+        self.adapter = adapter
+        self.layouts = layouts
+        self.events = events
+        self.metrics = metrics
+        self.limits = limits
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self._paused = paused
+        self.clock = clock
+        self.publish_timeout_s = publish_timeout_s
+        self.hits: dict[str, int] = {}  # consecutive cycles each bundle was over a limit
+
+    def owned(self) -> set[str]:
+        return {k for k, r in self.channel.table.items() if r.state is State.OWNED and r.dst == self.me}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+                return
+            except TimeoutError:
+                pass
+            if not self.enabled or self._paused():
+                continue
+            try:
+                await self.split_cycle()
+            except Exception:
+                log.exception("split_cycle_failed")
+
+    async def split_cycle(self) -> list[SplitDecision]:
+        stats = self.reporter.last_bundles or (await self.adapter.sample()).bundles
+        counts = {ns: len(layout) for ns, layout in self.layouts.cached().items()}
+        cycle = decide_splits(stats, self.hits, self.limits, namespace_bundles=counts, owned=self.owned())
+        self.hits = cycle.hits
+        for _bundle, reason in cycle.skipped:
+            self.metrics.splits.labels("auto", reason).inc()
+        for d in cycle.decisions:
+            try:
+                await self.publish_split(d)
+                self.metrics.splits.labels(d.reason, "published").inc()
+            except SplitRefused as e:
+                self.metrics.splits.labels(d.reason, "refused").inc()
+                log.info("split_refused", bundle=d.bundle, reason=str(e))
+        return cycle.decisions
+
+    async def publish_split(self, d: SplitDecision) -> Record:
+        cur = self.channel.table.get(d.bundle)
+        if cur is not None and cur.state.in_flight and cur.names(self.me):
+            raise SplitRefused(503, f"{d.bundle} is {cur.state.value} here right now; retry in a moment")
+        if cur is None or cur.state is not State.OWNED or cur.dst != self.me:
+            owner = cur.owner() if cur else None
+            raise SplitRefused(409, f"{d.bundle} is not owned by this broker (owner: {owner}); ask its owner")
+        rec = make(
+            State.SPLITTING,
+            src=self.me,
+            dst=None,
+            version=cur.version + 1,
+            ts=int(self.clock() * 1000),
+            writer=self.me,
+            children={c.name: self.me for c in d.children},
+        )
+        published = asyncio.wrap_future(self.channel.publish(d.bundle, rec))
+        await asyncio.wait_for(published, self.publish_timeout_s)
+        children = [c.name for c in d.children]
+        self.events.publish("split", bundle=d.bundle, reason=d.reason, children=children)
+        log.info("split_published", bundle=d.bundle, reason=d.reason, children=children)
+        return rec
+
+    async def admin_split(self, bundle: str, algorithm: str | None, boundaries: list[int]) -> SplitDecision:
+        """Split ``bundle`` now (``algorithm`` defaults to ``split.algorithm``, or to
+        specified_positions_divide when ``boundaries`` are given)."""
+        try:
+            parse_bundle(bundle)
+        except BundleError as e:
+            raise SplitRefused(400, str(e)) from None
+        stats = next(
+            (b for b in self.reporter.last_bundles if b.bundle == bundle), BundleStats(bundle=bundle)
+        )
+        algo = algorithm or ("specified_positions_divide" if boundaries else self.limits.algorithm)
+        try:
+            children = children_for(stats, self.limits, algo, tuple(boundaries))
+        except BundleError as e:
+            raise SplitRefused(400, str(e)) from None
+        if not children:
+            raise SplitRefused(422, f"{algo} found no split boundary for {bundle}")
+        decision = SplitDecision(bundle, "admin", children)
+        await self.publish_split(decision)
+        self.metrics.splits.labels("admin", "published").inc()
+        return decision

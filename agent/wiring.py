@@ -1,0 +1,291 @@
+"""Builds the agent from its settings: the one place where its parts meet.
+
+settings -> (HTTP socket, bound first: the broker id defaults to host:port) -> identity -> broker adapter
+-> ZooKeeper session, broker registry, namespace store -> transport -> channel client, broker-load view,
+events -> reconciler, lookups, load reporter, split scheduler, drainer -> HTTP app -> :class:`Agent`.
+
+Nothing here connects anywhere: the daemon's lifecycle (:meth:`agent.daemon.Agent.run`) starts the parts
+in the order that correctness needs. :func:`check` tells, before anything is bound or built, whether the
+settings can run an agent at all; ``trimtab agent`` runs :class:`AgentProcess`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from trimtab.agent.adapters import build_adapter, require_adapter_kind
+from trimtab.agent.adapters.base import BrokerAdapter, RetryingAdapter
+from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.agent.api import AgentApi, SimControls, create_app
+from trimtab.agent.daemon import Agent
+from trimtab.agent.drain import Drainer
+from trimtab.agent.identity import BrokerIdentity
+from trimtab.agent.lookup import LayoutCache, LookupService
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.reconciler import Reconciler
+from trimtab.agent.reporter import HostSampler, LoadReporter
+from trimtab.agent.splits import SplitScheduler
+from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext
+from trimtab.balance.load import BrokerLoadData
+from trimtab.balance.split import SplitLimits
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record
+from trimtab.channel.table import TableView
+from trimtab.channel.transport import Transport
+from trimtab.cluster.bridge import LoopBridge
+from trimtab.cluster.events import EventPublisher
+from trimtab.cluster.http import HttpServer, bind
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.logs import SkipLog
+from trimtab.cluster.logs import bind as bind_log
+from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
+from trimtab.cluster.wiring import kafka_transport, zk_session
+from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
+from trimtab.config.settings import Settings
+
+
+def check(settings: Settings) -> None:
+    """Raise :class:`trimtab.errors.ConfigError` if these settings cannot run an agent (before binding or
+    connecting anything): today, an unset ``broker.adapter.kind``."""
+    require_adapter_kind(settings)
+
+
+@dataclass(frozen=True)
+class WiredAgent:
+    """The agent and the parts it was built from (for the process, in-process tests and tools)."""
+
+    agent: Agent
+    http: HttpServer
+    app: FastAPI
+    identity: BrokerIdentity
+    adapter: BrokerAdapter  # the retrying wrapper around the broker's adapter
+    sim: SimulatedBroker | None  # the simulated broker, when that is the adapter
+    channel: ChannelClient
+    registry: BrokerRegistry
+    reconciler: Reconciler
+    lookups: LookupService
+    reporter: LoadReporter
+    splits: SplitScheduler
+    drainer: Drainer
+    metrics: AgentMetrics
+    prom: CollectorRegistry
+
+    async def run(self) -> int:
+        return await self.agent.run(self.http)
+
+
+def build(
+    settings: Settings,
+    *,
+    sock: socket.socket | None = None,
+    transport: Transport | None = None,
+    adapter: BrokerAdapter | None = None,
+    prom: CollectorRegistry | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.time,
+) -> WiredAgent:
+    """Build an agent on the running event loop. Overrides are for tests and tools: ``sock`` an already
+    bound HTTP socket, ``transport`` instead of Kafka, ``adapter`` instead of ``broker.adapter``."""
+    s = settings
+    loop = asyncio.get_running_loop()
+    if adapter is None:
+        check(s)
+    sock = sock if sock is not None else bind(s.http.host, s.http.port)
+    identity = BrokerIdentity.from_settings(s, int(sock.getsockname()[1]), started_at=clock())
+    me = identity.id
+    bind_log(broker=me, role="agent")
+    prom = prom if prom is not None else new_registry()
+    metrics = AgentMetrics.create(prom)
+    rng = rng if rng is not None else random.Random()
+
+    inner = adapter if adapter is not None else build_adapter(s, me)[0]
+    sim = inner if isinstance(inner, SimulatedBroker) else None
+    a = s.broker.adapter
+    retrying = RetryingAdapter(
+        inner,
+        timeout_s=a.timeout_s,
+        retries=a.retries,
+        backoff_s=a.backoff_s,
+        observe=metrics.observe_adapter,
+    )
+
+    paths = ZkPaths(s.zk_path)
+    zk = zk_session(s)
+    registry = BrokerRegistry(zk, paths)
+    namespaces = NamespaceStore(zk.client, paths, s.namespace.default_bundles)
+
+    transport = transport if transport is not None else kafka_transport(s, f"trimtab-agent-{me}")
+
+    def on_channel_ready(table: TableView) -> None:
+        # On the follower thread, once the channel is caught up -- never before Agent.run started it, by
+        # which time the reconciler and the lookups below exist.
+        loop.call_soon_threadsafe(_channel_caught_up, reconciler, lookups, table)
+
+    channel = ChannelClient(
+        transport,
+        s.kafka.channel_topic,
+        s.kafka.snapshot_topic,
+        on_skip=SkipLog(),
+        on_ready=on_channel_ready,
+        allow_multi_partition_snapshot_topic=s.kafka.allow_multi_partition_snapshot_topic,
+    )
+    loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, s.kafka.broker_load_topic, BrokerLoadData)
+    events = EventPublisher(transport, s.kafka.events_topic, source=me, role="agent")
+    prom.register(ChannelCollector(lambda: channel))
+    prom.register(KeyValueCollector(lambda: [loads]))
+
+    def assign_context(exclude: frozenset[str]) -> AssignContext:
+        return AssignContext.from_settings(s, loads.snapshot(), int(clock() * 1000), exclude)
+
+    def url_of(broker: str) -> str | None:
+        info = registry.brokers.get(broker)
+        return info.service_url if info is not None else None
+
+    reporter = LoadReporter(me, retrying, transport, s, metrics, host=HostSampler(s), clock=clock)
+    reconciler = Reconciler(
+        me,
+        channel,
+        retrying,
+        url_of=url_of,
+        apply_split=namespaces.apply_split,
+        metrics=metrics,
+        on_served_change=lambda bundle, serving: reporter.load_moved(),
+        clock=clock,
+    )
+    drainer = Drainer(
+        identity,
+        channel,
+        reconciler,
+        registry,
+        assign_context=assign_context,
+        rng=rng,
+        metrics=metrics,
+        timeout_s=s.agent.drain_timeout_s,
+        clock=clock,
+    )
+    layouts = LayoutCache(namespaces.ensure, s.agent.lookup_cache_s)
+    lookups = LookupService(
+        me,
+        channel,
+        layouts,
+        brokers=lambda: registry.brokers,
+        brokers_trusted=lambda: zk.connected and registry.synced.is_set(),
+        filters=DEFAULT_FILTERS,
+        timeout_s=s.channel.in_flight_timeout_s,
+        assign_context=assign_context,
+        diff=s.assignment.average_usage_diff_threshold_pct / 100,
+        rng=rng,
+        events=events,
+        metrics=metrics,
+        draining=lambda: drainer.draining,
+        clock=clock,
+    )
+    splits = SplitScheduler(
+        me,
+        channel,
+        reporter=reporter,
+        adapter=retrying,
+        layouts=layouts,
+        events=events,
+        metrics=metrics,
+        limits=SplitLimits.from_settings(s),
+        enabled=s.split.enabled,
+        interval_s=s.split.interval_s,
+        paused=lambda: drainer.draining,
+        clock=clock,
+    )
+
+    _route_events(loop, channel, layouts, reconciler, lookups, registry, zk, metrics)
+    agent = Agent(
+        identity,
+        adapter=retrying,
+        zk=zk,
+        registry=registry,
+        channel=channel,
+        loads=loads,
+        transport=transport,
+        reconciler=reconciler,
+        reporter=reporter,
+        splitter=splits,
+        drainer=drainer,
+        metrics=metrics,
+        register_wait_s=s.zookeeper.session_timeout_s * 2 + 5,
+    )
+    api = AgentApi(
+        node=agent,
+        channel=channel,
+        lookups=lookups,
+        splits=splits,
+        registry=registry,
+        loads=loads,
+        metrics=metrics,
+        prom=prom,
+    )
+    app = create_app(api, SimControls(sim, reporter.poke) if sim is not None else None)
+    return WiredAgent(
+        agent=agent,
+        http=HttpServer(app, sock),
+        app=app,
+        identity=identity,
+        adapter=retrying,
+        sim=sim,
+        channel=channel,
+        registry=registry,
+        reconciler=reconciler,
+        lookups=lookups,
+        reporter=reporter,
+        splits=splits,
+        drainer=drainer,
+        metrics=metrics,
+        prom=prom,
+    )
+
+
+def _channel_caught_up(reconciler: Reconciler, lookups: LookupService, table: TableView) -> None:
+    """The table caught up (at start, or again after a re-bootstrap): on the loop."""
+    reconciler.rescan(table)
+    lookups.wake_all()  # waiters re-read the table they may have missed changes of
+
+
+def _route_events(
+    loop: asyncio.AbstractEventLoop,
+    channel: ChannelClient,
+    layouts: LayoutCache,
+    reconciler: Reconciler,
+    lookups: LookupService,
+    registry: BrokerRegistry,
+    zk: ZkSession,
+    metrics: AgentMetrics,
+) -> None:
+    """Channel changes go to the lookups and the reconciler, on the loop in log order (the follower
+    thread hands them over in bursts); broker membership changes wake waiting lookups."""
+
+    def on_change(key: str, old: Record | None, new: Record | None) -> None:
+        lookups.on_change(key)
+        reconciler.on_change(key, old, new)
+
+    changes: LoopBridge[tuple[str, Record | None, Record | None]] = LoopBridge(loop, lambda c: on_change(*c))
+    channel.table.add_listener(lambda key, old, new: changes.push((key, old, new)))
+    # On the follower thread, before anyone can see a split parent Deleted: its namespace's cached layout
+    # is stale from here on.
+    channel.table.add_listener(layouts.on_channel_change)
+    registry.add_listener(lambda brokers: loop.call_soon_threadsafe(lookups.wake_all))
+    zk.add_listener(lambda state: metrics.zk_connected.set(1 if state == "connected" else 0))
+
+
+class AgentProcess:
+    """What ``trimtab agent`` runs: build on the event loop, then the daemon's lifecycle."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def run(self) -> int:
+        return await build(self.settings).run()

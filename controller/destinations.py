@@ -1,0 +1,49 @@
+"""Where the leader sends a bundle it moves (healing, stuck monitor): the same broker selection as a
+lookup's assignment (filters, then the least loaded with a random tie-break), over the live brokers and
+their latest load reports."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
+from trimtab.balance.load import BrokerLoadData
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.zk import BrokerRegistry
+from trimtab.config.settings import Settings
+
+
+class Destinations:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: BrokerRegistry,
+        loads: KeyValueView[BrokerLoadData],
+        *,
+        rng: random.Random,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.loads = loads
+        self.rng = rng
+        self.clock = clock
+        self.diff = settings.assignment.average_usage_diff_threshold_pct / 100
+
+    def live(self) -> dict[str, BrokerInfo]:
+        """A copy of the registered brokers (the registry's cache changes under ZooKeeper's thread)."""
+        return dict(self.registry.brokers)
+
+    def context(self, exclude: frozenset[str] = frozenset()) -> AssignContext:
+        return AssignContext.from_settings(
+            self.settings, self.loads.snapshot(), int(self.clock() * 1000), exclude
+        )
+
+    def choose(self, bundle: str, exclude: frozenset[str]) -> str | None:
+        """A destination for ``bundle`` among live brokers not in ``exclude``; None if there is none."""
+        sel = select_broker(
+            bundle, self.live(), self.context(exclude), self.rng, filters=DEFAULT_FILTERS, diff=self.diff
+        )
+        return sel.broker

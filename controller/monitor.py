@@ -1,0 +1,71 @@
+"""The monitor, leader only: in-flight states stuck past their timeout on live brokers are forced onward,
+and Free/Deleted entries past their retention are tombstoned (balance/heal.py ``monitor`` decides).
+Bundles of failed brokers are healing's, with its grace; the monitor handles live brokers only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+
+from trimtab.balance.heal import HealConfig, Override, monitor
+from trimtab.channel.table import TableView
+from trimtab.controller.destinations import Destinations
+from trimtab.controller.journal import DecisionJournal
+from trimtab.controller.leadership import Leadership
+from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.writes import ChannelWrites
+
+log = structlog.get_logger("trimtab.controller")
+
+
+class MonitorJob:
+    name = "monitor"
+
+    def __init__(
+        self,
+        table: TableView,
+        leadership: Leadership,
+        destinations: Destinations,
+        writes: ChannelWrites,
+        journal: DecisionJournal,
+        metrics: ControllerMetrics,
+        cfg: HealConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.table = table
+        self.leadership = leadership
+        self.destinations = destinations
+        self.writes = writes
+        self.journal = journal
+        self.metrics = metrics
+        self.cfg = cfg
+        self.clock = clock
+
+    async def run_once(self) -> list[Override]:
+        """One pass; returns the overrides it published (none in safe mode)."""
+        if self.leadership.safe_mode() is not None:
+            self.metrics.monitor_runs.labels("safe_mode").inc()
+            return []
+        decisions = monitor(
+            self.table.items(),
+            frozenset(self.destinations.live()),
+            self.destinations.choose,
+            self.cfg,
+            int(self.clock() * 1000),
+            self.leadership.writer(),
+        )
+        if decisions:
+            await self.writes.overrides(decisions)
+            for o in decisions:
+                log.info("monitor_override", bundle=o.bundle, reason=o.reason, broker=o.broker, dst=o.dst)
+            self.journal.record(
+                "monitor",
+                key="monitor",
+                stuck=sum(1 for o in decisions if o.reason == "stuck"),
+                tombstones=sum(1 for o in decisions if o.reason == "tombstone"),
+            )
+        self.metrics.monitor_runs.labels("ok").inc()
+        return decisions

@@ -1,0 +1,183 @@
+"""Shedding, leader only: one cycle of TransferShedder or ThresholdShedder, and what every cycle leaves
+behind -- a metric, a log line and an event, whether it decided moves or skipped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from trimtab.balance.load import BrokerLoadData, TopBundles
+from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
+from trimtab.channel.records import State, make
+from trimtab.channel.table import TableView
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.config.settings import SheddingSettings
+from trimtab.controller.destinations import Destinations
+from trimtab.controller.journal import DecisionJournal
+from trimtab.controller.leadership import Leadership
+from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.stores import ControllerSwitches
+from trimtab.controller.writes import ChannelWrites
+
+log = structlog.get_logger("trimtab.controller")
+
+
+def observe_shed_cycle(metrics: ControllerMetrics, res: ShedResult, seconds: float) -> None:
+    """Metrics for one shedding cycle, whatever its outcome."""
+    metrics.shed_seconds.observe(seconds)
+    metrics.shed_cycles.labels(res.result, res.reason).inc()
+    if res.loads:
+        metrics.load_avg.set(res.avg)
+        metrics.load_std.set(res.std)
+        for b, v in res.loads.items():
+            metrics.broker_load.labels(b).set(v)
+
+
+def shed_event(res: ShedResult) -> dict[str, Any]:
+    """The events-topic record of one shedding cycle: the decision or skip and the load behind it."""
+    return {
+        "key": "shed",
+        "result": res.result,
+        "reason": res.reason,
+        "avg": round(res.avg, 4),
+        "std": round(res.std, 4),
+        "loads": {b: round(v, 4) for b, v in res.loads.items()},
+        "moves": [
+            {
+                "bundle": u.bundle,
+                "src": u.src,
+                "dst": u.dst,
+                "throughput": round(u.throughput),
+                "reason": u.reason,
+            }
+            for u in res.decisions
+        ],
+        "skipped": res.skipped_bundles[:20],
+    }
+
+
+class SheddingJob:
+    """One shedding cycle per ``shedding.interval_s``: decide with the configured shedder over the live
+    brokers' load reports and top bundles, confirm leadership, publish a ``Releasing`` per decision that
+    still matches the table. Skips (disabled or paused, safe mode, fewer than two brokers) are counted."""
+
+    name = "shedding"
+
+    def __init__(
+        self,
+        settings: SheddingSettings,
+        table: TableView,
+        leadership: Leadership,
+        destinations: Destinations,
+        loads: KeyValueView[BrokerLoadData],
+        top: KeyValueView[TopBundles],
+        writes: ChannelWrites,
+        journal: DecisionJournal,
+        metrics: ControllerMetrics,
+        cfg: ShedConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        perf: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.settings = settings
+        self.table = table
+        self.leadership = leadership
+        self.destinations = destinations
+        self.loads = loads
+        self.top = top
+        self.writes = writes
+        self.journal = journal
+        self.metrics = metrics
+        self.cfg = cfg
+        self.clock = clock
+        self.perf = perf
+        self.switches = ControllerSwitches()
+        self.state = ShedState()
+        self.last: ShedResult | None = None
+
+    def reset(self) -> None:
+        """A new term starts from a clean hit count and cooldowns (the pause switch is read separately,
+        from ZooKeeper, where the admin API persisted it)."""
+        self.state = ShedState()
+
+    def skip_reason(self, live: int) -> str | None:
+        if not self.settings.enabled or self.switches.shedding_paused:
+            return "paused"
+        if self.leadership.safe_mode() is not None:
+            return "safe_mode"
+        if live < 2:
+            return "no_brokers"
+        return None
+
+    async def run_once(self) -> ShedResult | None:
+        """One cycle; the decision (possibly empty), or None when the cycle was skipped."""
+        live = self.destinations.live()
+        skip = self.skip_reason(len(live))
+        if skip is not None:
+            self.metrics.shed_cycles.labels("skip", skip).inc()
+            return None
+        res = self.decide({b: not i.draining for b, i in live.items()})
+        published = await self._publish(res)
+        log.info(
+            "shedding_cycle",
+            result=res.result,
+            reason=res.reason,
+            avg=round(res.avg, 4),
+            std=round(res.std, 4),
+            hit_count=res.hit_count,
+            decisions=len(res.decisions),
+            published=published,
+        )
+        self.journal.record("shed", **shed_event(res))
+        return res
+
+    def decide(self, brokers: dict[str, bool]) -> ShedResult:
+        """The shedder's decision over ``brokers`` (id -> may receive load), with its metrics."""
+        table = self.table
+
+        def owner(bundle: str) -> str | None:
+            r = table.get(bundle)
+            return r.dst if r is not None and r.state is State.OWNED else None
+
+        t0 = self.perf()
+        fn = transfer_shedder if self.settings.strategy == "transfer" else threshold_shedder
+        res = fn(
+            brokers,
+            self.loads.snapshot(),
+            self.top.snapshot(),
+            owner,
+            self.state,
+            self.cfg,
+            int(self.clock() * 1000),
+        )
+        self.last = res
+        observe_shed_cycle(self.metrics, res, self.perf() - t0)
+        return res
+
+    async def _publish(self, res: ShedResult) -> int:
+        if res.decisions and not await self.leadership.confirm():
+            res.decisions = []
+        published = 0
+        now = int(self.clock() * 1000)
+        for u in res.decisions:
+            cur = self.table.get(u.bundle)
+            if cur is None or cur.state is not State.OWNED or cur.dst != u.src:
+                continue  # moved since the decision's inputs were read
+            rec = make(
+                State.RELEASING,
+                src=u.src,
+                dst=u.dst,
+                version=cur.version + 1,
+                ts=now,
+                writer=self.leadership.writer(),
+            )
+            try:
+                await self.writes.publish(u.bundle, rec)
+                published += 1
+                self.metrics.unloads.labels("transfer" if u.dst else "unload", u.reason).inc()
+            except Exception as e:
+                log.warning("unload_publish_failed", bundle=u.bundle, error=str(e))
+        return published

@@ -1,0 +1,164 @@
+"""Builds a controller from settings: every collaborator once, each passed to what uses it. The daemon
+(:mod:`trimtab.controller.daemon`) and the HTTP API (:mod:`trimtab.controller.api`) know nothing of each
+other; this module is the one place that knows both."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from trimtab.balance.heal import HealConfig
+from trimtab.balance.load import BrokerLoadData, TopBundles
+from trimtab.balance.shed import ShedConfig
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.snapshot import SnapshotWriter
+from trimtab.channel.transport import Transport
+from trimtab.cluster.events import EventPublisher
+from trimtab.cluster.http import HttpServer, bind
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.liveness import Liveness
+from trimtab.cluster.logs import SkipLog
+from trimtab.cluster.logs import bind as bind_log
+from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
+from trimtab.cluster.wiring import kafka_transport, zk_session
+from trimtab.cluster.zk import BrokerRegistry, ZkPaths
+from trimtab.config.settings import Settings
+from trimtab.controller.admin import Admin
+from trimtab.controller.api import ControllerApi, create_app
+from trimtab.controller.daemon import Controller
+from trimtab.controller.destinations import Destinations
+from trimtab.controller.election import LeaderElection
+from trimtab.controller.healing import Healer, HealingJob
+from trimtab.controller.journal import DecisionJournal
+from trimtab.controller.leadership import Leadership
+from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.monitor import MonitorJob
+from trimtab.controller.shedding import SheddingJob
+from trimtab.controller.snapshots import SnapshotJob
+from trimtab.controller.status import StatusReport
+from trimtab.controller.stores import FailedBrokers, Reassignments, Switches
+from trimtab.controller.writes import ChannelWrites
+
+
+def build_controller(
+    s: Settings,
+    *,
+    transport: Transport | None = None,
+    prom: CollectorRegistry | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Controller:
+    """The controller for ``s``: binds its HTTP port (so a port of 0 becomes real and names the
+    controller), creates the clients, the jobs and the API. Nothing connects until ``run()``."""
+    sock = bind(s.http.host, s.http.port)
+    port = int(sock.getsockname()[1])
+    http_url = f"http://{s.advertised_host()}:{port}"
+    me = s.controller.id or f"{s.advertised_host()}:{port}"
+    bind_log(controller=me, role="controller")
+    prom = prom or new_registry()
+    metrics = ControllerMetrics.create(prom)
+
+    paths = ZkPaths(s.zk_path)
+    zk = zk_session(s)
+    registry = BrokerRegistry(zk, paths)
+    transport = transport or kafka_transport(s, f"trimtab-controller-{me}")
+    k = s.kafka
+    channel = ChannelClient(
+        transport,
+        k.channel_topic,
+        k.snapshot_topic,
+        on_skip=SkipLog(),
+        allow_multi_partition_snapshot_topic=k.allow_multi_partition_snapshot_topic,
+    )
+    loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, k.broker_load_topic, BrokerLoadData)
+    top: KeyValueView[TopBundles] = KeyValueView(transport, k.top_bundles_topic, TopBundles)
+    prom.register(ChannelCollector(lambda: channel))
+    prom.register(KeyValueCollector(lambda: [loads, top]))
+    events = EventPublisher(transport, k.events_topic, source=me, role="controller")
+
+    election = LeaderElection(zk, paths, me, http_url)
+    leadership = Leadership(election, zk, registry, channel, me=me, settle_s=s.healing.safe_mode_settle_s)
+    writes = ChannelWrites(channel, leadership, metrics)
+    journal = DecisionJournal(events, clock=clock)
+    destinations = Destinations(s, registry, loads, rng=rng or random.Random(), clock=clock)
+    heal_cfg = HealConfig.from_settings(s)
+    healer = Healer(
+        FailedBrokers(zk.client, paths),
+        Reassignments(zk.client, paths),
+        heal_cfg,
+        chunk_size=s.healing.chunk_size,
+        writer=leadership.writer,
+        term=leadership.term,
+        clock=clock,
+    )
+    snapshots = SnapshotJob(
+        channel,
+        SnapshotWriter(
+            transport,
+            k.snapshot_topic,
+            k.channel_topic,
+            writer=me,
+            chunk_bundles=s.channel.snapshot_chunk_bundles,
+        ),
+        leadership,
+        metrics,
+        transport=transport,
+        topic=k.snapshot_topic,
+    )
+    table = channel.table
+    monitor = MonitorJob(table, leadership, destinations, writes, journal, metrics, heal_cfg, clock=clock)
+    healing = HealingJob(
+        healer, table, leadership, destinations, loads, writes, journal, metrics, clock=clock
+    )
+    shedding = SheddingJob(
+        s.shedding,
+        table,
+        leadership,
+        destinations,
+        loads,
+        top,
+        writes,
+        journal,
+        metrics,
+        ShedConfig.from_settings(s),
+        clock=clock,
+    )
+    switch_store = Switches(zk.client, paths)
+    admin = Admin(table, leadership, registry, writes, journal, metrics, switch_store, shedding, clock=clock)
+    liveness = Liveness()
+    status = StatusReport(leadership, channel, registry, loads, shedding, healer, journal, s.shedding)
+    api = ControllerApi(leadership, channel, registry, loads, admin, healer, status, liveness, prom)
+    return Controller(
+        s,
+        leadership=leadership,
+        zk=zk,
+        registry=registry,
+        channel=channel,
+        loads=loads,
+        top=top,
+        transport=transport,
+        http=HttpServer(create_app(api), sock),
+        snapshots=snapshots,
+        monitor=monitor,
+        healing=healing,
+        shedding=shedding,
+        switch_store=switch_store,
+        events=events,
+        metrics=metrics,
+        liveness=liveness,
+    )
+
+
+class ControllerProcess:
+    """What ``trimtab controller`` runs: the controller built and run inside one event loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def run(self) -> int:
+        asyncio.get_running_loop()  # built inside the loop its listeners post to
+        return await build_controller(self.settings).run()

@@ -1,0 +1,477 @@
+"""In-process tests of the agent's parts (docs/design.md sections 3.5, 5.3, 7), as :mod:`trimtab.agent.wiring`
+assembles them: a real ZooKeeper server, the in-memory transport instead of Kafka, the simulated broker,
+and the agent's HTTP API on a free port. No subprocesses.
+
+Other brokers are played by the test: a registration znode written to ZooKeeper, and channel records
+published into the shared in-memory log (for the drain, a minimal peer that follows the channel and
+takes over what it is handed). Synchronisation is by waiting on conditions with deadlines only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import httpx
+import msgspec
+import pytest
+from kazoo.client import KazooClient
+
+from trimtab.agent import wiring
+from trimtab.agent.adapters.base import BrokerSample
+from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.agent.splits import SplitRefused
+from trimtab.agent.wiring import WiredAgent
+from trimtab.balance.assign import BrokerInfo
+from trimtab.channel.bundles import BundleLayout, TopicName
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.memory import MemoryLog, MemoryTransport
+from trimtab.channel.records import Record, State, decode, encode, make
+from trimtab.cluster.zk import ZkPaths
+from trimtab.config.settings import Settings
+from trimtab.errors import LookupTimeout
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+NS = "acme/orders"
+BUNDLES = 4
+PEER = "peer-b:1"  # the other broker, played by the test
+PEER_URL = "pulsar://peer-b:6650"
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def agent_settings(zk_hosts: str, **sections: Any) -> Settings:
+    base: dict[str, Any] = {
+        "zookeeper": {"hosts": zk_hosts, "session_timeout_s": 4.0},
+        "http": {"host": "127.0.0.1", "port": 0},
+        "broker": {"adapter": {"kind": "simulated", "retries": 0}},
+        "namespace": {"default_bundles": BUNDLES},
+        "load": {"report_interval_s": 0.2},
+        "split": {"enabled": False},
+        "channel": {"in_flight_timeout_s": 10.0},
+        "agent": {"drain_timeout_s": 20.0},
+    }
+    return Settings.model_validate(_merge(base, sections))
+
+
+def memory_log(s: Settings) -> MemoryLog:
+    log = MemoryLog(default_partitions=4)
+    log.create(s.kafka.snapshot_topic, 1)  # the snapshot topic must have exactly one partition
+    return log
+
+
+async def until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
+    """Await ``predicate()`` turning truthy, re-checking every 20 ms; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            name = what or getattr(predicate, "__name__", repr(predicate))
+            raise AssertionError(f"timed out after {timeout}s waiting for: {name} (last: {value!r})")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running_agent(s: Settings, log: MemoryLog, **overrides: Any) -> AsyncIterator[WiredAgent]:
+    """An agent built by the wiring and started (its lifecycle runs as a task); stopped at the end."""
+    w = wiring.build(s, transport=MemoryTransport(log), **overrides)
+    task = asyncio.create_task(w.run(), name="agent")
+    try:
+        await until(lambda: w.agent.ready or task.done(), 30, "the agent to be ready")
+        if task.done():
+            task.result()  # a start-up failure: raise it
+        yield w
+    finally:
+        if not task.done():
+            w.agent.stop()
+            w.agent.stop()  # a second stop: do not wait for a drain
+        await asyncio.wait_for(task, 30)
+
+
+def register_peer(zk: KazooClient, s: Settings, broker: str = PEER, url: str = PEER_URL) -> None:
+    info = BrokerInfo(id=broker, service_url=url, http_url=f"http://{broker}")
+    zk.create(ZkPaths(s.zk_path).broker(broker), msgspec.json.encode(info), ephemeral=True, makepath=True)
+
+
+def publish(log: MemoryLog, s: Settings, bundle: str, rec: Record | None) -> None:
+    """Append a record to the channel as another node would."""
+    log.append(s.kafka.channel_topic, bundle.encode(), encode(rec))
+
+
+def channel_history(log: MemoryLog, s: Settings, bundle: str) -> list[Record]:
+    out = []
+    for m in log.messages(s.kafka.channel_topic):
+        if m.key == bundle.encode() and m.value is not None:
+            rec = decode(m.value)
+            assert isinstance(rec, Record)
+            out.append(rec)
+    return out
+
+
+def layout() -> BundleLayout:
+    return BundleLayout.default(NS, BUNDLES)
+
+
+def topic_of(bundle: str, stem: str = "t") -> str:
+    """A topic whose hash falls in ``bundle``."""
+    lay = layout()
+    for i in range(10_000):
+        topic = f"persistent://{NS}/{stem}{i}"
+        if lay.bundle_for_topic(TopicName.parse(topic)) == bundle:
+            return topic
+    raise AssertionError(f"no topic found in {bundle}")
+
+
+def owned_by(w: WiredAgent, bundle: str, broker: str) -> bool:
+    rec = w.channel.table.get(bundle)
+    return rec is not None and rec.state is State.OWNED and rec.dst == broker
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.fixture
+def settings(zk_hosts: str) -> Settings:
+    return agent_settings(zk_hosts)
+
+
+@pytest.fixture
+def log(settings: Settings) -> MemoryLog:
+    return memory_log(settings)
+
+
+@pytest.fixture
+def peer_channel(settings: Settings, log: MemoryLog) -> Iterator[ChannelClient]:
+    """The peer's view of the channel: it takes over every bundle assigned to it (Assigning{dst=peer}
+    -> Owned{dst=peer}), as its agent would once its broker acquired the bundle."""
+    chan = ChannelClient(MemoryTransport(log), settings.kafka.channel_topic, settings.kafka.snapshot_topic)
+
+    def take_over(bundle: str, old: Record | None, new: Record | None) -> None:
+        if new is not None and new.state is State.ASSIGNING and new.dst == PEER:
+            rec = make(State.OWNED, dst=PEER, src=new.src, version=new.version + 1, ts=now_ms(), writer=PEER)
+            chan.publish(bundle, rec)
+
+    chan.table.add_listener(take_over)
+    chan.start()
+    assert chan.wait_ready(10)
+    try:
+        yield chan
+    finally:
+        chan.stop()
+
+
+# ---------------------------------------------------------------------------------------------- lookups
+
+
+def test_lookup_of_an_unassigned_bundle_assigns_it(settings: Settings, log: MemoryLog) -> None:
+    bundle = layout().bundles[1]
+    topic = topic_of(bundle)
+
+    async def scenario() -> None:
+        async with running_agent(settings, log) as w:
+            me = w.identity.id
+            assert w.channel.table.get(bundle) is None
+            res = await asyncio.wait_for(w.lookups.lookup(topic), 15)
+            assert (res.topic, res.bundle, res.owner, res.state, res.how) == (
+                topic,
+                bundle,
+                me,
+                "owned",
+                "assigned",
+            )
+            assert res.url == w.identity.service_url
+            # The channel holds exactly the assignment and its completion, both by this agent.
+            hist = channel_history(log, settings, bundle)
+            assert [(r.state, r.dst, r.version) for r in hist] == [
+                (State.ASSIGNING, me, 1),
+                (State.OWNED, me, 2),
+            ]
+            sim = w.sim
+            assert sim is not None
+            await until(lambda: bundle in sim.serving, what="the broker serving the bundle")
+            # Asked again (over HTTP this time): answered at once from the table, nothing published.
+            async with httpx.AsyncClient(base_url=w.identity.http_url, timeout=10) as http:
+                r = await http.get("/v1/lookup", params={"topic": topic})
+            assert r.status_code == 200, r.text
+            assert (r.json()["owner"], r.json()["how"], r.json()["version"]) == (me, "owned", 2)
+            assert len(channel_history(log, settings, bundle)) == 2
+
+    asyncio.run(scenario())
+
+
+def test_lookup_of_an_in_flight_bundle_waits_until_it_settles(
+    settings: Settings, log: MemoryLog, zk: KazooClient
+) -> None:
+    bundle = layout().bundles[2]
+    topic = topic_of(bundle)
+
+    async def scenario() -> None:
+        async with running_agent(settings, log) as w:
+            register_peer(zk, settings)
+            await until(lambda: PEER in w.registry.brokers, what="the peer's registration")
+            publish(
+                log, settings, bundle, make(State.ASSIGNING, dst=PEER, version=1, ts=now_ms(), writer=PEER)
+            )
+            await until(lambda: w.channel.table.get(bundle), what="the assignment in the agent's table")
+
+            lookup = asyncio.create_task(w.lookups.lookup(topic))
+            await until(lambda: bundle in w.lookups.waiting(), what="the lookup waiting on the bundle")
+            assert not lookup.done()
+
+            publish(log, settings, bundle, make(State.OWNED, dst=PEER, version=2, ts=now_ms(), writer=PEER))
+            res = await asyncio.wait_for(lookup, 5)
+            assert (res.bundle, res.owner, res.url, res.state, res.version, res.how) == (
+                bundle,
+                PEER,
+                PEER_URL,
+                "owned",
+                2,
+                "waited",
+            )
+            # The agent never published anything for a bundle someone else was assigning.
+            assert {r.writer for r in channel_history(log, settings, bundle)} == {PEER}
+
+    asyncio.run(scenario())
+
+
+def test_lookup_that_cannot_settle_times_out_as_retryable(zk_hosts: str, zk: KazooClient) -> None:
+    timeout_s = 1.0
+    s = agent_settings(zk_hosts, channel={"in_flight_timeout_s": timeout_s})
+    log = memory_log(s)
+    bundle = layout().bundles[0]
+    topic = topic_of(bundle)
+
+    async def scenario() -> None:
+        async with running_agent(s, log) as w:
+            # Assigned to a live broker that never takes it: in flight for good.
+            register_peer(zk, s)
+            await until(lambda: PEER in w.registry.brokers, what="the peer's registration")
+            publish(log, s, bundle, make(State.ASSIGNING, dst=PEER, version=1, ts=now_ms(), writer=PEER))
+            await until(lambda: w.channel.table.get(bundle), what="the assignment in the agent's table")
+
+            t0 = time.monotonic()
+            with pytest.raises(LookupTimeout, match="did not settle") as exc:
+                await asyncio.wait_for(w.lookups.lookup(topic), timeout_s + 5)
+            took = time.monotonic() - t0
+            assert timeout_s * 0.9 <= took < timeout_s + 2, took
+            assert exc.value.status == 503 and exc.value.retryable
+
+            async with httpx.AsyncClient(base_url=w.identity.http_url, timeout=timeout_s + 5) as http:
+                t0 = time.monotonic()
+                r = await http.get("/v1/lookup", params={"topic": topic})
+                took = time.monotonic() - t0
+            assert r.status_code == 503, r.text
+            assert r.json()["retryable"] is True and "did not settle" in r.json()["error"]
+            assert timeout_s * 0.9 <= took < timeout_s + 2, took
+            rec = w.channel.table.get(bundle)
+            assert rec is not None and rec.state is State.ASSIGNING  # nobody answered with a guess
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------- splits
+
+
+def test_split_scheduler_refuses_what_this_broker_does_not_own_or_is_moving(
+    settings: Settings, log: MemoryLog, zk: KazooClient
+) -> None:
+    mine, moving, theirs, _ = layout().bundles
+
+    async def scenario() -> None:
+        async with running_agent(settings, log) as w:
+            me = w.identity.id
+            for b in (mine, moving):
+                assert (await asyncio.wait_for(w.lookups.lookup(topic_of(b)), 15)).owner == me
+            register_peer(zk, settings)
+            await until(lambda: PEER in w.registry.brokers, what="the peer's registration")
+            publish(log, settings, theirs, make(State.OWNED, dst=PEER, version=1, ts=now_ms(), writer=PEER))
+            # Handed to the peer, which never takes it: the agent fences and passes it on, and there it stays.
+            publish(
+                log,
+                settings,
+                moving,
+                make(State.RELEASING, src=me, dst=PEER, version=3, ts=now_ms(), writer="operator"),
+            )
+            await until(lambda: owned_by(w, theirs, PEER), what="the peer's bundle in the table")
+
+            def moving_assigned() -> bool:
+                rec = w.channel.table.get(moving)
+                return rec is not None and rec.state is State.ASSIGNING and rec.src == me
+
+            await until(moving_assigned, what="the transfer in flight")
+
+            with pytest.raises(SplitRefused) as not_owner:
+                await w.splits.admin_split(theirs, None, [])
+            assert not_owner.value.status == 409 and PEER in str(not_owner.value)
+            with pytest.raises(SplitRefused) as in_flight:
+                await w.splits.admin_split(moving, None, [])
+            assert in_flight.value.status == 503
+
+            async with httpx.AsyncClient(base_url=w.identity.http_url, timeout=10) as http:
+                r409 = await http.post("/v1/admin/split", json={"bundle": theirs})
+                r503 = await http.post("/v1/admin/split", json={"bundle": moving})
+                ok = await http.post("/v1/admin/split", json={"bundle": mine})
+            assert r409.status_code == 409 and r409.json()["retryable"] is False, r409.text
+            assert r503.status_code == 503 and r503.json()["retryable"] is True, r503.text
+            assert ok.status_code == 202, ok.text
+            children = ok.json()["children"]
+            assert len(children) == 2
+
+            # Refusals changed nothing; the accepted split is carried out by this broker.
+            assert owned_by(w, theirs, PEER)
+            assert moving_assigned()
+            await until(lambda: all(owned_by(w, c, me) for c in children), what="the children owned")
+            await until(
+                lambda: (rec := w.channel.table.get(mine)) is not None and rec.state is State.DELETED,
+                what="the parent deleted",
+            )
+            sim = w.sim
+            assert sim is not None
+            await until(lambda: set(children) <= sim.serving and mine not in sim.serving)
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------- drain
+
+
+def test_drain_moves_every_owned_bundle_to_another_broker(
+    settings: Settings, log: MemoryLog, zk: KazooClient, peer_channel: ChannelClient
+) -> None:
+    owned = layout().bundles[:3]
+    unowned = layout().bundles[3]
+
+    async def scenario() -> None:
+        async with running_agent(settings, log) as w:
+            me = w.identity.id
+            sim = w.sim
+            assert sim is not None
+            for b in owned:
+                assert (await asyncio.wait_for(w.lookups.lookup(topic_of(b)), 15)).owner == me
+            await until(lambda: set(owned) <= sim.serving, what="the broker serving its bundles")
+            register_peer(zk, settings)
+            await until(lambda: PEER in w.registry.brokers, what="the peer's registration")
+
+            reason = await asyncio.wait_for(w.drainer.drain(asyncio.Event()), 30)
+
+            assert reason == ""
+            assert all(owned_by(w, b, PEER) for b in owned), {b: w.channel.table.get(b) for b in owned}
+            assert not sim.serving and not sim.fenced
+            for b in owned:
+                # Fenced first (clients kept waiting), closed with a redirect once the peer owned it.
+                steps = [(e.op, e.detail) for e in sim.timeline if e.bundle == b]
+                assert steps[-2:] == [("fence", None), ("close", PEER_URL)], steps
+            # The registration says draining (nobody assigns here), and neither does this agent.
+            data, _ = zk.get(ZkPaths(settings.zk_path).broker(me))
+            assert msgspec.json.decode(data, type=BrokerInfo).draining
+            res = await asyncio.wait_for(w.lookups.lookup(topic_of(unowned)), 15)
+            assert res.owner == PEER
+
+            # The lifecycle's own drain (what SIGTERM starts) then finds nothing left, and deregisters.
+            w.agent.stop()
+            await until(lambda: not w.agent.ready, what="the agent stopping")
+            await until(lambda: zk.exists(ZkPaths(settings.zk_path).broker(me)) is None, what="deregistered")
+            assert w.agent.exit_reason == ""
+
+    asyncio.run(scenario())
+
+
+def test_drain_gives_up_at_its_deadline_and_says_what_was_left(zk_hosts: str, zk: KazooClient) -> None:
+    s = agent_settings(zk_hosts, agent={"drain_timeout_s": 1.0})
+    log = memory_log(s)
+    bundle = layout().bundles[0]
+
+    async def scenario() -> None:
+        async with running_agent(s, log) as w:
+            assert (await asyncio.wait_for(w.lookups.lookup(topic_of(bundle)), 15)).owner == w.identity.id
+            register_peer(zk, s)  # it never takes anything over
+            await until(lambda: PEER in w.registry.brokers, what="the peer's registration")
+            t0 = time.monotonic()
+            reason = await asyncio.wait_for(w.drainer.drain(asyncio.Event()), 10)
+            assert 0.9 <= time.monotonic() - t0 < 5
+            assert reason == "drain incomplete (drain timeout): 1 bundles left"
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------- simulated broker routes
+
+
+class PlainAdapter:
+    """A broker adapter that is not the simulated broker (it only delegates to one)."""
+
+    kind = "test"
+
+    def __init__(self) -> None:
+        self.inner = SimulatedBroker("plain", Settings().sim)
+
+    async def sample(self) -> BrokerSample:
+        return await self.inner.sample()
+
+    async def acquire(self, bundle: str) -> None:
+        await self.inner.acquire(bundle)
+
+    async def fence(self, bundle: str) -> None:
+        await self.inner.fence(bundle)
+
+    async def close(self, bundle: str, redirect_url: str | None) -> None:
+        await self.inner.close(bundle, redirect_url)
+
+    async def prewarm(self, bundle: str) -> None:
+        await self.inner.prewarm(bundle)
+
+    async def split(self, bundle: str, children: list[str]) -> None:
+        await self.inner.split(bundle, children)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _paths(w: WiredAgent) -> set[str]:
+    """The paths the agent's app serves, as its OpenAPI spec lists them."""
+    return set(w.app.openapi()["paths"])
+
+
+def test_sim_routes_exist_only_with_the_simulated_adapter(zk_hosts: str) -> None:
+    simulated = agent_settings(zk_hosts)
+    # An agent beside a real broker: no adapter kind needed when one is given.
+    plain = agent_settings(zk_hosts, broker={"adapter": {"kind": None}})
+
+    async def scenario() -> None:
+        async with running_agent(simulated, memory_log(simulated)) as w:
+            assert w.sim is not None
+            assert {"/v1/sim/state", "/v1/sim/load", "/v1/sim/faults"} <= _paths(w)
+            async with httpx.AsyncClient(base_url=w.identity.http_url, timeout=10) as http:
+                r = await http.get("/v1/sim/state")
+            assert r.status_code == 200 and r.json()["broker"] == w.identity.id, r.text
+        async with running_agent(plain, memory_log(plain), adapter=PlainAdapter()) as w:
+            assert w.sim is None
+            assert not {p for p in _paths(w) if p.startswith("/v1/sim")}
+            async with httpx.AsyncClient(base_url=w.identity.http_url, timeout=10) as http:
+                for method, path in (
+                    ("GET", "/v1/sim/state"),
+                    ("POST", "/v1/sim/load"),
+                    ("POST", "/v1/sim/faults"),
+                ):
+                    r = await http.request(method, path, json={})
+                    assert r.status_code == 404, (path, r.status_code, r.text)
+                assert (await http.get("/v1/status")).status_code == 200
+
+    asyncio.run(scenario())

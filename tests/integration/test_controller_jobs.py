@@ -1,0 +1,307 @@
+"""The controller's jobs in-process: a real ZooKeeper server, the in-memory channel, no subprocesses.
+
+Each job's guards are checked where they are decided -- not leading, safe mode (settling after a
+reconnect), fewer than two brokers, paused, mass failure -- and so is the election between two
+controllers. The full daemons under faults are tests/integration/test_controller.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from kazoo.client import KazooClient
+from prometheus_client import CollectorRegistry
+
+from tests.conftest import ZooKeeperServers
+from tests.support.waiting import wait_for
+from trimtab.balance.assign import BrokerInfo
+from trimtab.channel.memory import MemoryLog, MemoryTransport
+from trimtab.channel.records import Record, State, make
+from trimtab.cluster.zk import ZkPaths
+from trimtab.config.loader import load_settings, parse_assignments
+from trimtab.config.settings import Settings
+from trimtab.controller.daemon import Controller
+from trimtab.controller.stores import ControllerSwitches
+from trimtab.controller.wiring import build_controller
+from trimtab.errors import NotLeader
+
+NS = "acme/jobs"
+
+
+def bundle(i: int) -> str:
+    lo = i * 0x1000
+    return f"{NS}/0x{lo:08x}_0x{lo + 0x1000:08x}"
+
+
+class Node:
+    """One controller built by the production wiring, started piece by piece (not ``run()``), so a test
+    drives its jobs' ``run_once`` itself."""
+
+    def __init__(self, s: Settings, log: MemoryLog) -> None:
+        self.prom = CollectorRegistry()
+        self.ctl: Controller = build_controller(s, transport=MemoryTransport(log), prom=self.prom)
+        self.started: list[Any] = []
+
+    def start(self, *, elect: bool = True) -> Node:
+        c = self.ctl
+        c.zk.start()
+        c.registry.start()
+        c.channel.start()
+        c.loads.start()
+        c.top.start()
+        wait_for(lambda: c.channel.ready and c.loads.ready and c.top.ready, message="warm")
+        if elect:
+            c.election.start()
+        return self
+
+    def stop(self) -> None:
+        c = self.ctl
+        c.election.stop()
+        c.registry.stop()
+        c.channel.stop()
+        c.loads.stop()
+        c.top.stop()
+        c.zk.stop()
+        c.http.sock.close()
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.prom.get_sample_value(name, labels) or 0.0
+
+    def publish(self, key: str, rec: Record) -> None:
+        self.ctl.channel.publish(key, rec).result(10)
+
+
+@pytest.fixture
+def log(settings: Settings) -> MemoryLog:
+    log = MemoryLog()
+    log.create(settings.kafka.snapshot_topic, 1)  # as the Kafka transport creates it
+    return log
+
+
+@pytest.fixture
+def settings(zk_hosts: str) -> Settings:
+    sets = [
+        f"zookeeper.hosts={zk_hosts}",
+        "zookeeper.session_timeout_s=6",
+        "http.port=0",
+        "healing.safe_mode_settle_s=0",
+        "healing.grace_s=0",
+    ]
+    return load_settings(None, parse_assignments(sets), environ=False)
+
+
+@pytest.fixture
+def nodes(settings: Settings, log: MemoryLog) -> Iterator[list[Node]]:
+    made: list[Node] = []
+    yield made
+    for n in made:
+        n.stop()
+
+
+@pytest.fixture
+def leader(settings: Settings, log: MemoryLog, nodes: list[Node]) -> Node:
+    node = Node(settings, log).start()
+    nodes.append(node)
+    wait_for(lambda: node.ctl.leadership.is_leader, message="the only controller leads")
+    wait_for(lambda: node.ctl.leadership.safe_mode() is None, message="out of safe mode")
+    return node
+
+
+def register(zk: KazooClient, s: Settings, *brokers: str) -> None:
+    paths = ZkPaths(s.zk_path)
+    for b in brokers:
+        info = BrokerInfo(id=b, service_url=f"pulsar://{b}", http_url=f"http://{b}")
+        zk.create(paths.broker(b), msgspec.json.encode(info), ephemeral=True, makepath=True)
+
+
+def own(node: Node, owners: dict[str, str]) -> None:
+    """Write Assigning then Owned for each bundle, as an assignment would."""
+    now = int(time.time() * 1000)
+    for key, broker in owners.items():
+        node.publish(key, make(State.ASSIGNING, version=1, ts=now, writer="test", dst=broker))
+        node.publish(key, make(State.OWNED, version=2, ts=now, writer=broker, dst=broker))
+    table = node.ctl.channel.table
+    wait_for(lambda: all((r := table.get(k)) and r.state is State.OWNED for k in owners), message="owned")
+
+
+# ---------------------------------------------------------------------------------------------- election
+
+
+def test_one_of_two_controllers_leads_and_a_resignation_hands_over_with_a_higher_term(
+    settings: Settings, log: MemoryLog, nodes: list[Node]
+) -> None:
+    a, b = Node(settings, log).start(), Node(settings, log).start()
+    nodes += [a, b]
+    wait_for(lambda: a.ctl.leadership.is_leader or b.ctl.leadership.is_leader, message="someone leads")
+    first, second = (a, b) if a.ctl.leadership.is_leader else (b, a)
+    assert not second.ctl.leadership.is_leader
+    term = first.ctl.leadership.term()
+    assert term >= 1
+    assert first.ctl.leadership.writer() == f"controller:{first.ctl.leadership.me}:t{term}"
+
+    # A follower refuses admin writes, naming the leader to redirect to.
+    wait_for(lambda: second.ctl.election.leader() is not None, message="the follower knows the leader")
+    with pytest.raises(NotLeader) as refused:
+        second.ctl.leadership.require_leader()
+    assert refused.value.leader_url == first.ctl.election.http_url
+
+    first.ctl.election.stop()  # graceful: resigns
+    wait_for(lambda: second.ctl.leadership.is_leader, message="the follower takes over")
+    assert second.ctl.leadership.term() > term
+    assert first.ctl.leadership.safe_mode() == "not_leader"
+
+
+# ---------------------------------------------------------------------------------------------- guards
+
+
+def test_a_follower_s_jobs_do_nothing(
+    settings: Settings, log: MemoryLog, nodes: list[Node], zk: KazooClient
+) -> None:
+    follower = Node(settings, log).start(elect=False)
+    nodes.append(follower)
+    register(zk, settings, "b1:1", "b2:1", "b3:1")
+    wait_for(lambda: len(follower.ctl.registry.brokers) == 3, message="registry sees the brokers")
+    own(follower, {bundle(0): "gone:1"})  # a failed broker's bundle: healing would move it if leading
+    c = follower.ctl
+    assert c.leadership.safe_mode() == "not_leader"
+    assert asyncio.run(c.shedding.run_once()) is None
+    assert follower.metric("trimtab_shedding_cycles_total", result="skip", reason="safe_mode") == 1
+    assert asyncio.run(c.monitor.run_once()) == []
+    assert follower.metric("trimtab_monitor_runs_total", result="safe_mode") == 1
+    asyncio.run(c.healing.on_lead())
+    assert asyncio.run(c.healing.run_once()) == []
+    assert asyncio.run(c.snapshots.run_once()) is False
+    assert follower.metric("trimtab_snapshots_total", result="written") == 0
+    assert c.channel.table.get(bundle(0)).state is State.OWNED  # type: ignore[union-attr]
+
+
+def test_safe_mode_holds_destructive_jobs_after_a_zookeeper_reconnect(
+    zk_server_factory: ZooKeeperServers, settings: Settings, log: MemoryLog, nodes: list[Node]
+) -> None:
+    # (The server fixture comes first so that it is torn down last, after the controller stopped.)
+    server = zk_server_factory.make()
+    s = settings.model_copy(
+        update={
+            "zookeeper": settings.zookeeper.model_copy(
+                update={"hosts": server.hosts, "session_timeout_s": 20}
+            ),
+            "healing": settings.healing.model_copy(update={"safe_mode_settle_s": 3600}),
+        }
+    )
+    node = Node(s, log).start()
+    nodes.append(node)
+    c = node.ctl
+    wait_for(lambda: c.leadership.is_leader, message="leads")
+    assert c.leadership.safe_mode() is None  # a fresh session is stable: only a reconnect needs settling
+    term = c.leadership.term()
+
+    server.restart()  # the session outlives the outage: same leader, same term, but now it must settle
+    wait_for(lambda: c.zk.connected, timeout=30, message="the controller's session reconnects")
+    assert c.leadership.is_leader and c.leadership.term() == term
+    why = c.leadership.safe_mode()
+    assert why is not None and why.startswith("settling"), why
+
+    brokers = KazooClient(hosts=server.hosts)
+    brokers.start(timeout=15)
+    try:
+        register(brokers, s, "b1:1", "b2:1")
+        wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+        own(node, {bundle(0): "gone:1"})  # a failed broker's bundle: healing would move it if not settling
+        assert asyncio.run(c.shedding.run_once()) is None
+        assert node.metric("trimtab_shedding_cycles_total", result="skip", reason="safe_mode") == 1
+        assert asyncio.run(c.monitor.run_once()) == []
+        assert node.metric("trimtab_monitor_runs_total", result="safe_mode") == 1
+        asyncio.run(c.healing.on_lead())
+        assert asyncio.run(c.healing.run_once()) == []
+        assert c.channel.table.get(bundle(0)).state is State.OWNED  # type: ignore[union-attr]
+        # Snapshots are not destructive: a settling leader still writes them.
+        assert asyncio.run(c.snapshots.run_once()) is True
+        assert node.metric("trimtab_snapshots_total", result="written") == 1
+    finally:
+        brokers.stop()
+        brokers.close()
+
+
+def test_shedding_needs_two_brokers_and_obeys_the_pause_switch(
+    leader: Node, settings: Settings, zk: KazooClient
+) -> None:
+    c = leader.ctl
+    register(zk, settings, "b1:1")
+    wait_for(lambda: len(c.registry.brokers) == 1, message="registry sees the broker")
+    assert asyncio.run(c.shedding.run_once()) is None
+    assert leader.metric("trimtab_shedding_cycles_total", result="skip", reason="no_brokers") == 1
+
+    register(zk, settings, "b2:1")
+    wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees both brokers")
+    res = asyncio.run(c.shedding.run_once())
+    assert res is not None and res.reason == "no_load_data", res  # decided: nothing reported load yet
+    assert leader.metric("trimtab_shedding_cycles_total", result="skip", reason="no_load_data") == 1
+
+    c.shedding.switches = ControllerSwitches(shedding_paused=True, paused_by="test")
+    assert asyncio.run(c.shedding.run_once()) is None
+    assert leader.metric("trimtab_shedding_cycles_total", result="skip", reason="paused") == 1
+
+
+def test_healing_moves_a_failed_broker_s_bundles_to_live_brokers(
+    leader: Node, settings: Settings, zk: KazooClient
+) -> None:
+    c = leader.ctl
+    register(zk, settings, "b1:1", "b2:1", "b3:1")
+    wait_for(lambda: len(c.registry.brokers) == 3, message="registry sees the brokers")
+    owners = {bundle(i): "gone:1" for i in range(4)} | {bundle(9): "b1:1"}
+    own(leader, owners)
+    asyncio.run(c.healing.on_lead())
+    moved = asyncio.run(c.healing.run_once())
+    assert sorted(o.bundle for o in moved) == [bundle(i) for i in range(4)]
+    assert leader.metric("trimtab_broker_failures_total", event="recorded") == 1
+    assert leader.metric("trimtab_overrides_total", reason="failed_broker", result="published") == 4
+    table = c.channel.table
+
+    def reassigned() -> bool:
+        recs = [table.get(bundle(i)) for i in range(4)]
+        return all(r is not None and r.state is State.ASSIGNING and r.dst in c.registry.brokers for r in recs)
+
+    wait_for(reassigned, message="each bundle of the failed broker is assigned to a live broker")
+    assert table.get(bundle(9)).dst == "b1:1"  # type: ignore[union-attr]
+    assert c.healing.healer.failed.keys() == {"gone:1"}
+
+
+def test_mass_failure_pauses_healing_and_moves_nothing(
+    leader: Node, settings: Settings, zk: KazooClient
+) -> None:
+    c = leader.ctl
+    register(zk, settings, "b1:1")
+    wait_for(lambda: len(c.registry.brokers) == 1, message="registry sees the broker")
+    # Three of four brokers gone at once (75% > the 40% guard): something bigger is wrong.
+    own(leader, {bundle(0): "gone:1", bundle(1): "gone:2", bundle(2): "gone:3", bundle(3): "b1:1"})
+    asyncio.run(c.healing.on_lead())
+    assert asyncio.run(c.healing.run_once()) == []
+    assert c.healing.healer.paused_reason == "mass_failure"
+    assert leader.metric("trimtab_healing_paused", reason="mass_failure") == 1
+    assert leader.metric("trimtab_failed_brokers") == 3
+    assert leader.metric("trimtab_overrides_total", reason="failed_broker", result="published") == 0
+    table = c.channel.table
+    assert [table.get(bundle(i)).dst for i in range(3)] == ["gone:1", "gone:2", "gone:3"]  # type: ignore[union-attr]
+
+
+def test_the_monitor_forces_a_stuck_assignment_onward(
+    leader: Node, settings: Settings, zk: KazooClient
+) -> None:
+    c = leader.ctl
+    register(zk, settings, "b1:1", "b2:1")
+    wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+    long_ago = int(time.time() * 1000) - 3_600_000
+    leader.publish(bundle(0), make(State.ASSIGNING, version=1, ts=long_ago, writer="test", dst="b1:1"))
+    wait_for(lambda: c.channel.table.get(bundle(0)) is not None, message="the stuck record is applied")
+    decided = asyncio.run(c.monitor.run_once())
+    assert [(o.bundle, o.reason) for o in decided] == [(bundle(0), "stuck")]
+    assert leader.metric("trimtab_monitor_runs_total", result="ok") == 1
+    wait_for(
+        lambda: (r := c.channel.table.get(bundle(0))) is not None and r.version == 2,
+        message="the override is applied",
+    )
