@@ -1,4 +1,4 @@
-"""The agent's HTTP API (FastAPI): lookups, ownership and admin split, health, metrics -- and, only on an
+"""The agent's HTTP API (FastAPI): lookups, ownership, admin split and drain, health, metrics -- and, only on an
 agent that runs the simulated broker, that broker's controls (``/v1/sim/*``). Typed request/response
 models give the OpenAPI spec at ``/openapi.json``; bad input gets a 4xx with a message, a lookup that
 cannot settle gets a retryable 503.
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fastapi import APIRouter, FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query, Response
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 
@@ -51,6 +51,10 @@ class Lifecycle(Protocol):
     def last_tick(self) -> float: ...
 
     def status(self) -> Mapping[str, Any]: ...
+
+    def start_drain(self) -> Mapping[str, Any]: ...
+
+    def drain_plan(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -121,12 +125,25 @@ class SplitRequest(BaseModel):
     boundaries: list[str] = Field(
         default_factory=list, description="Hex positions (0x...) for specified_positions_divide."
     )
+    dry_run: bool = Field(
+        False,
+        description="Make every check and answer the children (200) without splitting; refusals are the "
+        "real call's.",
+    )
 
 
 class SplitResponse(BaseModel):
     bundle: str
     children: list[str]
     reason: str
+    dry_run: bool = Field(False, description="True: nothing was published; these are the would-be children")
+
+
+class DrainRequest(BaseModel):
+    dry_run: bool = Field(
+        False,
+        description="Answer where each owned bundle would go now (200); nothing moves and nothing is marked.",
+    )
 
 
 class SimLoadRequest(BaseModel):
@@ -260,7 +277,7 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
 
 
 def _admin_routes(api: AgentApi) -> APIRouter:
-    """The admin split and the agent's status."""
+    """The admin split and drain, and the agent's status."""
     router = APIRouter()
 
     @router.post(
@@ -275,7 +292,7 @@ def _admin_routes(api: AgentApi) -> APIRouter:
         },
         summary="Split a bundle this broker owns",
     )
-    async def split(req: SplitRequest) -> Any:
+    async def split(req: SplitRequest, response: Response) -> Any:
         try:
             positions = [int(b, 16) for b in req.boundaries]
         except ValueError:
@@ -283,13 +300,38 @@ def _admin_routes(api: AgentApi) -> APIRouter:
                 400, f"boundaries must be hex numbers like 0x40000000, got {req.boundaries}"
             )
         try:
-            d = await api.splits.admin_split(req.bundle, req.algorithm, positions)
+            d = await api.splits.admin_split(req.bundle, req.algorithm, positions, dry_run=req.dry_run)
         except SplitRefused as e:
             return error_response(e.status, str(e), retryable=e.status == 503)
         ns = req.bundle.rsplit("/", 1)[0]
+        if req.dry_run:
+            response.status_code = 200
         return SplitResponse(
-            bundle=req.bundle, children=[f"{ns}/{c.name}" for c in d.children], reason=d.reason
+            bundle=req.bundle,
+            children=[f"{ns}/{c.name}" for c in d.children],
+            reason=d.reason,
+            dry_run=req.dry_run,
         )
+
+    @router.post(
+        "/v1/admin/drain",
+        status_code=202,
+        responses={
+            200: {"description": "A dry run: each owned bundle and where it would go now"},
+            409: {"model": ErrorBody, "description": "Draining already"},
+            503: {"model": ErrorBody, "description": "Starting or stopping: retry"},
+        },
+        summary="Drain this broker without exiting: move every bundle it owns elsewhere",
+        description="Marks the broker draining in its registration (nothing new is assigned to it) and "
+        "transfers every bundle it owns to other brokers, as on SIGTERM, but the agent stays up and "
+        "registered as draining; /v1/status shows the progress under 'drain'. Returns at once (202). "
+        "Undrain is not supported: restart the agent.",
+    )
+    async def drain(req: DrainRequest, response: Response) -> Any:
+        if req.dry_run:
+            response.status_code = 200
+            return api.node.drain_plan()
+        return {"dry_run": False, **api.node.start_drain()}
 
     @router.get("/v1/status", summary="Agent status")
     async def status() -> Any:

@@ -14,6 +14,11 @@ Shutdown (first SIGTERM/SIGINT): drain (:mod:`agent.drain`) -- transfer every ow
 brokers and wait (bounded) until they are owned elsewhere -- then tombstone the load report, deregister
 and exit. A second signal, or the drain deadline, exits at once and says how many bundles were left.
 
+An operator's drain (:meth:`Agent.start_drain`, ``POST /v1/admin/drain``) runs the same drain as a
+background task and does *not* exit: the agent stays up and registered as draining, so nothing new is
+assigned to it, until it is restarted (there is no undrain). A signal during it waits for it, then drains
+as above (quickly: nothing is left) and exits.
+
 Threads: kazoo and librdkafka have their own; the channel follower applies records on its thread and
 hands events to the asyncio loop through a :class:`cluster.bridge.LoopBridge` (one wakeup per burst, in
 order). All decisions run on the loop.
@@ -35,16 +40,20 @@ from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.prewarm import Prewarmer
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.reporter import LoadReporter
 from trimtab.agent.splits import SplitScheduler
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import State
 from trimtab.channel.transport import Transport
 from trimtab.cluster.http import HttpServer
 from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.placement_store import PlacementWatch
+from trimtab.cluster.standbys import StandbySet
 from trimtab.cluster.zk import BrokerRegistry, ZkSession
-from trimtab.errors import StartupError
+from trimtab.errors import RequestError, StartupError
 
 log = structlog.get_logger("trimtab.agent")
 
@@ -57,6 +66,9 @@ class Agent:
         adapter: BrokerAdapter,
         zk: ZkSession,
         registry: BrokerRegistry,
+        placement_watch: PlacementWatch,
+        standby_view: KeyValueView[StandbySet],
+        prewarmer: Prewarmer,
         channel: ChannelClient,
         loads: KeyValueView[BrokerLoadData],
         transport: Transport,
@@ -77,6 +89,9 @@ class Agent:
         self.adapter = adapter
         self.zk = zk
         self.registry = registry
+        self.placement_watch = placement_watch
+        self.standby_view = standby_view
+        self.prewarmer = prewarmer
         self.channel = channel
         self.loads = loads
         self.transport = transport
@@ -96,10 +111,81 @@ class Agent:
         self.stop_event = asyncio.Event()
         self.force_exit = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._drain_task: asyncio.Task[None] | None = None  # an operator's drain
+        self._drain: dict[str, Any] | None = None  # how it started and (once over) ended
+        self._drain_started = 0.0
 
     @property
     def draining(self) -> bool:
-        return self.drainer.draining
+        return self.drainer.draining or self._drain_task is not None
+
+    # ------------------------------------------------------------------ an operator's drain
+    def start_drain(self) -> Mapping[str, Any]:
+        """Start draining without exiting (``POST /v1/admin/drain``): the drain runs as a background task
+        and this returns at once with the drain's status. 409 if draining already (by a signal or an
+        earlier request), retryable 503 while starting or stopping."""
+        if self.draining:
+            raise RequestError(409, f"{self.me} is draining already (restart the agent to undo a drain)")
+        if not self.ready or self.stop_event.is_set():
+            raise RequestError(503, f"{self.me} is not ready (starting or stopping)", retryable=True)
+        owned = len(self.drainer.owned())
+        info: dict[str, Any] = {"by": "admin", "owned_at_start": owned, "result": None}
+        self._drain = info
+        self._drain_started = self._monotonic()
+        self._drain_task = asyncio.create_task(self._admin_drain(info), name="drain")
+        log.info("admin_drain_requested", owned=owned)
+        return {"broker": self.me, **self.drain_status()}
+
+    async def _admin_drain(self, info: dict[str, Any]) -> None:
+        try:
+            why = await self.drainer.drain(self.force_exit)
+        except Exception as e:  # the drain never raises on input; say so if it ever does
+            log.exception("admin_drain_failed")
+            why = f"drain failed: {e}"
+        info["result"] = why or "complete"
+        info["seconds"] = round(self._monotonic() - self._drain_started, 3)
+
+    def drain_plan(self) -> Mapping[str, Any]:
+        """A dry run of :meth:`start_drain`: each bundle this broker owns and where the drain would send
+        it now (the drain's own choice: live, non-draining brokers other than this one, placement first;
+        null -- a plain unload -- when none is allowed). Nothing moves; ties are broken at random, as the
+        drain breaks them. 409 if draining already, retryable 503 while starting or stopping."""
+        if self.draining:
+            raise RequestError(409, f"{self.me} is draining already (restart the agent to undo a drain)")
+        if not self.ready or self.stop_event.is_set():
+            raise RequestError(503, f"{self.me} is not ready (starting or stopping)", retryable=True)
+        plan: dict[str, Any] = {
+            bundle: {"dst": sel.broker, "reason": sel.reason, "candidates": sel.candidates}
+            for bundle, sel in self.drainer.plan().items()
+        }
+        unloads = sum(1 for p in plan.values() if p["dst"] is None)
+        return {
+            "broker": self.me,
+            "dry_run": True,
+            "bundles": plan,
+            "count": len(plan),
+            "why": (
+                f"{self.me} owns {len(plan)} bundles; draining would transfer {len(plan) - unloads} to the "
+                f"brokers shown and unload {unloads} (no other broker allowed), then keep {self.me} "
+                f"registered as draining"
+            ),
+        }
+
+    def drain_status(self) -> dict[str, Any]:
+        """Whether the broker drains, who asked, and how far it got."""
+        out: dict[str, Any] = {"draining": self.draining}
+        if self._drain is not None:
+            out.update(self._drain)
+            if self._drain["result"] is None:
+                out["elapsed_s"] = round(self._monotonic() - self._drain_started, 3)
+        elif self.draining:
+            out["by"] = "signal"
+        if self.draining:
+            table = self.channel.table.items()
+            out["owned"] = sum(1 for _, r in table if r.state is State.OWNED and r.dst == self.me)
+            out["in_flight"] = sum(1 for _, r in table if r.state.in_flight and r.names(self.me))
+            out["not_closed"] = len(self.reconciler.served | self.reconciler.fenced)
+        return out
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, http: HttpServer) -> int:
@@ -130,8 +216,10 @@ class Agent:
         await asyncio.to_thread(self.zk.start)
         self.metrics.zk_connected.set(1)
         await asyncio.to_thread(self.registry.start)
+        await asyncio.to_thread(self.placement_watch.start)
         await asyncio.to_thread(self.channel.start)
         self.loads.start()
+        self.standby_view.start()  # advice only: start-up does not wait for it
         deadline = self._monotonic() + self.catch_up_timeout_s
         while not (self.channel.ready and self.loads.ready):
             if self.stop_event.is_set():
@@ -164,6 +252,7 @@ class Agent:
             asyncio.create_task(self.reporter.run(self.stop_event), name="reporter"),
             asyncio.create_task(self.splitter.run(self.stop_event), name="splitter"),
             asyncio.create_task(self._tick_loop(), name="tick"),
+            asyncio.create_task(self.prewarmer.run(self.stop_event), name="prewarm"),
         ]
         self.ready = True
         self.metrics.ready.set(1)
@@ -176,6 +265,10 @@ class Agent:
     async def _serve(self) -> None:
         await self.stop_event.wait()
         if self.ready:
+            if self._drain_task is not None:
+                # An operator's drain is under way: let it finish (a second signal ends it), then the
+                # lifecycle's own drain finds what is left, if anything.
+                await asyncio.wait({self._drain_task})
             self.exit_reason = await self.drainer.drain(self.force_exit)
 
     async def _tick_loop(self) -> None:
@@ -190,6 +283,8 @@ class Agent:
         self.metrics.ready.set(0)
         for t in self._tasks:
             t.cancel()
+        if self._drain_task is not None:
+            self._drain_task.cancel()
         with contextlib.suppress(Exception):
             await self.reconciler.stop()
         if self.reporter.published is not None:
@@ -202,6 +297,8 @@ class Agent:
         self.channel.stop()
         with contextlib.suppress(Exception):
             self.loads.stop()
+        with contextlib.suppress(Exception):
+            self.standby_view.stop()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.transport.flush, 5.0)
         with contextlib.suppress(Exception):
@@ -219,6 +316,7 @@ class Agent:
             "broker": self.me,
             "ready": self.ready,
             "draining": self.draining,
+            "drain": self.drain_status(),
             "registered": self.registry.registered,
             "zookeeper": self.zk.state,
             "channel": {

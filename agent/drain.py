@@ -18,7 +18,7 @@ import structlog
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reconciler import Reconciler
-from trimtab.balance.assign import AssignContext, select_broker
+from trimtab.balance.assign import AssignContext, Placement, Selection, select_broker
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
 from trimtab.cluster.zk import BrokerRegistry
@@ -35,6 +35,7 @@ class Drainer:
         registry: BrokerRegistry,
         *,
         assign_context: Callable[[frozenset[str]], AssignContext],
+        placement: Placement,
         rng: random.Random,
         metrics: AgentMetrics,
         timeout_s: float,
@@ -50,6 +51,7 @@ class Drainer:
         self.reconciler = reconciler
         self.registry = registry
         self._assign_context = assign_context
+        self._placement = placement
         self.rng = rng
         self.metrics = metrics
         self.timeout_s = timeout_s
@@ -60,6 +62,18 @@ class Drainer:
 
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if r.state is State.OWNED and r.dst == self.me}
+
+    def destination(self, bundle: str) -> Selection:
+        """Where the drain sends ``bundle`` now: a live, non-draining broker other than this one, chosen
+        by the placement rules (warm standbys first) and then load; ``broker`` None -- a plain unload --
+        when the rules allow nobody. The drain and its dry run both ask this."""
+        others = {k: v for k, v in self.registry.brokers.items() if k != self.me and not v.draining}
+        ctx = self._assign_context(frozenset({self.me}))
+        return select_broker(bundle, others, ctx, self.rng, placement=self._placement)
+
+    def plan(self) -> dict[str, Selection]:
+        """A dry run: each owned bundle and where :meth:`destination` would send it now."""
+        return {bundle: self.destination(bundle) for bundle in sorted(self.owned())}
 
     def _naming_me(self) -> dict[str, Record]:
         return {
@@ -89,11 +103,10 @@ class Drainer:
                 why = "second signal" if force_exit.is_set() else "drain timeout"
                 log.warning("drain_incomplete", reason=why, bundles_left=len(mine), not_closed=len(closing))
                 return f"drain incomplete ({why}): {len(mine)} bundles left"
-            others = {k: v for k, v in self.registry.brokers.items() if k != self.me and not v.draining}
             for bundle, rec in mine.items():
                 if rec.state is not State.OWNED or requested.get(bundle) == rec.version:
                     continue
-                sel = select_broker(bundle, others, self._assign_context(frozenset({self.me})), self.rng)
+                sel = self.destination(bundle)
                 nxt = make(
                     State.RELEASING,
                     src=self.me,

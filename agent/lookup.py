@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import structlog
 
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, select_broker
+from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, Placement, select_broker
 from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
@@ -159,6 +159,7 @@ class LookupService:
         brokers: Callable[[], Mapping[str, BrokerInfo]],
         brokers_trusted: Callable[[], bool],
         filters: Sequence[BrokerFilter],
+        placement: Placement,
         timeout_s: float,
         assign_context: Callable[[frozenset[str]], AssignContext],
         diff: float,
@@ -178,6 +179,7 @@ class LookupService:
         self._brokers = brokers
         self._brokers_trusted = brokers_trusted
         self.filters = filters
+        self.placement = placement
         self.timeout_s = timeout_s
         self._assign_context = assign_context
         self.diff = diff
@@ -289,7 +291,15 @@ class LookupService:
 
     def _assign(self, bundle: str, version: int) -> None:
         ctx = self._assign_context(frozenset({self.me}) if self._draining() else frozenset())
-        sel = select_broker(bundle, self._brokers(), ctx, self.rng, filters=self.filters, diff=self.diff)
+        sel = select_broker(
+            bundle,
+            self._brokers(),
+            ctx,
+            self.rng,
+            filters=self.filters,
+            diff=self.diff,
+            placement=self.placement,
+        )
         if sel.broker is None:
             raise RequestError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
         rec = make(

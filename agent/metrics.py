@@ -27,6 +27,8 @@ class AgentMetrics:
     draining: Gauge
     zk_connected: Gauge
     ready: Gauge
+    standby_bundles: Gauge
+    prewarms: Counter
 
     # The per-bundle path (a failover makes one agent take thousands of bundles) resolves its labelled
     # children once per label set: ``labels()`` takes a lock and builds a key on every call.
@@ -119,6 +121,17 @@ class AgentMetrics:
             registered=Gauge(
                 "trimtab_broker_registered",
                 "1 while the broker's ZooKeeper registration exists.",
+                registry=registry,
+            ),
+            standby_bundles=Gauge(
+                "trimtab_agent_standby_bundles",
+                "Bundles this broker stands by for (warm standbys the leader assigned it).",
+                registry=registry,
+            ),
+            prewarms=Counter(
+                "trimtab_prewarms_total",
+                "Pre-warm requests to the broker, by result (ok, failed).",
+                ["result"],
                 registry=registry,
             ),
             draining=Gauge(

@@ -103,13 +103,19 @@ class SplitScheduler:
                 log.info("split_refused", bundle=d.bundle, reason=str(e))
         return cycle.decisions
 
-    async def publish_split(self, d: SplitDecision) -> Record:
-        cur = self.channel.table.get(d.bundle)
+    def check_owned(self, bundle: str) -> Record:
+        """The bundle's Owned record, if this broker may split it now; else :class:`SplitRefused` (409 owned
+        elsewhere or not at all, 503 in flight here)."""
+        cur = self.channel.table.get(bundle)
         if cur is not None and cur.state.in_flight and cur.names(self.me):
-            raise SplitRefused(503, f"{d.bundle} is {cur.state.value} here right now; retry in a moment")
+            raise SplitRefused(503, f"{bundle} is {cur.state.value} here right now; retry in a moment")
         if cur is None or cur.state is not State.OWNED or cur.dst != self.me:
             owner = cur.owner() if cur else None
-            raise SplitRefused(409, f"{d.bundle} is not owned by this broker (owner: {owner}); ask its owner")
+            raise SplitRefused(409, f"{bundle} is not owned by this broker (owner: {owner}); ask its owner")
+        return cur
+
+    async def publish_split(self, d: SplitDecision) -> Record:
+        cur = self.check_owned(d.bundle)
         rec = make(
             State.SPLITTING,
             src=self.me,
@@ -126,9 +132,12 @@ class SplitScheduler:
         log.info("split_published", bundle=d.bundle, reason=d.reason, children=children)
         return rec
 
-    async def admin_split(self, bundle: str, algorithm: str | None, boundaries: list[int]) -> SplitDecision:
+    async def admin_split(
+        self, bundle: str, algorithm: str | None, boundaries: list[int], *, dry_run: bool = False
+    ) -> SplitDecision:
         """Split ``bundle`` now (``algorithm`` defaults to ``split.algorithm``, or to
-        specified_positions_divide when ``boundaries`` are given)."""
+        specified_positions_divide when ``boundaries`` are given). A dry run makes the same checks and
+        returns the children without publishing anything."""
         try:
             parse_bundle(bundle)
         except BundleError as e:
@@ -144,6 +153,10 @@ class SplitScheduler:
         if not children:
             raise SplitRefused(422, f"{algo} found no split boundary for {bundle}")
         decision = SplitDecision(bundle, "admin", children)
+        if dry_run:
+            self.check_owned(bundle)
+            self.metrics.splits.labels("admin", "dry_run").inc()
+            return decision
         await self.publish_split(decision)
         self.metrics.splits.labels("admin", "published").inc()
         return decision

@@ -30,10 +30,11 @@ from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.lookup import LayoutCache, LookupService
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.prewarm import Prewarmer
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.reporter import HostSampler, LoadReporter
 from trimtab.agent.splits import SplitScheduler
-from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext
+from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, Placement
 from trimtab.balance.load import BrokerLoadData
 from trimtab.balance.split import SplitLimits
 from trimtab.channel.client import ChannelClient
@@ -47,6 +48,9 @@ from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.logs import bind as bind_log
 from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
+from trimtab.cluster.placement_store import PlacementWatch
+from trimtab.cluster.placement_view import LivePlacement
+from trimtab.cluster.standbys import StandbyIndex, StandbySet, prefer_standbys
 from trimtab.cluster.wiring import kafka_transport, zk_session
 from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
 from trimtab.config.settings import Settings
@@ -123,10 +127,14 @@ def build(
     namespaces = NamespaceStore(zk.client, paths, s.namespace.default_bundles)
 
     transport = transport if transport is not None else kafka_transport(s, f"trimtab-agent-{me}")
+    rules = PlacementParts.build(s, zk, paths, registry, transport)
+    placement, placement_watch = rules.placement, rules.watch
+    standby_index, standby_view, place = rules.standby_index, rules.standby_view, rules.rule
 
     def on_channel_ready(table: TableView) -> None:
         # On the follower thread, once the channel is caught up -- never before Agent.run started it, by
         # which time the reconciler and the lookups below exist.
+        placement.load_table(table.items())
         loop.call_soon_threadsafe(_channel_caught_up, reconciler, lookups, table)
 
     channel = ChannelClient(
@@ -140,7 +148,7 @@ def build(
     loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, s.kafka.broker_load_topic, BrokerLoadData)
     events = EventPublisher(transport, s.kafka.events_topic, source=me, role="agent")
     prom.register(ChannelCollector(lambda: channel))
-    prom.register(KeyValueCollector(lambda: [loads]))
+    prom.register(KeyValueCollector(lambda: [loads, standby_view]))
 
     def assign_context(exclude: frozenset[str]) -> AssignContext:
         return AssignContext.from_settings(s, loads.snapshot(), int(clock() * 1000), exclude)
@@ -166,6 +174,7 @@ def build(
         reconciler,
         registry,
         assign_context=assign_context,
+        placement=place,
         rng=rng,
         metrics=metrics,
         timeout_s=s.agent.drain_timeout_s,
@@ -179,6 +188,7 @@ def build(
         brokers=lambda: registry.brokers,
         brokers_trusted=lambda: zk.connected and registry.synced.is_set(),
         filters=DEFAULT_FILTERS,
+        placement=place,
         timeout_s=s.channel.in_flight_timeout_s,
         assign_context=assign_context,
         diff=s.assignment.average_usage_diff_threshold_pct / 100,
@@ -204,11 +214,18 @@ def build(
     )
 
     _route_events(loop, channel, layouts, reconciler, lookups, registry, zk, metrics)
+    prewarmer = Prewarmer(me, retrying, standby_index, drainer.owned, metrics)
+    standby_wakeups: LoopBridge[None] = LoopBridge(loop, lambda _: prewarmer.changed())
+    standby_view.add_listener(lambda bundle, value: standby_wakeups.push(None))
+    channel.table.add_listener(placement.record_changed)  # on the follower thread; thread-safe
     agent = Agent(
         identity,
         adapter=retrying,
         zk=zk,
         registry=registry,
+        placement_watch=placement_watch,
+        standby_view=standby_view,
+        prewarmer=prewarmer,
         channel=channel,
         loads=loads,
         transport=transport,
@@ -247,6 +264,34 @@ def build(
         metrics=metrics,
         prom=prom,
     )
+
+
+@dataclass(frozen=True)
+class PlacementParts:
+    """The placement rules as the agent follows them: policies from ZooKeeper, live brokers, ownership
+    (fed by the channel), and the leader's warm-standby sets."""
+
+    placement: LivePlacement
+    watch: PlacementWatch
+    standby_index: StandbyIndex
+    standby_view: KeyValueView[StandbySet]
+    rule: Placement
+
+    @classmethod
+    def build(
+        cls, s: Settings, zk: ZkSession, paths: ZkPaths, registry: BrokerRegistry, transport: Transport
+    ) -> PlacementParts:
+        placement = LivePlacement(
+            lambda: registry.brokers, failure_domains_enabled=s.placement.failure_domains_enabled
+        )
+        registry.add_listener(placement.brokers_changed)
+        index = StandbyIndex()
+        view: KeyValueView[StandbySet] = KeyValueView(transport, s.kafka.standby_topic, StandbySet)
+        view.add_listener(index.changed)
+        # Among the brokers the rules allow, a bundle's warm standbys first (drain, and lookups of a
+        # bundle freed by a failure): they take it over fastest.
+        rule = prefer_standbys(index.of, placement.restrict)
+        return cls(placement, PlacementWatch(zk.client, paths, placement.policies_changed), index, view, rule)
 
 
 def _channel_caught_up(reconciler: Reconciler, lookups: LookupService, table: TableView) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -65,6 +65,10 @@ class AssignContext:
             prefer_later_versions=s.assignment.prefer_later_versions,
             exclude=exclude,
         )
+
+
+Placement = Callable[[str, dict[str, BrokerInfo]], dict[str, BrokerInfo]]
+"""(bundle, candidates) -> the candidates the placement rules allow."""
 
 
 class BrokerFilter(Protocol):
@@ -168,11 +172,20 @@ def select_broker(
     *,
     filters: Sequence[BrokerFilter] = DEFAULT_FILTERS,
     diff: float = 0.10,
+    placement: Placement | None = None,
 ) -> Selection:
-    """Pick a broker for ``bundle`` among live, non-draining, non-excluded ``brokers``."""
+    """Pick a broker for ``bundle`` among live, non-draining, non-excluded ``brokers``.
+
+    ``placement`` (isolation and anti-affinity, docs/placement.md) is a hard rule, applied first: when it
+    allows none of the brokers the selection fails (``reason="placement"``) rather than break a policy.
+    The ``filters`` after it are soft: one that would leave nobody is skipped."""
     candidates = {k: b for k, b in brokers.items() if k not in ctx.exclude and not b.draining}
     if not candidates:
         return Selection(None, 0, [], "no_brokers")
+    if placement is not None:
+        candidates = placement(bundle, candidates)
+        if not candidates:
+            return Selection(None, 0, [], "placement")
     skipped: list[str] = []
     for f in filters:
         narrowed = f.apply(bundle, dict(candidates), ctx)

@@ -102,13 +102,17 @@ def orphaned(items: Iterable[tuple[str, Record]], gone: frozenset[str]) -> list[
 
 
 def plan_destinations(
-    bundles: list[str], candidates: Mapping[str, float], existing: Mapping[str, int] | None = None
+    bundles: list[str],
+    candidates: Mapping[str, float],
+    existing: Mapping[str, int] | None = None,
+    allowed: Callable[[str], Collection[str]] | None = None,
 ) -> dict[str, str | None]:
     """Spread many orphaned bundles over ``candidates`` (broker -> load EMA, a fraction).
 
     Greedy by spare capacity: each bundle goes to the broker with the fewest planned bundles per unit of
     headroom, so 10 000 bundles of a dead broker do not all land on the single least loaded one.
-    ``existing`` adds bundles each broker already owns, in the same currency.
+    ``existing`` adds bundles each broker already owns, in the same currency. ``allowed(bundle)`` (the
+    placement rules) narrows each bundle's choice; a bundle nobody may take is planned nowhere (None).
     """
     if not candidates:
         return {b: None for b in bundles}
@@ -116,7 +120,14 @@ def plan_destinations(
     room = {c: max(0.05, 1.0 - load) for c, load in candidates.items()}
     out: dict[str, str | None] = {}
     for b in bundles:
-        dst = min(candidates, key=lambda c: ((planned[c] + 1) / room[c], c))
+        pool: Collection[str] = candidates
+        if allowed is not None:
+            ok = allowed(b)
+            pool = [c for c in candidates if c in ok]
+            if not pool:
+                out[b] = None
+                continue
+        dst = min(pool, key=lambda c: ((planned[c] + 1) / room[c], c))
         out[b] = dst
         planned[dst] += 1
     return out

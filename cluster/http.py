@@ -67,7 +67,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.leader_url is None:
             return error_response(exc.status, str(exc), retryable=True)
         # 307 keeps the method and the body: any controller address works for admin writes.
-        return RedirectResponse(exc.leader_url + request.url.path, status_code=307)
+        # The query string goes along: it can change what a write does (?dry_run, ?unload_scope).
+        query = f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(exc.leader_url + request.url.path + query, status_code=307)
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError) -> Response:

@@ -18,7 +18,9 @@ def kafka_transport(s: Settings, client_id: str) -> KafkaTransport:
         client_id=client_id,
         linger_ms=k.linger_ms,
         fetch_wait_max_ms=k.fetch_wait_max_ms,
-        compacted_topics=frozenset({k.snapshot_topic, k.broker_load_topic, k.top_bundles_topic}),
+        compacted_topics=frozenset(
+            {k.snapshot_topic, k.broker_load_topic, k.top_bundles_topic, k.standby_topic}
+        ),
         # The snapshot topic must have exactly one partition (channel.snapshot.check_snapshot_topic).
         topic_partitions={k.channel_topic: k.channel_partitions, k.snapshot_topic: 1},
         replication_factor=k.replication_factor,

@@ -53,6 +53,7 @@ class ZkPaths:
         self.reassignments = f"{self.admin}/reassignments"
         self.failure_domains = f"{self.admin}/failure_domains"
         self.isolation = f"{self.admin}/isolation"
+        self.anti_affinity = f"{self.admin}/anti_affinity"
         self.dynamic_config = f"{self.admin}/config"
         self.controller_state = f"{self.admin}/controller"
 

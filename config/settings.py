@@ -70,6 +70,11 @@ class KafkaSettings(Section):
         description="Compacted top-k bundle loads per broker. [loadbalancer-top-bundles-load-data]",
     )
     events_topic: str = Field("trimtab-events", description="Append-only decision and audit events.")
+    standby_topic: str = Field(
+        "trimtab-standbys",
+        description="Compacted warm-standby sets, one key per broker (the bundles it should pre-warm), "
+        "written by the leader when placement.standby_replicas > 0.",
+    )
     allow_multi_partition_snapshot_topic: bool = Field(
         False,
         description="Accept a snapshot topic with more than one partition and use its partition 0 only. For "
@@ -380,6 +385,12 @@ class PlacementSettings(Section):
         default_factory=list,
         description="Ordered tag dimensions standbys avoid sharing, e.g. [zone, cluster]. [rack.aware.assignment.tags]",
     )
+    standby_interval_s: float = Field(
+        30.0,
+        gt=0,
+        description="How often the leader recomputes the standby sets (each broker's key is rewritten only "
+        "when its set changed).",
+    )
     forced_awareness: dict[str, list[str]] = Field(
         default_factory=dict,
         description="Tag -> expected values; never place two copies in one value, hold standbys back instead. "
@@ -408,6 +419,9 @@ class SimulationSettings(Section):
     )
     sessions_per_topic: int = Field(2, ge=0, description="Producers+consumers per synthetic topic.")
     acquire_delay_ms: float = Field(0.0, ge=0, description="Simulated time to take over a bundle.")
+    warm_acquire_delay_ms: float = Field(
+        0.0, ge=0, description="Simulated time to take over a bundle the broker pre-warmed (a warm standby)."
+    )
     release_delay_ms: float = Field(0.0, ge=0, description="Simulated time to fence/close a bundle.")
 
 

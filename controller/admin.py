@@ -1,18 +1,27 @@
 """Operators' actions on the leader: transfer or unload a bundle, split one (forwarded to its owner's
-agent, which alone may split what it serves), pause or resume shedding (persisted, so it survives a
-failover). Each is refused with a :class:`RequestError` saying why, recorded as a decision, and counted."""
+agent, which alone may split what it serves), drain a broker (forwarded to its agent, which moves its
+bundles away and stays up, registered as draining), pause or resume shedding (persisted, so it survives a
+failover). Each is refused with a :class:`RequestError` saying why, recorded as a decision, and counted.
+
+Transfer, unload, split and drain have a dry run: every check of the real call except leadership (any
+controller answers from its own replica, as the placement dry runs do), the same refusal when one fails,
+and nothing published. A dry-run split or drain is computed by the agent that would do it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.records import Record, State, make
 from trimtab.channel.table import TableView
+from trimtab.cluster.placement_view import LivePlacement
 from trimtab.cluster.zk import BrokerRegistry
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
@@ -21,6 +30,25 @@ from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.stores import ControllerSwitches, Switches
 from trimtab.controller.writes import ChannelWrites
 from trimtab.errors import RequestError
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """A transfer (``dst`` set) or unload that passed every check: what it publishes, and why it may."""
+
+    bundle: str
+    src: str
+    dst: str | None
+    version: int  # of the Owned record it replaces
+    why: str
+
+    @property
+    def action(self) -> str:
+        return "transfer" if self.dst is not None else "unload"
+
+    def would(self) -> dict[str, Any]:
+        """The record it publishes, in the shape of a channel record's JSON (the fields that matter)."""
+        return {"state": State.RELEASING.value, "src": self.src, "dst": self.dst, "version": self.version + 1}
 
 
 class Admin:
@@ -34,6 +62,7 @@ class Admin:
         metrics: ControllerMetrics,
         switch_store: Switches,
         shedding: SheddingJob,
+        placement: LivePlacement,
         *,
         clock: Callable[[], float] = time.time,
         forward_timeout_s: float = 30.0,
@@ -46,65 +75,150 @@ class Admin:
         self.metrics = metrics
         self.switch_store = switch_store
         self.shedding = shedding
+        self.placement = placement
         self.clock = clock
         self.forward_timeout_s = forward_timeout_s
 
-    async def move(self, bundle: str, dst: str | None) -> Record:
-        """Transfer (dst set) or unload (dst None) a bundle, as an operator asked."""
-        self.leadership.require_leader()
+    def plan_move(self, bundle: str, dst: str | None) -> MovePlan:
+        """Every check of a transfer (``dst`` set) or unload but leadership, from this controller's replica:
+        the bundle is owned (404 unknown, 409 in another state), ``dst`` is another live broker (400) and
+        placement allows the move (409 with the reason)."""
         cur = self.table.get(bundle)
         if cur is None or cur.state is not State.OWNED or cur.dst is None:
             state = cur.state.value if cur else "init"
             raise RequestError(
                 409 if cur is not None else 404, f"{bundle} is not owned (state {state}); nothing to move"
             )
+        src = cur.dst
         if dst is not None:
-            if dst == cur.dst:
+            if dst == src:
                 raise RequestError(400, f"{bundle} is already owned by {dst}")
             if dst not in self.registry.brokers:
                 raise RequestError(400, f"{dst} is not a live broker")
+            if not self.placement.may_transfer(bundle, dst):
+                raise RequestError(
+                    409,
+                    f"placement forbids moving {bundle} to {dst} ({self.placement.explain(bundle)}); "
+                    f"allowed: {self.placement.candidates(bundle, src) or 'none'}",
+                )
+            why = (
+                f"{bundle} is owned by {src} (version {cur.version}); {dst} is live and placement allows it "
+                f"({self.placement.explain(bundle)}): {src} fences it, {dst} acquires it, clients are "
+                f"redirected"
+            )
+        elif not self.placement.may_unload(bundle):
+            raise RequestError(
+                409,
+                f"placement forbids unloading {bundle}: no other broker may take it "
+                f"({self.placement.explain(bundle)})",
+            )
+        else:
+            why = (
+                f"{bundle} is owned by {src} (version {cur.version}); after the unload the next lookup assigns "
+                f"it to one of {', '.join(self.placement.candidates(bundle, src))} "
+                f"({self.placement.explain(bundle)})"
+            )
+        return MovePlan(bundle, src, dst, cur.version, why)
+
+    async def move(self, bundle: str, dst: str | None) -> Record:
+        """Transfer (dst set) or unload (dst None) a bundle, as an operator asked."""
+        self.leadership.require_leader()
+        plan = self.plan_move(bundle, dst)
         rec = make(
             State.RELEASING,
-            src=cur.dst,
+            src=plan.src,
             dst=dst,
-            version=cur.version + 1,
+            version=plan.version + 1,
             ts=int(self.clock() * 1000),
             writer=self.leadership.writer(),
         )
         await self.writes.publish(bundle, rec)
-        action = "transfer" if dst else "unload"
-        self.metrics.unloads.labels(action, "admin").inc()
-        self.metrics.admin.labels(action, "ok").inc()
-        self.journal.record(action, bundle=bundle, src=cur.dst, dst=dst, reason="admin")
+        self.metrics.unloads.labels(plan.action, "admin").inc()
+        self.metrics.admin.labels(plan.action, "ok").inc()
+        self.journal.record(plan.action, bundle=bundle, src=plan.src, dst=dst, reason="admin")
         return rec
 
+    def dry_run_move(self, bundle: str, dst: str | None) -> MovePlan:
+        """What :meth:`move` would publish, or the refusal it would give; publishes nothing. Any
+        controller answers (from its own replica): leadership is the one check left out."""
+        plan = self.plan_move(bundle, dst)
+        self.metrics.admin.labels(plan.action, "dry_run").inc()
+        return plan
+
     async def split(self, bundle: str, request: dict[str, Any]) -> tuple[int, Any]:
-        """Forward a split to the owner's agent; returns its status code and JSON body."""
-        self.leadership.require_leader()
+        """Forward a split to the owner's agent; returns its status code and JSON body. A dry run
+        (``request["dry_run"]``) is answered by any controller; the agent computes the children and
+        publishes nothing."""
+        dry_run = bool(request.get("dry_run"))
+        if not dry_run:
+            self.leadership.require_leader()
         cur = self.table.get(bundle)
         owner = cur.owner() if cur else None
         info = self.registry.brokers.get(owner) if owner else None
         if info is None:
             state = cur.state.value if cur else "init"
             raise RequestError(409, f"{bundle} has no live owner to split it (state {state})")
+        what = f"{owner}'s agent to split {bundle}"
+        if dry_run:
+            # An agent that does not know the field would ignore it and split: ask it first.
+            await self._require_agent_field(info, "/v1/admin/split", "dry_run", what)
+        status, body = await self._forward(info, "/v1/admin/split", request, "split", what, dry_run)
+        return status, body
+
+    async def drain(self, broker: str, *, dry_run: bool = False) -> tuple[int, Any]:
+        """Forward a drain to ``broker``'s agent: it moves every bundle it owns away and stays up,
+        registered as draining (nothing new is assigned to it; a restart undoes it). 404 if ``broker`` is
+        not live, 409 if it is draining already. A dry run (any controller) returns where the agent would
+        move each bundle now, and moves nothing. Returns the agent's status code and JSON body."""
+        if not dry_run:
+            self.leadership.require_leader()
+        info = self.registry.brokers.get(broker)
+        if info is None:
+            raise RequestError(404, f"{broker} is not a live broker")
+        if info.draining:
+            raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
+        what = f"{broker}'s agent to drain it"
+        status, body = await self._forward(
+            info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run
+        )
+        if not dry_run and 200 <= status < 300:
+            self.journal.record("drain", key=broker, broker=broker, reason="admin")
+        return status, body
+
+    async def _forward(
+        self, info: BrokerInfo, path: str, body: dict[str, Any], op: str, what: str, dry_run: bool
+    ) -> tuple[int, Any]:
+        """POST ``body`` to the agent's ``path``; its status and JSON body, or a retryable 502."""
         try:
             async with httpx.AsyncClient(timeout=self.forward_timeout_s) as client:
-                r = await client.post(f"{info.http_url}/v1/admin/split", json=request)
+                r = await client.post(f"{info.http_url}{path}", json=body)
         except httpx.HTTPError as e:
-            self.metrics.admin.labels("split", "failed").inc()
-            raise RequestError(
-                502, f"could not reach {owner}'s agent to split {bundle}: {e}", retryable=True
-            ) from None
-        self.metrics.admin.labels("split", "ok" if r.is_success else "failed").inc()
+            self.metrics.admin.labels(op, "failed").inc()
+            raise RequestError(502, f"could not reach {what}: {e}", retryable=True) from None
+        ok = "dry_run" if dry_run else "ok"
+        self.metrics.admin.labels(op, ok if r.is_success else "failed").inc()
         try:
-            body = r.json()
+            answer = r.json()
         except ValueError:
             raise RequestError(
-                502,
-                f"{owner}'s agent answered the split with {r.status_code} and no JSON body",
-                retryable=True,
+                502, f"{info.id}'s agent answered {r.status_code} with no JSON body ({what})", retryable=True
             ) from None
-        return r.status_code, body
+        return r.status_code, answer
+
+    async def _require_agent_field(self, info: BrokerInfo, path: str, field: str, what: str) -> None:
+        """Refuse (409, nothing sent) unless the agent's API declares ``field`` in ``path``'s request
+        body: an older agent would ignore the field (a dry run would be done for real)."""
+        try:
+            async with httpx.AsyncClient(timeout=self.forward_timeout_s) as client:
+                r = await client.get(f"{info.http_url}/openapi.json")
+            spec = r.json() if r.is_success else {}
+        except (httpx.HTTPError, ValueError) as e:
+            raise RequestError(502, f"could not read the API of {what}: {e}", retryable=True) from None
+        if field not in _body_fields(spec, path):
+            raise RequestError(
+                409,
+                f"{info.id}'s agent does not support {field} on {path} (an older version?); nothing was sent",
+            )
 
     async def set_shedding_paused(self, paused: bool, by: str) -> ControllerSwitches:
         self.leadership.require_leader()
@@ -118,3 +232,15 @@ class Admin:
         self.metrics.admin.labels("shedding", "ok").inc()
         self.journal.record("shedding_paused" if paused else "shedding_resumed", key="shedding", by=by)
         return sw
+
+
+def _body_fields(spec: Any, path: str) -> set[str]:
+    """The top-level fields of the JSON request body of ``POST path`` in an OpenAPI ``spec``."""
+    try:
+        schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/components/schemas/"):
+            schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        return set(schema.get("properties") or {})
+    except (KeyError, TypeError, AttributeError):
+        return set()

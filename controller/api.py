@@ -1,6 +1,7 @@
-"""The controller's HTTP API: admin basics (transfer, unload, split, ownership, brokers, leader, shedding
-pause/resume, healing status), health and metrics. Admin writes sent to a follower get ``307`` to the
-leader (method and body preserved), so any controller address works for operators and scripts.
+"""The controller's HTTP API: admin basics (transfer, unload, split, drain, ownership, brokers, leader,
+shedding pause/resume, healing status), health and metrics. Admin writes sent to a follower get ``307`` to
+the leader (method and body preserved), so any controller address works for operators and scripts; their
+dry runs (``"dry_run": true``) are answered by whichever controller gets them, from its own replica.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from trimtab.cluster.zk import BrokerRegistry
 from trimtab.controller.admin import Admin
 from trimtab.controller.healing import Healer
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.placement_admin import PlacementAdmin
+from trimtab.controller.placement_api import add_placement_routes
 from trimtab.controller.status import StatusReport
 from trimtab.errors import BundleError
 
@@ -48,21 +51,62 @@ class ControllerApi:
     status: StatusReport
     liveness: Liveness
     prom: CollectorRegistry
+    placement: PlacementAdmin
+
+
+_DRY_RUN = (
+    "Check and answer what would happen (200), or the refusal the real call would give; publish nothing. "
+    "Any controller answers a dry run from its own replica (no redirect to the leader)."
+)
 
 
 class TransferRequest(BaseModel):
     bundle: str = Field(description="tenant/namespace/0xLLLLLLLL_0xUUUUUUUU")
     broker: str = Field(description="Destination broker id")
+    dry_run: bool = Field(False, description=_DRY_RUN)
 
 
 class UnloadRequest(BaseModel):
-    bundle: str
+    bundle: str = Field(description="tenant/namespace/0xLLLLLLLL_0xUUUUUUUU")
+    dry_run: bool = Field(False, description=_DRY_RUN)
 
 
 class SplitRequest(BaseModel):
     bundle: str
     algorithm: str | None = None
     boundaries: list[str] = Field(default_factory=list)
+    dry_run: bool = Field(
+        False,
+        description="Ask the owner's agent for the children it would make, without splitting (200); any "
+        "controller forwards a dry run",
+    )
+
+
+class DrainRequest(BaseModel):
+    broker: str = Field(description="The broker id to drain (as registered, usually host:port)")
+    dry_run: bool = Field(
+        False,
+        description="Ask the broker's agent where each bundle it owns would go now (200); nothing moves. "
+        "Any controller forwards a dry run",
+    )
+
+
+class MoveRecord(BaseModel):
+    """The record a dry run would publish."""
+
+    state: str = Field(description="releasing")
+    src: str = Field(description="The current owner")
+    dst: str | None = Field(description="The destination (null: an unload; the next lookup assigns it)")
+    version: int = Field(description="The record's version")
+
+
+class MoveDryRun(BaseModel):
+    """What a transfer or unload would do."""
+
+    bundle: str
+    dry_run: bool = Field(description="Always true")
+    would: MoveRecord
+    why: str = Field(description="Why the move is allowed: owner, destination, placement rules")
 
 
 class SheddingRequest(BaseModel):
@@ -77,6 +121,7 @@ def create_app(ctl: ControllerApi) -> FastAPI:
     install_error_handlers(app)
     _views(app, ctl)
     _admin(app, ctl)
+    add_placement_routes(app, lambda: ctl.placement)
     # The probes read ``ctl`` late: the OpenAPI spec is rendered from an app built without one.
     add_probes(
         app,
@@ -139,34 +184,77 @@ def _views(app: FastAPI, ctl: ControllerApi) -> None:
 
 
 def _admin(app: FastAPI, ctl: ControllerApi) -> None:
-    """Leader-only writes (a follower answers 307 to the leader, or a retryable 503 while there is none)."""
+    """Leader-only writes (a follower answers 307 to the leader, or a retryable 503 while there is none);
+    their dry runs are answered by any controller."""
     refusals: dict[int | str, dict[str, Any]] = {
         400: {"model": ErrorBody},
         404: {"model": ErrorBody},
         409: {"model": ErrorBody},
     }
 
-    @app.post("/v1/admin/transfer", status_code=202, responses=refusals)
+    moves = {**refusals, 200: {"model": MoveDryRun, "description": "A dry run: what would be published"}}
+
+    @app.post(
+        "/v1/admin/transfer",
+        status_code=202,
+        responses=moves,
+        summary="Move a bundle to a broker (202: the Releasing record is published; 200: a dry run)",
+    )
     async def transfer(req: TransferRequest) -> Any:
-        if (bad := _check_bundle(req.bundle)) is not None:
-            return bad
-        rec = await ctl.admin.move(req.bundle, req.broker)
-        return {"bundle": req.bundle, "record": rec.to_json()}
+        return await _move(ctl, req.bundle, req.broker, req.dry_run)
 
-    @app.post("/v1/admin/unload", status_code=202, responses=refusals)
+    @app.post(
+        "/v1/admin/unload",
+        status_code=202,
+        responses=moves,
+        summary="Unload a bundle; the next lookup assigns it (202: published; 200: a dry run)",
+    )
     async def unload(req: UnloadRequest) -> Any:
-        if (bad := _check_bundle(req.bundle)) is not None:
-            return bad
-        rec = await ctl.admin.move(req.bundle, None)
-        return {"bundle": req.bundle, "record": rec.to_json()}
+        return await _move(ctl, req.bundle, None, req.dry_run)
 
-    @app.post("/v1/admin/split", status_code=202, summary="Split a bundle (forwarded to its owner's agent)")
+    @app.post(
+        "/v1/admin/split",
+        status_code=202,
+        responses={200: {"description": "A dry run: the children the owner's agent would make"}},
+        summary="Split a bundle (forwarded to its owner's agent)",
+    )
     async def split(req: SplitRequest) -> Any:
         if (bad := _check_bundle(req.bundle)) is not None:
             return bad
         status, body = await ctl.admin.split(req.bundle, req.model_dump())
         return JSONResponse(body, status_code=status)
 
+    @app.post(
+        "/v1/admin/drain",
+        status_code=202,
+        responses={
+            200: {"description": "A dry run: the bundles the broker owns and where each would go now"},
+            404: {"model": ErrorBody, "description": "The broker is not live"},
+            409: {"model": ErrorBody, "description": "The broker is draining already"},
+        },
+        summary="Drain a broker: move every bundle it owns elsewhere (forwarded to its agent)",
+        description="The broker's agent marks itself draining in its registration (nothing new is assigned "
+        "to it), transfers every bundle it owns to brokers placement allows (a plain unload when none is), "
+        "and stays up and registered as draining: its /v1/status shows the progress. Undrain is not "
+        "supported: restart the agent (it registers again not draining). 202 when the drain started; 404 "
+        "if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry run "
+        "is forwarded by any controller.",
+    )
+    async def drain(req: DrainRequest) -> Any:
+        status, body = await ctl.admin.drain(req.broker, dry_run=req.dry_run)
+        return JSONResponse(body, status_code=status)
+
     @app.post("/v1/admin/shedding", summary="Pause or resume shedding (persisted; survives failover)")
     async def shedding(req: SheddingRequest) -> Any:
         return msgspec.to_builtins(await ctl.admin.set_shedding_paused(req.paused, req.by))
+
+
+async def _move(ctl: ControllerApi, bundle: str, dst: str | None, dry_run: bool) -> Any:
+    if (bad := _check_bundle(bundle)) is not None:
+        return bad
+    if dry_run:
+        plan = ctl.admin.dry_run_move(bundle, dst)
+        out = MoveDryRun(bundle=bundle, dry_run=True, would=MoveRecord(**plan.would()), why=plan.why)
+        return JSONResponse(out.model_dump(), status_code=200)
+    rec = await ctl.admin.move(bundle, dst)
+    return {"bundle": bundle, "record": rec.to_json()}

@@ -40,6 +40,8 @@ from trimtab.cluster.http import HttpServer
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.logs import bind as bind_log
+from trimtab.cluster.placement_store import PlacementWatch
+from trimtab.cluster.standbys import StandbySet
 from trimtab.cluster.zk import BrokerRegistry, ZkSession
 from trimtab.config.settings import Settings
 from trimtab.controller.healing import HealingJob
@@ -48,6 +50,7 @@ from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.snapshots import SnapshotJob
+from trimtab.controller.standbys import StandbyJob
 from trimtab.controller.stores import Switches
 
 log = structlog.get_logger("trimtab.controller")
@@ -67,15 +70,18 @@ class Controller:
         leadership: Leadership,
         zk: ZkSession,
         registry: BrokerRegistry,
+        placement_watch: PlacementWatch,
         channel: ChannelClient,
         loads: KeyValueView[BrokerLoadData],
         top: KeyValueView[TopBundles],
+        standby_view: KeyValueView[StandbySet],
         transport: Transport,
         http: HttpServer,
         snapshots: SnapshotJob,
         monitor: MonitorJob,
         healing: HealingJob,
         shedding: SheddingJob,
+        standbys: StandbyJob,
         switch_store: Switches,
         events: EventPublisher,
         metrics: ControllerMetrics,
@@ -87,15 +93,18 @@ class Controller:
         self.election = leadership.election
         self.zk = zk
         self.registry = registry
+        self.placement_watch = placement_watch
         self.channel = channel
         self.loads = loads
         self.top = top
+        self.standby_view = standby_view
         self.transport = transport
         self.http = http
         self.snapshots = snapshots
         self.monitor = monitor
         self.healing = healing
         self.shedding = shedding
+        self.standbys = standbys
         self.switch_store = switch_store
         self.events = events
         self.metrics = metrics
@@ -173,10 +182,12 @@ class Controller:
         """Connect and catch up with the channel and the load views; False if stopped meanwhile."""
         await asyncio.to_thread(self.zk.start)
         await asyncio.to_thread(self.registry.start)
+        await asyncio.to_thread(self.placement_watch.start)
         await asyncio.to_thread(self.channel.start)
         self.loads.start()
         self.top.start()
-        while not (self.channel.ready and self.loads.ready and self.top.ready):
+        self.standby_view.start()
+        while not (self.channel.ready and self.loads.ready and self.top.ready and self.standby_view.ready):
             if self.stop_event.is_set():
                 return False
             await asyncio.sleep(0.02)
@@ -194,6 +205,7 @@ class Controller:
             asyncio.create_task(self._every(self.snapshots, c.channel.snapshot_interval_s)),
             asyncio.create_task(self._every(self.monitor, c.channel.monitor_interval_s)),
             asyncio.create_task(self._every(self.shedding, c.shedding.interval_s)),
+            asyncio.create_task(self._every(self.standbys, c.placement.standby_interval_s)),
             asyncio.create_task(self._heal_when_woken()),
             asyncio.create_task(self._tick()),
         ]
@@ -211,6 +223,7 @@ class Controller:
         self.channel.stop()
         self.loads.stop()
         self.top.stop()
+        self.standby_view.stop()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.transport.flush, 5.0)
         with contextlib.suppress(Exception):

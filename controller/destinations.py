@@ -1,6 +1,6 @@
 """Where the leader sends a bundle it moves (healing, stuck monitor): the same broker selection as a
-lookup's assignment (filters, then the least loaded with a random tie-break), over the live brokers and
-their latest load reports."""
+lookup's assignment (the placement rules, filters, then the least loaded with a random tie-break), over
+the live brokers and their latest load reports."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
 from trimtab.balance.load import BrokerLoadData
 from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.placement_view import LivePlacement
+from trimtab.cluster.standbys import StandbyIndex, prefer_standby_set, prefer_standbys
 from trimtab.cluster.zk import BrokerRegistry
 from trimtab.config.settings import Settings
 
@@ -21,6 +23,8 @@ class Destinations:
         settings: Settings,
         registry: BrokerRegistry,
         loads: KeyValueView[BrokerLoadData],
+        placement: LivePlacement,
+        standbys: StandbyIndex,
         *,
         rng: random.Random,
         clock: Callable[[], float] = time.time,
@@ -28,6 +32,11 @@ class Destinations:
         self.settings = settings
         self.registry = registry
         self.loads = loads
+        self.placement = placement
+        self.standbys = standbys
+        # Among the brokers the rules allow, a bundle's warm standbys first: they take it over fastest.
+        self.rule = prefer_standbys(standbys.of, placement.restrict)
+        self.allowed = prefer_standby_set(standbys.of, placement.allowed)
         self.rng = rng
         self.clock = clock
         self.diff = settings.assignment.average_usage_diff_threshold_pct / 100
@@ -44,6 +53,12 @@ class Destinations:
     def choose(self, bundle: str, exclude: frozenset[str]) -> str | None:
         """A destination for ``bundle`` among live brokers not in ``exclude``; None if there is none."""
         sel = select_broker(
-            bundle, self.live(), self.context(exclude), self.rng, filters=DEFAULT_FILTERS, diff=self.diff
+            bundle,
+            self.live(),
+            self.context(exclude),
+            self.rng,
+            filters=DEFAULT_FILTERS,
+            diff=self.diff,
+            placement=self.rule,
         )
         return sel.broker

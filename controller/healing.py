@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import structlog
@@ -117,8 +117,10 @@ class Healer:
         items: list[tuple[str, Record]],
         choose: Callable[[str, frozenset[str]], str | None],
         now_ms: int,
+        allowed: Callable[[str], Collection[str]] | None = None,
     ) -> tuple[list[Override], dict[str, Any]]:
-        """The overrides to publish now. ``live`` maps live, non-draining broker -> load EMA."""
+        """The overrides to publish now. ``live`` maps live, non-draining broker -> load EMA; ``allowed``
+        (the placement rules) restricts each bundle's destination, in new plans and persisted ones."""
         info: dict[str, Any] = {"failed": sorted(self.failed), "due": [], "deferred": 0}
         self.paused_reason = None
         if self.cfg.grace_s < 0:
@@ -143,7 +145,7 @@ class Healer:
                 mine = sorted(b for b, r in needing if needs_healing(r, frozenset({dead})))
                 if not mine:
                     continue
-                dests = plan_destinations(mine, dict(live), dict(in_flight))
+                dests = plan_destinations(mine, dict(live), dict(in_flight), allowed)
                 parts = [mine[i : i + self.chunk_size] for i in range(0, len(mine), self.chunk_size)]
                 self.plans.write_plan(dead, [{b: dests[b] for b in p} for p in parts], self._term())
                 chunks = self._chunks[dead] = self.plans.read(dead)
@@ -167,7 +169,7 @@ class Healer:
                     self._writer(),
                     "failed_broker",
                     dead,
-                    planned=chunk.bundles,
+                    planned=chunk.bundles if allowed is None else _still_allowed(chunk.bundles, allowed),
                     live=live,
                 )
                 out.extend(got)
@@ -185,6 +187,14 @@ class Healer:
             "pending_bundles": self.pending,
             "grace_s": self.cfg.grace_s,
         }
+
+
+def _still_allowed(
+    planned: Mapping[str, str | None], allowed: Callable[[str], Collection[str]]
+) -> dict[str, str | None]:
+    """A persisted plan minus destinations the placement rules no longer allow (a policy changed since the
+    plan was written): those bundles are chosen again."""
+    return {b: (d if d is not None and d in allowed(b) else None) for b, d in planned.items()}
 
 
 class HealingJob:
@@ -253,8 +263,9 @@ class HealingJob:
         candidates = {
             b: (loads[b].weighted_max_ema if b in loads else 0.5) for b, i in live.items() if not i.draining
         }
+        allowed = self.destinations.allowed
         overrides, info = await asyncio.to_thread(
-            self.healer.round, candidates, self.table.get, items, self.destinations.choose, now
+            self.healer.round, candidates, self.table.get, items, self.destinations.choose, now, allowed
         )
         self._observe(info)
         if overrides:

@@ -29,6 +29,9 @@ class ControllerMetrics:
     snapshot_seconds: Histogram
     monitor_runs: Counter
     admin: Counter
+    standby_coverage: Gauge
+    standby_missing: Gauge
+    standby_writes: Counter
 
     @classmethod
     def create(cls, r: CollectorRegistry) -> ControllerMetrics:
@@ -117,6 +120,23 @@ class ControllerMetrics:
                 "trimtab_admin_requests_total",
                 "Admin operations by op and result.",
                 ["op", "result"],
+                registry=r,
+            ),
+            standby_coverage=Gauge(
+                "trimtab_standby_coverage_ratio",
+                "Owned bundles that have all placement.standby_replicas warm standbys, as a fraction "
+                "(1 when standbys are off or nothing is owned); set by the leader.",
+                registry=r,
+            ),
+            standby_missing=Gauge(
+                "trimtab_standby_missing",
+                "Warm standbys the leader could not place (no broker allowed by the policies and tags).",
+                registry=r,
+            ),
+            standby_writes=Counter(
+                "trimtab_standby_writes_total",
+                "Standby-set records written by the leader, by kind (set, tombstone) and result.",
+                ["kind", "result"],
                 registry=r,
             ),
         )

@@ -152,6 +152,7 @@ class SheddingJob:
             self.state,
             self.cfg,
             int(self.clock() * 1000),
+            transferable=self.destinations.placement.may_move,
         )
         self.last = res
         observe_shed_cycle(self.metrics, res, self.perf() - t0)

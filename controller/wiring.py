@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from trimtab.balance.heal import HealConfig
 from trimtab.balance.load import BrokerLoadData, TopBundles
+from trimtab.balance.placement import StandbySpec
 from trimtab.balance.shed import ShedConfig
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.snapshot import SnapshotWriter
@@ -24,6 +25,9 @@ from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.logs import bind as bind_log
 from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
+from trimtab.cluster.placement_store import PlacementStore, PlacementWatch
+from trimtab.cluster.placement_view import LivePlacement
+from trimtab.cluster.standbys import StandbyIndex, StandbySet
 from trimtab.cluster.wiring import kafka_transport, zk_session
 from trimtab.cluster.zk import BrokerRegistry, ZkPaths
 from trimtab.config.settings import Settings
@@ -37,8 +41,10 @@ from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
+from trimtab.controller.placement_admin import PlacementAdmin
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.snapshots import SnapshotJob
+from trimtab.controller.standbys import StandbyJob
 from trimtab.controller.status import StatusReport
 from trimtab.controller.stores import FailedBrokers, Reassignments, Switches
 from trimtab.controller.writes import ChannelWrites
@@ -72,19 +78,31 @@ def build_controller(
         k.channel_topic,
         k.snapshot_topic,
         on_skip=SkipLog(),
+        on_ready=lambda table: placement.load_table(table.items()),
         allow_multi_partition_snapshot_topic=k.allow_multi_partition_snapshot_topic,
     )
     loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, k.broker_load_topic, BrokerLoadData)
     top: KeyValueView[TopBundles] = KeyValueView(transport, k.top_bundles_topic, TopBundles)
     prom.register(ChannelCollector(lambda: channel))
-    prom.register(KeyValueCollector(lambda: [loads, top]))
     events = EventPublisher(transport, k.events_topic, source=me, role="controller")
 
     election = LeaderElection(zk, paths, me, http_url)
     leadership = Leadership(election, zk, registry, channel, me=me, settle_s=s.healing.safe_mode_settle_s)
     writes = ChannelWrites(channel, leadership, metrics)
     journal = DecisionJournal(events, clock=clock)
-    destinations = Destinations(s, registry, loads, rng=rng or random.Random(), clock=clock)
+    placement = LivePlacement(
+        lambda: registry.brokers, failure_domains_enabled=s.placement.failure_domains_enabled
+    )
+    placement_watch = PlacementWatch(zk.client, paths, placement.policies_changed)
+    registry.add_listener(placement.brokers_changed)
+    channel.table.add_listener(placement.record_changed)  # on the follower thread; thread-safe
+    standby_index = StandbyIndex()
+    standby_view: KeyValueView[StandbySet] = KeyValueView(transport, k.standby_topic, StandbySet)
+    standby_view.add_listener(standby_index.changed)
+    prom.register(KeyValueCollector(lambda: [loads, top, standby_view]))
+    destinations = Destinations(
+        s, registry, loads, placement, standby_index, rng=rng or random.Random(), clock=clock
+    )
     heal_cfg = HealConfig.from_settings(s)
     healer = Healer(
         FailedBrokers(zk.client, paths),
@@ -127,25 +145,49 @@ def build_controller(
         ShedConfig.from_settings(s),
         clock=clock,
     )
+    p = s.placement
+    standbys = StandbyJob(
+        placement,
+        standby_index,
+        transport,
+        k.standby_topic,
+        leadership,
+        metrics,
+        StandbySpec(
+            p.standby_replicas,
+            tuple(p.awareness_tags),
+            {key: frozenset(values) for key, values in p.forced_awareness.items()},
+        ),
+    )
     switch_store = Switches(zk.client, paths)
-    admin = Admin(table, leadership, registry, writes, journal, metrics, switch_store, shedding, clock=clock)
+    admin = Admin(
+        table, leadership, registry, writes, journal, metrics, switch_store, shedding, placement, clock=clock
+    )
     liveness = Liveness()
     status = StatusReport(leadership, channel, registry, loads, shedding, healer, journal, s.shedding)
-    api = ControllerApi(leadership, channel, registry, loads, admin, healer, status, liveness, prom)
+    placement_admin = PlacementAdmin(
+        PlacementStore(zk.client, paths), leadership, table, registry, writes, journal, metrics, clock=clock
+    )
+    api = ControllerApi(
+        leadership, channel, registry, loads, admin, healer, status, liveness, prom, placement_admin
+    )
     return Controller(
         s,
         leadership=leadership,
         zk=zk,
         registry=registry,
+        placement_watch=placement_watch,
         channel=channel,
         loads=loads,
         top=top,
+        standby_view=standby_view,
         transport=transport,
         http=HttpServer(create_app(api), sock),
         snapshots=snapshots,
         monitor=monitor,
         healing=healing,
         shedding=shedding,
+        standbys=standbys,
         switch_store=switch_store,
         events=events,
         metrics=metrics,

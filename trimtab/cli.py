@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import click
 import orjson
 
+from trimtab.admin_cli import admin
 from trimtab.config.loader import load_settings, parse_assignments, set_path
 from trimtab.config.settings import Settings
 from trimtab.errors import ConfigError
@@ -400,129 +401,7 @@ def _export_channel(transport: Transport, topic: str, export_to: str, timeout: f
 
 
 # ---------------------------------------------------------------------------------------------- admin
-@main.group()
-@click.option(
-    "--controller",
-    envvar="TRIMTAB_CONTROLLER_URL",
-    default="http://127.0.0.1:8080",
-    show_default=True,
-    help="Any controller's HTTP address (followers redirect to the leader). $TRIMTAB_CONTROLLER_URL",
-)
-@click.pass_context
-def admin(ctx: click.Context, controller: str) -> None:
-    """Operator commands against the controllers' HTTP API."""
-    ctx.obj = controller.rstrip("/")
-
-
-def _call(
-    ctx: click.Context,
-    method: str,
-    path: str,
-    body: dict[str, Any] | None = None,
-    *,
-    params: dict[str, str] | None = None,
-) -> None:
-    import httpx
-
-    try:
-        r = httpx.request(
-            method, f"{ctx.obj}{path}", json=body, params=params or None, timeout=60, follow_redirects=True
-        )
-    except httpx.HTTPError as e:
-        raise click.ClickException(f"cannot reach {ctx.obj}: {e}") from None
-    try:
-        payload = r.json()
-    except ValueError:
-        payload = {"status": r.status_code, "body": r.text}
-    _emit_json(payload)
-    if not r.is_success:
-        sys.exit(1)
-
-
-@admin.command("leader")
-@click.pass_context
-def admin_leader(ctx: click.Context) -> None:
-    """Show the leader and its term."""
-    _call(ctx, "GET", "/v1/leader")
-
-
-@admin.command("status")
-@click.pass_context
-def admin_status(ctx: click.Context) -> None:
-    """Brokers with load and bundle counts, load spread, shedding and healing state, recent decisions."""
-    _call(ctx, "GET", "/v1/status")
-
-
-@admin.command("brokers")
-@click.pass_context
-def admin_brokers(ctx: click.Context) -> None:
-    """Live brokers with their latest load report."""
-    _call(ctx, "GET", "/v1/brokers")
-
-
-@admin.command("ownership")
-@click.option("--broker", default=None)
-@click.option("--namespace", default=None)
-@click.pass_context
-def admin_ownership(ctx: click.Context, broker: str | None, namespace: str | None) -> None:
-    """Bundle -> channel record, optionally for one broker or namespace."""
-    params = {k: v for k, v in (("broker", broker), ("namespace", namespace)) if v}
-    _call(ctx, "GET", "/v1/ownership", params=params)
-
-
-@admin.command("transfer")
-@click.argument("bundle")
-@click.argument("broker")
-@click.pass_context
-def admin_transfer(ctx: click.Context, bundle: str, broker: str) -> None:
-    """Move BUNDLE to BROKER (fence on the owner, then acquire on BROKER, then redirect clients)."""
-    _call(ctx, "POST", "/v1/admin/transfer", {"bundle": bundle, "broker": broker})
-
-
-@admin.command("unload")
-@click.argument("bundle")
-@click.pass_context
-def admin_unload(ctx: click.Context, bundle: str) -> None:
-    """Unload BUNDLE; the next lookup assigns it."""
-    _call(ctx, "POST", "/v1/admin/unload", {"bundle": bundle})
-
-
-@admin.command("split")
-@click.argument("bundle")
-@click.option(
-    "--algorithm", default=None, help="range_equally_divide (default) | topic_count_equally_divide | ..."
-)
-@click.option(
-    "--boundary",
-    "boundaries",
-    multiple=True,
-    help="Hex position for specified_positions_divide (repeatable).",
-)
-@click.pass_context
-def admin_split(ctx: click.Context, bundle: str, algorithm: str | None, boundaries: tuple[str, ...]) -> None:
-    """Split BUNDLE (done by its owner's agent)."""
-    _call(
-        ctx,
-        "POST",
-        "/v1/admin/split",
-        {"bundle": bundle, "algorithm": algorithm, "boundaries": list(boundaries)},
-    )
-
-
-@admin.command("shedding")
-@click.argument("action", type=click.Choice(["pause", "resume"]))
-@click.option("--by", default="cli", show_default=True)
-@click.pass_context
-def admin_shedding(ctx: click.Context, action: str, by: str) -> None:
-    """Pause or resume shedding (persisted in ZooKeeper; survives failover)."""
-    _call(ctx, "POST", "/v1/admin/shedding", {"paused": action == "pause", "by": by})
-
-
-@admin.command("healing")
-@click.pass_context
-def admin_healing(ctx: click.Context) -> None:
-    """Failed brokers, healing progress, pause reason."""
-    _call(ctx, "GET", "/v1/healing")
+main.add_command(admin)  # trimtab/admin_cli.py (docs/admin-cli.md): imports only click until it is run
 
 
 # ---------------------------------------------------------------------------------------------- dev
@@ -612,6 +491,22 @@ def dev_up(
 
 
 # ---------------------------------------------------------------------------------------------- docs
+@main.group()
+def placement() -> None:
+    """Placement policies: isolation, anti-affinity, standbys (docs/placement.md)."""
+
+
+@placement.command("solve")
+@click.argument("file")
+def placement_solve(file: str) -> None:
+    """Answer a placement document's queries (FILE, or - for stdin) as JSON: "where would this go?"
+
+    Exit codes: 0 answered, 2 the document is invalid (the message names the field)."""
+    from trimtab.placement_solve import solve_main
+
+    sys.exit(solve_main(file))
+
+
 @main.command("docs")
 @click.option(
     "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("docs"), show_default=True

@@ -178,7 +178,10 @@ class SimulatedBroker:
         )
 
     async def acquire(self, bundle: str) -> None:
-        await self._enter("acquire", self.settings.acquire_delay_ms)
+        with self._lock:
+            warm = bundle in self.prewarmed
+        s = self.settings
+        await self._enter("acquire", s.warm_acquire_delay_ms if warm else s.acquire_delay_ms)
         with self._lock:
             if bundle not in self.serving:
                 self.serving.add(bundle)

@@ -224,6 +224,13 @@ def shed_cmd(brokers: int, bundles: int, runs: int, seed: int, output: str | Non
     metavar="SECTION.FIELD=VALUE",
     help="Cluster setting for every run (repeatable), e.g. healing.max_in_flight_per_broker=2000.",
 )
+@click.option(
+    "--standbys",
+    type=click.IntRange(min=0, max=16),
+    default=0,
+    show_default=True,
+    help="Also run the failover cold and with this many warm standbys per bundle, side by side.",
+)
 @workdir_option
 @output_option
 def failover_cmd(
@@ -235,6 +242,7 @@ def failover_cmd(
     raised: str,
     timeout_s: float,
     sets: tuple[str, ...],
+    standbys: int,
     workdir: str | None,
     output: str | None,
 ) -> None:
@@ -254,6 +262,7 @@ def failover_cmd(
             timeout_s=timeout_s,
             settings=settings,
             workdir=Path(workdir) if workdir else None,
+            standbys=standbys,
         ),
         output,
     )

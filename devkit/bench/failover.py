@@ -156,6 +156,7 @@ def run_config(
     session_timeout_s: float,
     timeout_s: float,
     progress: Progress,
+    standbys: int = 0,
 ) -> dict[str, Any]:
     """One run of steps 1-4 (module docstring) on a cluster of its own, with ``overrides`` over
     :func:`base_settings`: its figures, or :class:`BenchError` when a check fails. The cluster, the
@@ -175,6 +176,8 @@ def run_config(
         watch = _start_replica(cluster.bootstrap_servers, s.kafka)
         run = FailoverRun(cluster, watch, bundle_names(bundles, per_namespace), progress)
         setup_s, leader = run.give_the_victim_every_bundle(s.kafka)
+        if standbys:
+            run.wait_for_standbys()
         before_tl = cluster.timelines()
         zk = KazooClient(hosts=cluster.zk_hosts, timeout=10)
         zk.start(15)
@@ -369,6 +372,21 @@ class FailoverRun:
             self.progress,
         )
         return setup_s, leader
+
+    def wait_for_standbys(self) -> None:
+        """With warm standbys on: wait until the survivors' brokers pre-warmed every bundle, so the kill
+        measures a failover to warm standbys (the leader publishes them every standby_interval_s)."""
+        wanted = set(self.names)
+
+        def covered() -> int:
+            warm: set[str] = set()
+            for n in self.cluster.agents:
+                if n.broker != self.victim:
+                    warm.update(self.cluster.get(n, "/v1/sim/state").get("prewarmed", []))
+            return len(warm & wanted)
+
+        _wait(lambda: covered() == len(wanted), 120, "every bundle pre-warmed by a standby", self.progress)
+        self.progress(f"every one of the {len(wanted)} bundles has a pre-warmed standby")
 
     def _write_assignments(self, k: KafkaSettings) -> None:
         """``Assigning{dst=victim, version=1}`` for every bundle, straight to the channel, all delivered."""
@@ -727,6 +745,38 @@ def _cpu_section(kill: KillObservation) -> dict[str, Any]:
     }
 
 
+# Taking over a bundle costs the simulated broker this much cold, and this much when it pre-warmed it.
+COLD_ACQUIRE_MS = 20.0
+WARM_ACQUIRE_MS = 1.0
+
+
+def _warm_vs_cold(
+    base: Path, extra: Mapping[str, Any], kw: Mapping[str, Any], replicas: int, progress: Progress
+) -> dict[str, Any]:
+    """The same failover twice with a broker model where taking over costs COLD_ACQUIRE_MS, or
+    WARM_ACQUIRE_MS for a pre-warmed bundle: without standbys, then with ``replicas`` warm standbys."""
+    model = _merge(
+        dict(extra),
+        {"simulation": {"acquire_delay_ms": COLD_ACQUIRE_MS, "warm_acquire_delay_ms": WARM_ACQUIRE_MS}},
+    )
+    progress(f"cold: no standbys, {COLD_ACQUIRE_MS:g} ms per acquire...")
+    cold = run_config(base / "cold", model, **kw, progress=progress)
+    progress(f"warm: {replicas} standby per bundle, {WARM_ACQUIRE_MS:g} ms per pre-warmed acquire...")
+    warm_settings = _merge(model, {"placement": {"standby_replicas": replicas, "standby_interval_s": 1.0}})
+    warm = run_config(base / "warm", warm_settings, **kw, progress=progress, standbys=replicas)
+    keys = (*HEADLINE, "meets_targets")
+    return {
+        "replicas": replicas,
+        "acquire_delay_ms": {"cold": COLD_ACQUIRE_MS, "pre_warmed": WARM_ACQUIRE_MS},
+        "cold": {k: cold[k] for k in keys},
+        "warm": {k: warm[k] for k in keys},
+        "failover_after_detection_s": {
+            "cold": cold["failover_after_detection_s"],
+            "warm": warm["failover_after_detection_s"],
+        },
+    }
+
+
 HEADLINE = (
     "failover_s",
     "failover_s_target",
@@ -751,6 +801,7 @@ def run(
     workdir: Path | None = None,
     keep_workdir: bool = False,
     progress: Progress | None = None,
+    standbys: int = 0,
 ) -> dict[str, Any]:
     """The whole benchmark; returns its JSON-ready result. Raises BenchError when a check fails.
 
@@ -779,6 +830,7 @@ def run(
             progress(f"repeating with raised throttles {RAISED_THROTTLES}...")
             raised_settings = _merge(extra, {"healing": RAISED_THROTTLES})
             alt = run_config(base / "raised", raised_settings, **kw, progress=progress)
+        warm_vs_cold = _warm_vs_cold(base, extra, kw, standbys, progress) if standbys else None
     out: dict[str, Any] = {"bench": "failover"}
     out.update({k: main[k] for k in HEADLINE})
     out["meets_targets"] = main["meets_targets"]
@@ -797,6 +849,7 @@ def run(
         "always": "always",
         "never": "never",
     }[raised]
+    out["standbys"] = warm_vs_cold
     out["checks"] = {
         "every_bundle_owned_by_a_survivor_in_the_bench_replica": True,
         "every_survivor_agent_table_agrees": True,

@@ -475,3 +475,39 @@ def test_sim_routes_exist_only_with_the_simulated_adapter(zk_hosts: str) -> None
                 assert (await http.get("/v1/status")).status_code == 200
 
     asyncio.run(scenario())
+
+
+def test_lookups_assign_only_where_the_placement_policies_allow(
+    settings: Settings, log: MemoryLog, zk: KazooClient
+) -> None:
+    """The namespace is isolated to ``peer-*`` hosts: a lookup assigns its bundle to the peer, never to
+    this agent; when the policy's only broker leaves, lookups fail as retryable instead of breaking it."""
+    from trimtab.cluster.placement_store import IsolationPolicies, IsolationPolicyDoc, PlacementStore
+
+    paths = ZkPaths(settings.zk_path)
+    doc = IsolationPolicyDoc(namespaces=[NS.replace("/", "/") + ".*"], primary=["peer-.*"], min_limit=1)
+    PlacementStore(zk, paths).update("isolation", lambda _old: IsolationPolicies(policies={"p": doc}))
+    register_peer(zk, settings)
+    first, second = layout().bundles[0], layout().bundles[2]
+
+    async def scenario() -> None:
+        async with running_agent(settings, log) as w:
+            await until(lambda: PEER in w.registry.brokers, what="the peer registered")
+            pending = asyncio.create_task(w.lookups.lookup(topic_of(first)))
+            hist = await until(lambda: channel_history(log, settings, first), what="the assignment")
+            assert [(r.state, r.dst) for r in hist] == [(State.ASSIGNING, PEER)]
+            # The peer (played here) takes it over; the waiting lookup answers with it.
+            owned = make(State.OWNED, dst=PEER, version=2, ts=int(time.time() * 1000), writer=PEER)
+            publish(log, settings, first, owned)
+            res = await asyncio.wait_for(pending, 15)
+            assert (res.bundle, res.owner, res.how) == (first, PEER, "assigned")
+
+            zk.delete(paths.broker(PEER))
+            await until(lambda: PEER not in w.registry.brokers, what="the peer gone")
+            async with httpx.AsyncClient(base_url=w.identity.http_url, timeout=20) as http:
+                r = await http.get("/v1/lookup", params={"topic": topic_of(second)})
+            assert r.status_code == 503, r.text
+            assert r.json()["retryable"] is True and "placement" in r.json()["error"]
+            assert channel_history(log, settings, second) == []
+
+    asyncio.run(scenario())

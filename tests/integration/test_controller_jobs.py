@@ -129,6 +129,20 @@ def own(node: Node, owners: dict[str, str]) -> None:
     wait_for(lambda: all((r := table.get(k)) and r.state is State.OWNED for k in owners), message="owned")
 
 
+def destructive_jobs_do_nothing(node: Node) -> None:
+    """Shedding, the monitor and healing skip (counted as safe mode) and ``bundle(0)``, owned by a failed
+    broker, stays where it is."""
+    c = node.ctl
+    assert asyncio.run(c.shedding.run_once()) is None
+    assert node.metric("trimtab_shedding_cycles_total", result="skip", reason="safe_mode") == 1
+    assert asyncio.run(c.monitor.run_once()) == []
+    assert node.metric("trimtab_monitor_runs_total", result="safe_mode") == 1
+    asyncio.run(c.healing.on_lead())
+    assert asyncio.run(c.healing.run_once()) == []
+    assert node.metric("trimtab_overrides_total", reason="failed_broker", result="published") == 0
+    assert c.channel.table.get(bundle(0)).state is State.OWNED  # type: ignore[union-attr]
+
+
 # ---------------------------------------------------------------------------------------------- election
 
 
@@ -169,15 +183,9 @@ def test_a_follower_s_jobs_do_nothing(
     own(follower, {bundle(0): "gone:1"})  # a failed broker's bundle: healing would move it if leading
     c = follower.ctl
     assert c.leadership.safe_mode() == "not_leader"
-    assert asyncio.run(c.shedding.run_once()) is None
-    assert follower.metric("trimtab_shedding_cycles_total", result="skip", reason="safe_mode") == 1
-    assert asyncio.run(c.monitor.run_once()) == []
-    assert follower.metric("trimtab_monitor_runs_total", result="safe_mode") == 1
-    asyncio.run(c.healing.on_lead())
-    assert asyncio.run(c.healing.run_once()) == []
+    destructive_jobs_do_nothing(follower)
     assert asyncio.run(c.snapshots.run_once()) is False
     assert follower.metric("trimtab_snapshots_total", result="written") == 0
-    assert c.channel.table.get(bundle(0)).state is State.OWNED  # type: ignore[union-attr]
 
 
 def test_safe_mode_holds_destructive_jobs_after_a_zookeeper_reconnect(
@@ -201,7 +209,12 @@ def test_safe_mode_holds_destructive_jobs_after_a_zookeeper_reconnect(
     term = c.leadership.term()
 
     server.restart()  # the session outlives the outage: same leader, same term, but now it must settle
-    wait_for(lambda: c.zk.connected, timeout=30, message="the controller's session reconnects")
+    # (Until the client notices the outage it still says "connected": wait for the trouble to be seen.)
+    wait_for(
+        lambda: c.zk.trouble_at is not None and c.zk.connected,
+        timeout=30,
+        message="the controller's session is seen to drop and reconnect",
+    )
     assert c.leadership.is_leader and c.leadership.term() == term
     why = c.leadership.safe_mode()
     assert why is not None and why.startswith("settling"), why
@@ -212,13 +225,7 @@ def test_safe_mode_holds_destructive_jobs_after_a_zookeeper_reconnect(
         register(brokers, s, "b1:1", "b2:1")
         wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
         own(node, {bundle(0): "gone:1"})  # a failed broker's bundle: healing would move it if not settling
-        assert asyncio.run(c.shedding.run_once()) is None
-        assert node.metric("trimtab_shedding_cycles_total", result="skip", reason="safe_mode") == 1
-        assert asyncio.run(c.monitor.run_once()) == []
-        assert node.metric("trimtab_monitor_runs_total", result="safe_mode") == 1
-        asyncio.run(c.healing.on_lead())
-        assert asyncio.run(c.healing.run_once()) == []
-        assert c.channel.table.get(bundle(0)).state is State.OWNED  # type: ignore[union-attr]
+        destructive_jobs_do_nothing(node)
         # Snapshots are not destructive: a settling leader still writes them.
         assert asyncio.run(c.snapshots.run_once()) is True
         assert node.metric("trimtab_snapshots_total", result="written") == 1

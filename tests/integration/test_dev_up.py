@@ -55,10 +55,14 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
 
     # The admin CLI reaches the leader through any controller (followers redirect).
     for c in state["controllers"]:
-        out = procs.run_trimtab("admin", "--controller", c["http"], "leader", timeout=30).check().json()
+        out = (
+            procs.run_trimtab("admin", "--controller", c["http"], "--output", "json", "leader", timeout=30)
+            .check()
+            .json()
+        )
         assert out["leader"]["term"] >= 1
     status = procs.run_trimtab(
-        "admin", "--controller", state["controllers"][-1]["http"], "status", timeout=30
+        "admin", "--controller", state["controllers"][-1]["http"], "--output", "json", "status", timeout=30
     )
     brokers = status.check().json()["brokers"]
     assert set(brokers) == {a["broker"] for a in state["agents"]}

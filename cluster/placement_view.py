@@ -1,0 +1,171 @@
+"""The placement rules as they stand right now (docs/placement.md), for every decision that places a
+bundle: a lookup's assignment, drain, healing and the monitor's destinations, the shedder's move guard and
+an operator's transfer.
+
+Three inputs change independently, each on its own thread: the policies (ZooKeeper znodes, through
+:class:`~trimtab.cluster.placement_store.PlacementWatch`), the live brokers (the registry) and who owns
+what (the channel table). The policy is rebuilt lazily -- on the first question after brokers or policies
+changed -- and the ownership index is kept current record by record, so a question costs a dictionary
+lookup or two, not a scan of 100 000 bundles.
+
+A broker's failure domain is the ZooKeeper domain that lists it (the admin API); a broker in no domain
+falls back to the ``broker.failure_domain`` it registered with. Draining brokers are not candidates.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from trimtab.balance.assign import BrokerInfo
+from trimtab.balance.placement import (
+    Broker,
+    IsolationPolicy,
+    Placement,
+    PlacementPolicy,
+    StandbySpec,
+    namespace_of,
+)
+from trimtab.channel.records import Record, State
+from trimtab.cluster.placement_store import PlacementDocs
+from trimtab.errors import TrimtabError
+
+log = structlog.get_logger("trimtab.placement")
+
+
+def build_policy(
+    docs: PlacementDocs, brokers: Mapping[str, BrokerInfo], *, failure_domains_enabled: bool
+) -> PlacementPolicy:
+    """The pure policy for these documents over the live, non-draining ``brokers``."""
+    domain_of: dict[str, str] = {}
+    for name, domain in sorted(docs.domains.domains.items()):
+        for b in domain.brokers:
+            domain_of.setdefault(b, name)  # the admin API refuses a broker in two domains; first wins
+    live = [
+        Broker(b, domain_of.get(b, info.failure_domain), info.tags)
+        for b, info in sorted(brokers.items())
+        if not info.draining
+    ]
+    policies = []
+    for name, p in sorted(docs.isolation.policies.items()):
+        try:
+            policies.append(
+                IsolationPolicy(
+                    name=name,
+                    namespaces=tuple(p.namespaces),
+                    primary=tuple(p.primary),
+                    secondary=tuple(p.secondary),
+                    min_limit=p.min_limit,
+                )
+            )
+        except (TrimtabError, ValueError) as e:  # written by hand past the admin API: skip, say so
+            log.warning("isolation_policy_invalid", policy=name, error=str(e), action="ignored")
+    return PlacementPolicy(
+        live,
+        failure_domains_enabled=failure_domains_enabled,
+        anti_affinity_groups=docs.groups.groups,
+        isolation_policies=policies,
+    )
+
+
+class LivePlacement:
+    """Thread-safe placement answers over the current policies, brokers and ownership."""
+
+    def __init__(
+        self,
+        brokers: Callable[[], Mapping[str, BrokerInfo]],
+        *,
+        failure_domains_enabled: bool,
+    ) -> None:
+        self._brokers = brokers
+        self.failure_domains_enabled = failure_domains_enabled
+        self._lock = threading.Lock()
+        self._docs = PlacementDocs()
+        self._owned: dict[str, str] = {}
+        self._placement: Placement | None = None  # None: rebuild on the next question
+        self.rebuilds = 0
+
+    # ------------------------------------------------------------------ inputs (any thread)
+    def policies_changed(self, docs: PlacementDocs) -> None:
+        with self._lock:
+            self._docs = docs
+            self._placement = None
+
+    def brokers_changed(self, _brokers: object = None) -> None:
+        with self._lock:
+            self._placement = None
+
+    def record_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
+        """A channel listener: keep the ``Owned`` index current."""
+        owner = new.dst if new is not None and new.state is State.OWNED else None
+        with self._lock:
+            if owner is None:
+                if self._owned.pop(bundle, None) is None:
+                    return
+            elif self._owned.get(bundle) == owner:
+                return
+            else:
+                self._owned[bundle] = owner
+            if self._placement is not None:
+                self._placement.set_owner(bundle, owner)
+
+    def load_table(self, items: list[tuple[str, Record]]) -> None:
+        """The whole table (after a bootstrap or a rebuild): the index starts over."""
+        owned = {k: r.dst for k, r in items if r.state is State.OWNED and r.dst is not None}
+        with self._lock:
+            self._owned = owned
+            self._placement = None
+
+    # ------------------------------------------------------------------ questions (any thread)
+    def _current(self) -> Placement:
+        p = self._placement
+        if p is None:
+            policy = build_policy(
+                self._docs, self._brokers(), failure_domains_enabled=self.failure_domains_enabled
+            )
+            p = self._placement = Placement(policy, self._owned)
+            self.rebuilds += 1
+        return p
+
+    def candidates(self, bundle: str, owner: str | None = None) -> list[str]:
+        with self._lock:
+            return self._current().candidates(bundle, owner)
+
+    def allowed(self, bundle: str) -> frozenset[str]:
+        """The brokers placement allows for ``bundle``, as a set (for membership tests)."""
+        return frozenset(self.candidates(bundle))
+
+    def restrict(self, bundle: str, brokers: dict[str, BrokerInfo]) -> dict[str, BrokerInfo]:
+        """The brokers of ``brokers`` that placement allows for ``bundle`` (a hard filter: may be empty)."""
+        allowed = set(self.candidates(bundle))
+        return {k: v for k, v in brokers.items() if k in allowed}
+
+    def may_unload(self, bundle: str) -> bool:
+        with self._lock:
+            return self._current().may_unload(bundle)
+
+    def may_transfer(self, bundle: str, to: str) -> bool:
+        with self._lock:
+            return self._current().may_transfer(bundle, to)
+
+    def may_move(self, bundle: str, src: str, dst: str | None) -> bool:
+        """The shedder's guard: an unload (``dst`` None) or a transfer that keeps the rules."""
+        return self.may_unload(bundle) if dst is None else self.may_transfer(bundle, dst)
+
+    def standbys(self, spec: StandbySpec) -> dict[str, list[str]]:
+        """Warm standbys for every ``Owned`` bundle, under the current rules (a pass over all bundles:
+        call it from a worker thread)."""
+        with self._lock:
+            p = self._current()
+            return p.standbys(sorted(p.owned), spec)
+
+    def explain(self, bundle: str) -> str:
+        """Why ``bundle`` has the candidates it has, for refusals and dry runs."""
+        with self._lock:
+            ns = namespace_of(bundle)
+            rules = self._current().policy.rules(ns)
+        iso = f"isolation policy {rules.policy!r}" if rules.policy else "no isolation policy (shared brokers)"
+        group = f"anti-affinity group {rules.group!r}" if rules.group else "no anti-affinity group"
+        return f"namespace {ns}: {iso}, {len(rules.candidates)} live candidates; {group}"

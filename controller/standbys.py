@@ -1,0 +1,90 @@
+"""Warm standbys, leader only (KIP-708; docs/placement.md "Warm standbys"): every
+``placement.standby_interval_s`` the standby sets of all owned bundles are computed with the placement
+rules and the sets that changed are written to the standby topic (cluster/standbys.py), where agents read
+what to pre-warm and healing reads whom to prefer. Not destructive -- nothing moves -- so it runs whenever
+this controller leads, safe mode included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import msgspec
+import structlog
+
+from trimtab.balance.placement import StandbySpec
+from trimtab.channel.transport import Transport
+from trimtab.cluster.placement_view import LivePlacement
+from trimtab.cluster.standbys import StandbyIndex, StandbySet
+from trimtab.controller.leadership import Leadership
+from trimtab.controller.metrics import ControllerMetrics
+
+log = structlog.get_logger("trimtab.controller")
+_enc = msgspec.json.Encoder()
+
+
+class StandbyJob:
+    name = "standbys"
+
+    def __init__(
+        self,
+        placement: LivePlacement,
+        index: StandbyIndex,
+        transport: Transport,
+        topic: str,
+        leadership: Leadership,
+        metrics: ControllerMetrics,
+        spec: StandbySpec,
+        *,
+        ack_timeout_s: float = 30.0,
+    ) -> None:
+        self.placement = placement
+        self.index = index
+        self.transport = transport
+        self.topic = topic
+        self.leadership = leadership
+        self.metrics = metrics
+        self.spec = spec
+        self.ack_timeout_s = ack_timeout_s
+
+    async def run_once(self) -> int:
+        """Recompute and publish what changed; returns the number of records written."""
+        if not self.leadership.is_leader:
+            return 0
+        if self.spec.replicas > 0:
+            sets = await asyncio.to_thread(self.placement.standbys, self.spec)
+        else:
+            sets = {}
+        self._observe(sets)
+        published = self.index.snapshot()
+        term = self.leadership.term()
+        writes: list[tuple[str, bytes | None]] = [
+            (b, _enc.encode(StandbySet(brokers=brokers, term=term)))
+            for b, brokers in sets.items()
+            if brokers and tuple(brokers) != published.get(b)
+        ]
+        writes += [(b, None) for b in published if not sets.get(b)]
+        if not writes:
+            return 0
+        futs = [self.transport.produce(self.topic, b.encode(), value) for b, value in writes]
+        await asyncio.to_thread(concurrent.futures.wait, futs, self.ack_timeout_s)
+        ok = 0
+        for (bundle, value), f in zip(writes, futs, strict=True):
+            kind = "set" if value is not None else "tombstone"
+            if f.done() and f.exception() is None:
+                ok += 1
+                self.metrics.standby_writes.labels(kind, "ok").inc()
+            else:
+                self.metrics.standby_writes.labels(kind, "failed").inc()
+                log.warning(
+                    "standby_write_failed", bundle=bundle, error=str(f.exception()) if f.done() else "timeout"
+                )
+        log.info("standbys_published", written=ok, bundles=len(sets), replicas=self.spec.replicas)
+        return ok
+
+    def _observe(self, sets: dict[str, list[str]]) -> None:
+        want = self.spec.replicas
+        full = sum(1 for v in sets.values() if len(v) >= want)
+        self.metrics.standby_coverage.set(full / len(sets) if sets and want else 1.0)
+        self.metrics.standby_missing.set(sum(max(0, want - len(v)) for v in sets.values()) if want else 0)
