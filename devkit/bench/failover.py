@@ -757,7 +757,7 @@ def _warm_vs_cold(
     WARM_ACQUIRE_MS for a pre-warmed bundle: without standbys, then with ``replicas`` warm standbys."""
     model = _merge(
         dict(extra),
-        {"simulation": {"acquire_delay_ms": COLD_ACQUIRE_MS, "warm_acquire_delay_ms": WARM_ACQUIRE_MS}},
+        {"sim": {"acquire_delay_ms": COLD_ACQUIRE_MS, "warm_acquire_delay_ms": WARM_ACQUIRE_MS}},
     )
     progress(f"cold: no standbys, {COLD_ACQUIRE_MS:g} ms per acquire...")
     cold = run_config(base / "cold", model, **kw, progress=progress)

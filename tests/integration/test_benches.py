@@ -123,3 +123,29 @@ def test_bench_failover_small() -> None:
     assert sum(1 for r in healing["leader_rounds"] if r["event"] == "healing_overrides") >= 2
     assert out["raised_throttles"] is None
     assert_checks(out)
+
+
+def test_bench_failover_standbys_small() -> None:
+    out = invoke(
+        "failover",
+        "--bundles", "200",
+        "--per-namespace", "100",
+        "--session-timeout-s", "3",
+        "--raised", "never",
+        "--standbys", "1",
+    )  # fmt: skip
+    side = out["standbys"]
+    assert side["replicas"] == 1
+    for run in ("cold", "warm"):
+        assert_number(side[run], "failover_s", "failover_after_detection_s")
+    assert set(side["failover_after_detection_s"]) == {"cold", "warm"}
+    assert_checks(out)
+
+
+def test_bench_placement_small() -> None:
+    out = invoke("placement", "--bundles", "4000")
+    assert out["bundles"] == 4000
+    assert_number(
+        out, "build_s", "candidates_cold_s", "candidates_warm_s", "standbys_10k_bundles_2_replicas_s"
+    )
+    assert out["meets_targets"] == {"candidates_s": True}
