@@ -156,10 +156,12 @@ class LivePlacement:
 
     def standbys(self, spec: StandbySpec) -> dict[str, list[str]]:
         """Warm standbys for every ``Owned`` bundle, under the current rules (a pass over all bundles:
-        call it from a worker thread)."""
+        call it from a worker thread). It works on a copy of the ownership index, so the lock is held only
+        for the copy -- lookups and healing do not wait seconds behind a pass over 100 000 bundles."""
         with self._lock:
             p = self._current()
-            return p.standbys(sorted(p.owned), spec)
+            copy = Placement(p.policy, dict(p.owned))
+        return copy.standbys(sorted(copy.owned), spec)
 
     def explain(self, bundle: str) -> str:
         """Why ``bundle`` has the candidates it has, for refusals and dry runs."""
