@@ -375,9 +375,15 @@ def test_a_history_gap_over_kafka_is_detected_and_recovered_from_a_snapshot(
         wait_for(lambda: status().get("ready"), 30, message=lambda: f"laggard ready\n{procs.report()}")
         node.signal_group(signal.SIGSTOP)
         # ~6 MiB of incompressible junk into every partition: retention drops what the laggard has not read.
-        junk = [(k, rng.randbytes(100_000)) for k in keys_per_partition("junk") for _ in range(64)]
         produce_all(kafka, topic, channel_log(rng, bundles, 50, ts0=5_000))
-        produce_all(kafka, topic, junk)
+        # In rounds of ~0.8 MiB a partition, letting the healthy node catch up after each: it must stay
+        # within retention however slow this machine is, while the paused laggard falls behind it.
+        junk: list[tuple[bytes, bytes | None]] = []
+        for _ in range(8):
+            batch = [(k, rng.randbytes(100_000)) for k in keys_per_partition("junk") for _ in range(8)]
+            produce_all(kafka, topic, batch)
+            junk += batch
+            wait_for(lambda: positions_at_end(kafka, healthy), 30, message="the healthy node keeps up")
         produce_all(kafka, topic, channel_log(rng, bundles, 100, ts0=9_000))
         lows = {p: kafka.transport.watermarks(topic, p)[0] for p in range(MOCK_PARTITIONS)}
         assert all(lows.values()), f"the mock kept everything: {lows}"
