@@ -95,6 +95,8 @@ def test_compose_creates_every_topic_the_config_names() -> None:
     # The channel must never be compacted (docs/protocol.md); snapshots and load reports must be.
     assert re.search(rf"--topic {s.kafka.channel_topic} .*cleanup.policy=delete", script)
     assert re.search(rf"--topic {s.kafka.snapshot_topic} .*cleanup.policy=compact", script)
+    for compacted in (s.kafka.broker_load_topic, s.kafka.top_bundles_topic, s.kafka.standby_topic):
+        assert re.search(rf"--topic {compacted} .*cleanup.policy=compact", script), compacted
 
 
 def test_configuration_reference_is_generated_from_the_code() -> None:
