@@ -186,8 +186,10 @@ class Controller:
         await asyncio.to_thread(self.channel.start)
         self.loads.start()
         self.top.start()
+        # Standby sets are advice: warm-up does not wait for them (a leader that has not read them yet
+        # rewrites them all, harmlessly).
         self.standby_view.start()
-        while not (self.channel.ready and self.loads.ready and self.top.ready and self.standby_view.ready):
+        while not (self.channel.ready and self.loads.ready and self.top.ready):
             if self.stop_event.is_set():
                 return False
             await asyncio.sleep(0.02)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Callable
 
 import msgspec
 import structlog
@@ -37,8 +38,11 @@ class StandbyJob:
         metrics: ControllerMetrics,
         spec: StandbySpec,
         *,
+        view_ready: Callable[[], bool] = lambda: True,
         ack_timeout_s: float = 30.0,
     ) -> None:
+        """``view_ready``: whether the standby topic has been read to its end -- until then what was
+        published is unknown and every set would be rewritten."""
         self.placement = placement
         self.index = index
         self.transport = transport
@@ -47,6 +51,7 @@ class StandbyJob:
         self.metrics = metrics
         self.spec = spec
         self.ack_timeout_s = ack_timeout_s
+        self.view_ready = view_ready
 
     async def run_once(self) -> int:
         """Recompute and publish what changed; returns the number of records written."""
@@ -57,6 +62,9 @@ class StandbyJob:
         else:
             sets = {}
         self._observe(sets)
+        if not self.view_ready():
+            log.info("standbys_not_published", reason="the standby topic has not been read yet")
+            return 0
         published = self.index.snapshot()
         term = self.leadership.term()
         writes: list[tuple[str, bytes | None]] = [

@@ -158,6 +158,7 @@ def build_controller(
             tuple(p.awareness_tags),
             {key: frozenset(values) for key, values in p.forced_awareness.items()},
         ),
+        view_ready=lambda: standby_view.ready,
     )
     switch_store = Switches(zk.client, paths)
     admin = Admin(

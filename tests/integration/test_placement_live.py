@@ -196,6 +196,7 @@ def test_the_leader_publishes_standbys_and_healing_prefers_them(
     c = node.ctl
     try:
         c.standby_view.start()
+        wait_for(lambda: c.standby_view.ready, message="the standby topic read")
         wait_for(lambda: c.leadership.is_leader and c.leadership.safe_mode() is None, message="leads")
         register(zk, s, "b1:1", "b2:1", "b3:1", "b4:1")
         wait_for(lambda: len(c.registry.brokers) == 4, message="registry sees the brokers")
@@ -219,3 +220,23 @@ def test_the_leader_publishes_standbys_and_healing_prefers_them(
     finally:
         node.stop()
         c.standby_view.stop()
+
+
+def test_standbys_are_measured_but_not_published_before_the_topic_is_read(
+    settings: Settings, log: MemoryLog, zk: KazooClient
+) -> None:
+    s = settings.model_copy(
+        update={"placement": settings.placement.model_copy(update={"standby_replicas": 1})}
+    )
+    node = Node(s, log).start()  # the standby view is not started: what was published is unknown
+    c = node.ctl
+    try:
+        wait_for(lambda: c.leadership.is_leader, message="leads")
+        register(zk, s, "b1:1", "b2:1")
+        wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+        own(node, {bundle(0): "b1:1"})
+        assert asyncio.run(c.standbys.run_once()) == 0
+        assert log.messages(s.kafka.standby_topic) == []
+        assert node.metric("trimtab_standby_coverage_ratio") == 1.0  # measured all the same
+    finally:
+        node.stop()
