@@ -51,15 +51,7 @@ def build_policy(
     policies = []
     for name, p in sorted(docs.isolation.policies.items()):
         try:
-            policies.append(
-                IsolationPolicy(
-                    name=name,
-                    namespaces=tuple(p.namespaces),
-                    primary=tuple(p.primary),
-                    secondary=tuple(p.secondary),
-                    min_limit=p.min_limit,
-                )
-            )
+            policies.append(IsolationPolicy.of(name, p))
         except (TrimtabError, ValueError) as e:  # written by hand past the admin API: skip, say so
             log.warning("isolation_policy_invalid", policy=name, error=str(e), action="ignored")
     return PlacementPolicy(
@@ -139,7 +131,7 @@ class LivePlacement:
 
     def restrict(self, bundle: str, brokers: dict[str, BrokerInfo]) -> dict[str, BrokerInfo]:
         """The brokers of ``brokers`` that placement allows for ``bundle`` (a hard filter: may be empty)."""
-        allowed = set(self.candidates(bundle))
+        allowed = self.allowed(bundle)
         return {k: v for k, v in brokers.items() if k in allowed}
 
     def may_unload(self, bundle: str) -> bool:

@@ -97,13 +97,7 @@ def check_brokers(brokers: Iterable[str]) -> list[str]:
 def build_policy(name: str, doc: IsolationPolicyDoc) -> IsolationPolicy:
     """The placement core's policy for ``doc``: every regex compiled, the lists checked (400 if not)."""
     try:
-        return IsolationPolicy(
-            name=name,
-            namespaces=tuple(doc.namespaces),
-            primary=tuple(doc.primary),
-            secondary=tuple(doc.secondary),
-            min_limit=doc.min_limit,
-        )
+        return IsolationPolicy.of(name, doc)
     except PlacementConfigError as e:
         raise RequestError(400, str(e)) from None
 

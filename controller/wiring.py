@@ -4,7 +4,6 @@ other; this module is the one place that knows both."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -203,5 +202,4 @@ class ControllerProcess:
         self.settings = settings
 
     async def run(self) -> int:
-        asyncio.get_running_loop()  # built inside the loop its listeners post to
         return await build_controller(self.settings).run()

@@ -232,16 +232,7 @@ def build_placement(doc: SolveDocument) -> Placement:
             [Broker(b.id, b.domain, b.tags) for b in doc.brokers],
             failure_domains_enabled=doc.failure_domains_enabled,
             anti_affinity_groups=doc.anti_affinity_groups,
-            isolation_policies=[
-                IsolationPolicy(
-                    name=name,
-                    namespaces=tuple(p.namespaces),
-                    primary=tuple(p.primary),
-                    secondary=tuple(p.secondary),
-                    min_limit=p.min_limit,
-                )
-                for name, p in doc.isolation_policies.items()
-            ],
+            isolation_policies=[IsolationPolicy.of(name, p) for name, p in doc.isolation_policies.items()],
         )
     except PlacementConfigError as e:  # the document checks should have caught it; never a traceback
         raise DocumentError([("(document)", str(e))]) from None

@@ -12,6 +12,7 @@ import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from trimtab.balance.placement.model import PlacementConfigError, host_of
 
@@ -37,6 +38,20 @@ def compile_patterns(policy: str, field_name: str, patterns: Iterable[str]) -> t
 
 def _any_fullmatch(patterns: Sequence[re.Pattern[str]], text: str) -> bool:
     return any(p.fullmatch(text) is not None for p in patterns)
+
+
+class PolicyFields(Protocol):
+    """What every document describing an isolation policy carries (ZooKeeper's, the admin API's,
+    ``trimtab placement solve``'s)."""
+
+    @property
+    def namespaces(self) -> Sequence[str]: ...
+    @property
+    def primary(self) -> Sequence[str]: ...
+    @property
+    def secondary(self) -> Sequence[str]: ...
+    @property
+    def min_limit(self) -> int: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +96,17 @@ class IsolationPolicy:
     def applies_to(self, namespace: str) -> bool:
         """Whether one of the namespace regexes full-matches ``namespace``."""
         return _any_fullmatch(self._ns, namespace)
+
+    @classmethod
+    def of(cls, name: str, doc: PolicyFields) -> IsolationPolicy:
+        """The policy ``doc`` describes -- a stored, requested or ``solve`` document -- checked here."""
+        return cls(
+            name=name,
+            namespaces=tuple(doc.namespaces),
+            primary=tuple(doc.primary),
+            secondary=tuple(doc.secondary),
+            min_limit=doc.min_limit,
+        )
 
     def is_primary(self, broker_id: str) -> bool:
         """Whether the broker's host (not its port) full-matches a primary regex."""
