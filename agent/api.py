@@ -4,7 +4,9 @@ models give the OpenAPI spec at ``/openapi.json``; bad input gets a 4xx with a m
 cannot settle gets a retryable 503.
 
 :func:`create_app` takes the collaborators it serves (:class:`AgentApi`); the daemon's lifecycle is seen
-through the small :class:`Lifecycle` protocol. Routes are grouped in routers per area.
+through the small :class:`Lifecycle` protocol. Routes are grouped in routers per area, and each router
+declares who may call it (docs/security.md): the lookup and the probes are public, the views need a read
+token, everything that changes something needs an admin token.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from trimtab.agent.splits import SplitRefused, SplitScheduler
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.client import ChannelClient
+from trimtab.cluster.auth import ADMIN, PUBLIC, READ, Authenticator, secure_app
 from trimtab.cluster.http import (
     ErrorBody,
     add_probes,
@@ -165,8 +168,11 @@ def _record(rec: Any) -> RecordModel | None:
     return None if rec is None else RecordModel(**{k: v for k, v in rec.to_json().items() if k != "schema"})
 
 
-def create_app(api: AgentApi, sim: SimControls | None = None) -> FastAPI:
-    """The agent's app; ``sim`` (the simulated broker, when the agent runs one) adds ``/v1/sim/*``.
+def create_app(
+    api: AgentApi, sim: SimControls | None = None, *, auth: Authenticator | None = None
+) -> FastAPI:
+    """The agent's app; ``sim`` (the simulated broker, when the agent runs one) adds ``/v1/sim/*``;
+    ``auth`` checks the bearer tokens (None: no token is accepted, every protected route refuses).
 
     Routes touch ``api`` only inside request handlers, so ``create_app(None)`` gives the OpenAPI spec."""
     app = FastAPI(
@@ -176,6 +182,7 @@ def create_app(api: AgentApi, sim: SimControls | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(_lookup_routes(api))
+    app.include_router(_view_routes(api))
     app.include_router(_admin_routes(api))
     add_probes(
         app,
@@ -190,12 +197,13 @@ def create_app(api: AgentApi, sim: SimControls | None = None) -> FastAPI:
     )
     if sim is not None:
         app.include_router(_sim_routes(sim))
+    secure_app(app, auth)
     return app
 
 
 def _lookup_routes(api: AgentApi) -> APIRouter:
-    """Lookups and read-only views of the channel and the brokers."""
-    router = APIRouter()
+    """The lookup: public, since it is what the brokers' clients call to find a topic's owner."""
+    router = APIRouter(dependencies=[PUBLIC])
 
     @router.get(
         "/v1/lookup",
@@ -248,6 +256,13 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
             how=res.how,
         )
 
+    return router
+
+
+def _view_routes(api: AgentApi) -> APIRouter:
+    """Read-only views of the channel, the brokers and this agent (a read token)."""
+    router = APIRouter(dependencies=[READ])
+
     @router.get(
         "/v1/bundles",
         response_model=BundleResponse,
@@ -273,12 +288,16 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
     async def brokers() -> dict[str, Any]:
         return brokers_view(api.registry.brokers, api.loads.snapshot())
 
+    @router.get("/v1/status", summary="Agent status")
+    async def status() -> Any:
+        return api.node.status()
+
     return router
 
 
 def _admin_routes(api: AgentApi) -> APIRouter:
-    """The admin split and drain, and the agent's status."""
-    router = APIRouter()
+    """The admin split and drain, dry runs included (an admin token)."""
+    router = APIRouter(dependencies=[ADMIN])
 
     @router.post(
         "/v1/admin/split",
@@ -333,23 +352,24 @@ def _admin_routes(api: AgentApi) -> APIRouter:
             return api.node.drain_plan()
         return {"dry_run": False, **api.node.start_drain()}
 
-    @router.get("/v1/status", summary="Agent status")
-    async def status() -> Any:
-        return api.node.status()
-
     return router
 
 
 def _sim_routes(sim: SimControls) -> APIRouter:
-    """The simulated broker's controls (only on an agent that runs it)."""
+    """The simulated broker's controls (only on an agent that runs it): its state to a read token, its load
+    and faults to an admin token."""
     router = APIRouter()
     broker = sim.broker
 
-    @router.get("/v1/sim/state", summary="(simulated broker) serving set, calls and acquire/release timeline")
+    @router.get(
+        "/v1/sim/state",
+        summary="(simulated broker) serving set, calls and acquire/release timeline",
+        dependencies=[READ],
+    )
     async def sim_state() -> Any:
         return broker.snapshot()
 
-    @router.post("/v1/sim/load", summary="(simulated broker) change the synthetic load")
+    @router.post("/v1/sim/load", summary="(simulated broker) change the synthetic load", dependencies=[ADMIN])
     async def sim_load(req: SimLoadRequest) -> Any:
         if req.scale is not None:
             broker.model.scale = req.scale
@@ -357,7 +377,11 @@ def _sim_routes(sim: SimControls) -> APIRouter:
         sim.poke()
         return {"scale": broker.model.scale, "namespace_scale": broker.model.namespace_scale}
 
-    @router.post("/v1/sim/faults", summary="(simulated broker) inject adapter failures or latency")
+    @router.post(
+        "/v1/sim/faults",
+        summary="(simulated broker) inject adapter failures or latency",
+        dependencies=[ADMIN],
+    )
     async def sim_faults(req: SimFaultRequest) -> Any:
         broker.fail_next(req.op, req.times)
         if req.latency_s is not None:

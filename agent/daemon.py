@@ -7,8 +7,13 @@ Start-up order matters for correctness:
    :mod:`agent.wiring` before anything that needs the id is built; :meth:`Agent.run` starts serving on it;
 2. connect ZooKeeper, start the broker registry cache (not yet registered);
 3. bootstrap the channel (snapshot + tail) and the broker-load view; only when both caught up
-4. register the broker (before that, nobody should assign to us) and scan the table for work naming us;
-5. start the reconciler, the load reporter and the split scheduler; report ready.
+4. fence whatever the broker still serves (leases of a previous incarnation are not ours to renew), mark
+   every record naming us as stale (agent.roles), confirm the session, register the broker (before that,
+   nobody should assign to us) and scan the table for work naming us;
+5. start the reconciler, the lease renewer, the load reporter and the split scheduler; report ready.
+
+Leases (agent.leases): the broker serves only under leases this agent renews; a lost ZooKeeper session
+fences everything at once and makes every record naming us stale again.
 
 Shutdown (first SIGTERM/SIGINT): drain (:mod:`agent.drain`) -- transfer every owned bundle to other
 brokers and wait (bounded) until they are owned elsewhere -- then tombstone the load report, deregister
@@ -39,6 +44,7 @@ import structlog
 from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
+from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.prewarm import Prewarmer
 from trimtab.agent.reconciler import Reconciler
@@ -76,6 +82,8 @@ class Agent:
         reporter: LoadReporter,
         splitter: SplitScheduler,
         drainer: Drainer,
+        leases: LeaseGuard,
+        renewer: LeaseRenewer,
         metrics: AgentMetrics,
         register_wait_s: float,
         catch_up_timeout_s: float = 300.0,
@@ -99,6 +107,8 @@ class Agent:
         self.reporter = reporter
         self.splitter = splitter
         self.drainer = drainer
+        self.leases = leases
+        self.renewer = renewer
         self.metrics = metrics
         self.register_wait_s = register_wait_s
         self.catch_up_timeout_s = catch_up_timeout_s
@@ -114,6 +124,7 @@ class Agent:
         self._drain_task: asyncio.Task[None] | None = None  # an operator's drain
         self._drain: dict[str, Any] | None = None  # how it started and (once over) ended
         self._drain_started = 0.0
+        self._background: set[asyncio.Task[list[str]]] = set()
 
     @property
     def draining(self) -> bool:
@@ -214,6 +225,11 @@ class Agent:
 
     async def _start(self) -> None:
         await asyncio.to_thread(self.zk.start)
+        self.leases.check_session_timeout()
+        loop = asyncio.get_running_loop()
+        self.zk.add_listener(
+            lambda state: loop.call_soon_threadsafe(self._session_lost) if state == "lost" else None
+        )
         self.metrics.zk_connected.set(1)
         await asyncio.to_thread(self.registry.start)
         await asyncio.to_thread(self.placement_watch.start)
@@ -236,19 +252,24 @@ class Agent:
             seconds=round(self.channel.ready_at - self.channel.started_at, 3),
             snapshot=self.channel.snapshot.manifest.id if self.channel.snapshot else None,
         )
-        # What is the broker already serving (an agent restarted beside a running broker)? Bundles it
-        # serves but does not own get closed by the reconciler; owned ones are simply kept.
+        # What is the broker still serving (an agent restarted beside a running broker)? Under leases of
+        # a previous incarnation, which this one cannot vouch for: fence them now. Records naming us were
+        # decided before this session and are settled through the channel first (agent.roles).
         try:
             sample = await self.adapter.sample()
-            for b in sample.bundles:
-                self.reconciler.adopt(b.bundle)
+            await self.reconciler.fence_all([b.bundle for b in sample.bundles], "startup")
         except Exception as e:
             log.warning("initial_sample_failed", error=str(e))
+        stale = self.reconciler.mark_stale(self.channel.table)
+        if stale:
+            log.info("stale_records", bundles=stale)
+        await self.leases.confirm()
         await asyncio.to_thread(
             self.registry.register, self.identity.info(draining=False), self.register_wait_s
         )
         self.reconciler.start()
         self._tasks = [
+            asyncio.create_task(self.renewer.run(), name="leases"),
             asyncio.create_task(self.reporter.run(self.stop_event), name="reporter"),
             asyncio.create_task(self.splitter.run(self.stop_event), name="splitter"),
             asyncio.create_task(self._tick_loop(), name="tick"),
@@ -271,6 +292,21 @@ class Agent:
                 await asyncio.wait({self._drain_task})
             self.exit_reason = await self.drainer.drain(self.force_exit)
 
+    def _session_lost(self) -> None:
+        """The ZooKeeper session expired (loop thread): the leader may already be giving our bundles to
+        other brokers. Stop vouching for any lease, fence everything now, and treat every record naming us
+        as stale; the registry re-registers on the next session."""
+        self.leases.forget()
+        stale = self.reconciler.mark_stale(self.channel.table)
+        log.warning(
+            "zk_session_lost", action="fencing everything", serving=len(self.reconciler.served), stale=stale
+        )
+        task = asyncio.create_task(
+            self.reconciler.fence_all(set(self.reconciler.served), "session_lost"), name="fence-all"
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _tick_loop(self) -> None:
         # Until shutdown cancels it, draining included: /healthz reads the tick's age.
         while True:
@@ -287,6 +323,7 @@ class Agent:
             self._drain_task.cancel()
         with contextlib.suppress(Exception):
             await self.reconciler.stop()
+        await self._fence_before_leaving()
         if self.reporter.published is not None:
             await self.reporter.tombstone()
         with contextlib.suppress(Exception):
@@ -310,6 +347,23 @@ class Agent:
             self.transport.close()
         log.info("agent_stopped", reason=self.exit_reason or "clean")
 
+    async def _fence_before_leaving(self) -> None:
+        """Deregistering lets the leader reassign at once whatever is still ours (a drain that timed out, a
+        second signal): fence it first, and if the broker cannot be reached, wait out the leases this agent
+        granted -- bounded by one lease -- so no other broker serves a bundle ours still does."""
+        left = set(self.reconciler.served)
+        if not left:
+            return
+        try:
+            async with asyncio.timeout(self.leases.margin_s):
+                failed = await self.reconciler.fence_all(left, "shutdown")
+        except TimeoutError:
+            failed = sorted(left)
+        if failed:
+            wait = min(self.leases.lease_s, max(0.0, self.leases.bound())) + self.leases.margin_s / 2
+            log.warning("waiting_for_leases", bundles=len(failed), seconds=round(wait, 2))
+            await asyncio.sleep(wait)
+
     # ------------------------------------------------------------------ status
     def status(self) -> Mapping[str, Any]:
         return {
@@ -326,6 +380,13 @@ class Agent:
                 "stats": self.channel.table.stats.detail(),
             },
             "serving": len(self.reconciler.served),
+            "leases": {
+                "lease_s": self.leases.lease_s,
+                "margin_s": self.leases.margin_s,
+                "session_timeout_s": self.leases.session_timeout_s(),
+                "grantable_s": round(max(0.0, min(self.leases.lease_s, self.leases.bound())), 3),
+                "stale_records": len(self.reconciler.stale),
+            },
             "pending_reactions": self.reconciler.pending(),
             "uptime_s": round(self._monotonic() - self.started, 1),
         }

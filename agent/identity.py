@@ -23,7 +23,7 @@ class BrokerIdentity:
     def from_settings(cls, s: Settings, port: int, started_at: float) -> BrokerIdentity:
         """``port`` is the bound HTTP port (the broker id defaults to host:port); ``started_at`` wall-clock
         seconds."""
-        http_url = f"http://{s.advertised_host()}:{port}"
+        http_url = s.http_url(port)  # https:// when the agent serves TLS
         b = s.broker
         return cls(
             id=s.broker_id(port),

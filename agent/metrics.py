@@ -29,6 +29,11 @@ class AgentMetrics:
     ready: Gauge
     standby_bundles: Gauge
     prewarms: Counter
+    lease_renewals: Counter
+    lease_confirmations: Counter
+    leases_lost: Counter
+    lease_remaining: Gauge
+    fenced_all: Counter
 
     # The per-bundle path (a failover makes one agent take thousands of bundles) resolves its labelled
     # children once per label set: ``labels()`` takes a lock and builds a key on every call.
@@ -145,6 +150,36 @@ class AgentMetrics:
             ready=Gauge(
                 "trimtab_agent_ready",
                 "1 once the agent serves lookups (registered, caught up).",
+                registry=registry,
+            ),
+            lease_renewals=Counter(
+                "trimtab_lease_renewals_total",
+                "Lease renewal rounds, by result: ok, failed (the broker did not answer in time), "
+                "zk_unconfirmed (the ZooKeeper session could not be confirmed: leases are left to run out).",
+                ["result"],
+                registry=registry,
+            ),
+            lease_confirmations=Counter(
+                "trimtab_lease_session_confirmations_total",
+                "ZooKeeper round trips that confirm the session broker leases rest on, by result (ok, failed).",
+                ["result"],
+                registry=registry,
+            ),
+            leases_lost=Counter(
+                "trimtab_leases_lost_total",
+                "Bundles the broker said it no longer served when their lease was renewed (it ran out).",
+                registry=registry,
+            ),
+            lease_remaining=Gauge(
+                "trimtab_lease_remaining_seconds",
+                "How long a lease granted now could run, from the last ZooKeeper confirmation (0: none).",
+                registry=registry,
+            ),
+            fenced_all=Counter(
+                "trimtab_fence_all_total",
+                "Times the agent fenced everything its broker served at once, by reason "
+                "(session_lost, startup, shutdown).",
+                ["reason"],
                 registry=registry,
             ),
         )

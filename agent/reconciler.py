@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
 import structlog
 
 from trimtab.agent.adapters.base import BrokerAdapter
+from trimtab.agent.leases import LeaseGuard, lease_bound
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.roles import (
     Acquire,
@@ -53,11 +54,19 @@ class Reconciler:
         apply_split: Callable[[str, BundleRange, list[BundleRange]], Any],
         metrics: AgentMetrics,
         on_served_change: Callable[[str, bool], None],
+        leases: LeaseGuard,
+        in_flight_timeout_s: float,
         clock: Callable[[], float] = time.time,
         workers: int = 32,
         publish_timeout_s: float = 30.0,
     ) -> None:
         self.me = me
+        self.leases = leases
+        self.in_flight_timeout_s = in_flight_timeout_s
+        # Bundles whose record names this broker from before its current ZooKeeper session (agent.roles):
+        # settled through the channel before anything is acquired for them. A new record clears it.
+        self.stale: set[str] = set()
+        self.acquiring: set[str] = set()
         self.channel = channel
         self.adapter = adapter
         self.url_of = url_of
@@ -90,6 +99,7 @@ class Reconciler:
 
     def on_change(self, bundle: str, old: Record | None, new: Record | None) -> None:
         """A channel change (loop thread): queue the bundle if the change may concern this broker."""
+        self.stale.discard(bundle)
         if needs_attention(self.me, new) or needs_attention(self.me, old) or bundle in self.served:
             self.mark(bundle)
 
@@ -105,11 +115,47 @@ class Reconciler:
             self.mark(bundle)
         log.info("channel_scan", bundles=len(table), naming_me=naming_me, serving=len(self.served))
 
-    def adopt(self, bundle: str) -> None:
-        """The broker already serves ``bundle`` (an agent restarted beside a running broker): keep it if the
-        channel says it is ours, close it otherwise."""
-        self.served.add(bundle)
-        self.mark(bundle)
+    def mark_stale(self, table: TableView) -> int:
+        """A new ZooKeeper session (start-up, or after the last one was lost): every record naming this
+        broker as owner or destination was decided before it, and is settled first (agent.roles)."""
+        for bundle, rec in table.items():
+            if rec.dst == self.me and rec.state in (State.OWNED, State.ASSIGNING):
+                self.stale.add(bundle)
+                self.mark(bundle)
+        return len(self.stale)
+
+    async def fence_all(self, bundles: Iterable[str], reason: str, concurrency: int = 64) -> list[str]:
+        """Fence every bundle at once (a lost session, a new incarnation, shutdown); returns those whose
+        fence failed (their leases still end them). Fenced bundles are closed later by the plans."""
+        todo = sorted(set(bundles))
+        if not todo:
+            return []
+        self.metrics.fenced_all.labels(reason).inc()
+        gate = asyncio.Semaphore(concurrency)
+        failed: list[str] = []
+
+        async def one(bundle: str) -> None:
+            async with gate:
+                try:
+                    await self.adapter.fence(bundle)
+                except (AdapterError, TimeoutError, OSError):
+                    failed.append(bundle)
+                    return
+            if bundle in self.served:
+                self._set_served(bundle, False)
+            self.fenced.add(bundle)
+            self.mark(bundle)
+
+        await asyncio.gather(*(one(b) for b in todo))
+        log.warning("fenced_all", reason=reason, bundles=len(todo), failed=len(failed))
+        return failed
+
+    def lost(self, bundles: Iterable[str]) -> None:
+        """The broker no longer serves these (their leases ran out): acquire again if still ours."""
+        for bundle in bundles:
+            if bundle in self.served:
+                self._set_served(bundle, False)
+                self.mark(bundle)
 
     def start(self) -> None:
         self._tasks = [
@@ -160,6 +206,7 @@ class Reconciler:
             serving=bundle in self.served,
             fenced=bundle in self.fenced,
             now_ms=int(self.clock() * 1000),
+            stale=bundle in self.stale,
         )
         if p is None:
             self._failures.pop(bundle, None)
@@ -238,7 +285,22 @@ class Reconciler:
     async def _execute(self, bundle: str, p: Plan) -> None:
         for step in p.steps:
             if isinstance(step, Acquire):
-                await self.adapter.acquire(bundle)
+                limit = lease_bound(
+                    self.me,
+                    self.channel.table.get(bundle),
+                    now_ms=int(self.clock() * 1000),
+                    in_flight_timeout_s=self.in_flight_timeout_s,
+                    margin_s=self.leases.margin_s,
+                    stale=bundle in self.stale,
+                )
+                if limit is None:
+                    return  # the record moved on while we planned: the next plan decides
+                lease = await self.leases.lease_for_acquire(limit)
+                self.acquiring.add(bundle)  # renewed while the broker takes it over (a slow acquire)
+                try:
+                    await self.adapter.acquire(bundle, lease)
+                finally:
+                    self.acquiring.discard(bundle)
                 self._set_served(bundle, True)
             elif isinstance(step, Fence):
                 await self.adapter.fence(bundle)

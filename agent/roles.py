@@ -21,6 +21,16 @@ Deleted{src=me}, still serving     forget the parent (its topics live on in the 
 Owned{dst=me}, not serving         acquire                                        (override, split child)
 anything else while serving        close with a redirect to the new owner, if any (forced override)
 =================================  ====================================================================
+
+Stale records: what names this broker from before its current ZooKeeper session (found at start-up, or
+left when the session was lost) was decided while the leader may have counted it dead, and the leader may
+be about to force those bundles elsewhere. Acquiring first would let two brokers serve one bundle; so a
+stale record is first settled through the channel, whose version check orders it against any override:
+
+=================================  ====================================================================
+Assigning{dst=me}, stale           publish Owned{dst=me} first; acquire once it is accepted (then fresh)
+Owned{dst=me}, stale               publish Releasing{src=me, dst=None}: unload, reassigned on lookup
+=================================  ====================================================================
 """
 
 from __future__ import annotations
@@ -84,9 +94,17 @@ class Plan:
 
 
 def plan(
-    me: str, bundle: str, cur: Record | None, *, serving: bool, fenced: bool, now_ms: int
+    me: str,
+    bundle: str,
+    cur: Record | None,
+    *,
+    serving: bool,
+    fenced: bool,
+    now_ms: int,
+    stale: bool = False,
 ) -> Plan | None:
-    """The steps this broker owes ``bundle`` in state ``cur``; None when there is nothing to do."""
+    """The steps this broker owes ``bundle`` in state ``cur``; None when there is nothing to do. ``stale``:
+    ``cur`` was accepted before this broker's current ZooKeeper session (see the module docstring)."""
     if cur is None:
         return Plan("forced_close", (Close(None),)) if serving or fenced else None
     s = cur.state
@@ -94,6 +112,11 @@ def plan(
 
     def rec(state: State, *, dst: str | None, src: str | None) -> Record:
         return make(state, dst=dst, src=src, version=nxt, ts=now_ms, writer=me)
+
+    if stale and s is State.ASSIGNING and cur.dst == me:
+        return Plan("assign_stale", (Publish(rec(State.OWNED, dst=me, src=cur.src)),))
+    if stale and s is State.OWNED and cur.dst == me:
+        return Plan("relinquish", (Publish(rec(State.RELEASING, dst=None, src=me)),))
 
     if s is State.ASSIGNING and cur.dst == me:
         return Plan("assign", (Acquire(), Publish(rec(State.OWNED, dst=me, src=cur.src))))

@@ -28,6 +28,7 @@ from trimtab.agent.api import AgentApi, SimControls, create_app
 from trimtab.agent.daemon import Agent
 from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
+from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.lookup import LayoutCache, LookupService
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.prewarm import Prewarmer
@@ -41,6 +42,7 @@ from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
 from trimtab.channel.table import TableView
 from trimtab.channel.transport import Transport
+from trimtab.cluster.auth import Authenticator
 from trimtab.cluster.bridge import LoopBridge
 from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.http import HttpServer, bind
@@ -51,15 +53,17 @@ from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_reg
 from trimtab.cluster.placement_store import PlacementWatch
 from trimtab.cluster.placement_view import LivePlacement
 from trimtab.cluster.standbys import StandbyIndex, StandbySet, prefer_standbys
-from trimtab.cluster.wiring import kafka_transport, zk_session
+from trimtab.cluster.wiring import check_security, kafka_transport, zk_session
 from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
 from trimtab.config.settings import Settings
 
 
 def check(settings: Settings) -> None:
     """Raise :class:`trimtab.errors.ConfigError` if these settings cannot run an agent (before binding or
-    connecting anything): today, an unset ``broker.adapter.kind``."""
+    connecting anything): an unset ``broker.adapter.kind``, or security settings that cannot be used
+    (:func:`trimtab.cluster.wiring.check_security`)."""
     require_adapter_kind(settings)
+    check_security(settings)
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ def build(
     bind_log(broker=me, role="agent")
     prom = prom if prom is not None else new_registry()
     metrics = AgentMetrics.create(prom)
+    auth = Authenticator.for_daemon(s.security, prom)
     rng = rng if rng is not None else random.Random()
 
     inner = adapter if adapter is not None else build_adapter(s, me)[0]
@@ -158,15 +163,8 @@ def build(
         return info.service_url if info is not None else None
 
     reporter = LoadReporter(me, retrying, transport, s, metrics, host=HostSampler(s), clock=clock)
-    reconciler = Reconciler(
-        me,
-        channel,
-        retrying,
-        url_of=url_of,
-        apply_split=namespaces.apply_split,
-        metrics=metrics,
-        on_served_change=lambda bundle, serving: reporter.load_moved(),
-        clock=clock,
+    leases, reconciler, renewer = _reconciliation(
+        s, me, zk, channel, retrying, reporter, namespaces, url_of, metrics, clock
     )
     drainer = Drainer(
         identity,
@@ -233,6 +231,8 @@ def build(
         reporter=reporter,
         splitter=splits,
         drainer=drainer,
+        leases=leases,
+        renewer=renewer,
         metrics=metrics,
         register_wait_s=s.zookeeper.session_timeout_s * 2 + 5,
     )
@@ -246,10 +246,10 @@ def build(
         metrics=metrics,
         prom=prom,
     )
-    app = create_app(api, SimControls(sim, reporter.poke) if sim is not None else None)
+    app = create_app(api, SimControls(sim, reporter.poke) if sim is not None else None, auth=auth)
     return WiredAgent(
         agent=agent,
-        http=HttpServer(app, sock),
+        http=HttpServer(app, sock, s.http),
         app=app,
         identity=identity,
         adapter=retrying,
@@ -264,6 +264,48 @@ def build(
         metrics=metrics,
         prom=prom,
     )
+
+
+def _reconciliation(
+    s: Settings,
+    me: str,
+    zk: ZkSession,
+    channel: ChannelClient,
+    retrying: BrokerAdapter,
+    reporter: LoadReporter,
+    namespaces: NamespaceStore,
+    url_of: Callable[[str], str | None],
+    metrics: AgentMetrics,
+    clock: Callable[[], float],
+) -> tuple[LeaseGuard, Reconciler, LeaseRenewer]:
+    """The reconciler and the broker leases it acquires under and renews (agent.leases)."""
+    a = s.broker.adapter
+    leases = LeaseGuard(zk, lease_s=s.lease_s(), margin_s=a.lease_margin_s, metrics=metrics, wall=clock)
+    reconciler = Reconciler(
+        me,
+        channel,
+        retrying,
+        url_of=url_of,
+        apply_split=namespaces.apply_split,
+        metrics=metrics,
+        on_served_change=lambda bundle, serving: reporter.load_moved(),
+        leases=leases,
+        in_flight_timeout_s=s.channel.in_flight_timeout_s,
+        clock=clock,
+    )
+    renewer = LeaseRenewer(
+        me,
+        leases,
+        retrying,
+        served=lambda: [*reconciler.served, *reconciler.acquiring],
+        record=channel.table.get,
+        is_stale=reconciler.stale.__contains__,
+        lost=reconciler.lost,
+        metrics=metrics,
+        in_flight_timeout_s=s.channel.in_flight_timeout_s,
+        wall=clock,
+    )
+    return leases, reconciler, renewer
 
 
 @dataclass(frozen=True)

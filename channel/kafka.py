@@ -154,23 +154,50 @@ class KafkaTransport:
                 if self._producer is not None:
                     self._producer.flush(1.0)
                 self._fatal = False
-                self._producer = Producer(
-                    {
-                        **self._base,
-                        "enable.idempotence": True,
-                        "partitioner": "consistent",
-                        "compression.type": "lz4",
-                        "linger.ms": self._linger_ms,
-                        "delivery.timeout.ms": self._delivery_timeout_ms,
-                        "error_cb": self._error_cb,
-                    }
-                )
+                self._producer = Producer(self.producer_config())
                 if self._poller is None:
                     self._poller = threading.Thread(
                         target=self._poll_loop, name="kafka-producer", daemon=True
                     )
                     self._poller.start()
             return self._producer
+
+    # ------------------------------------------------------------------ client configurations
+    # Every client this transport makes is configured by one of these: each starts from the base (bootstrap
+    # servers, client id and the caller's client_config -- TLS, SASL), so none can miss it.
+    def producer_config(self) -> dict[str, Any]:
+        return {
+            **self._base,
+            "enable.idempotence": True,
+            "partitioner": "consistent",
+            "compression.type": "lz4",
+            "linger.ms": self._linger_ms,
+            "delivery.timeout.ms": self._delivery_timeout_ms,
+            "error_cb": self._error_cb,
+        }
+
+    def metadata_config(self) -> dict[str, Any]:
+        return {**self._base, "group.id": f"trimtab-meta-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+
+    def admin_config(self) -> dict[str, Any]:
+        return dict(self._base)
+
+    def reader_config(self, *, low_latency: bool = True) -> dict[str, Any]:
+        return {
+            **self._base,
+            "group.id": f"trimtab-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # Never jump over records this node did not read: a position that retention deleted is
+            # reported (HistoryGap) and the owner re-bootstraps from a snapshot.
+            "auto.offset.reset": "error",
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": self._fetch_wait_max_ms if low_latency else 200,
+            "fetch.message.max.bytes": 8 << 20,
+            "fetch.max.bytes": 64 << 20,
+            "queued.min.messages": 500_000,
+            "queued.max.messages.kbytes": 1 << 20,
+        }
 
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
@@ -213,13 +240,7 @@ class KafkaTransport:
     def _meta_consumer(self) -> Consumer:
         with self._lock:
             if self._meta is None:
-                self._meta = Consumer(
-                    {
-                        **self._base,
-                        "group.id": f"trimtab-meta-{uuid.uuid4().hex[:8]}",
-                        "enable.auto.commit": False,
-                    }
-                )
+                self._meta = Consumer(self.metadata_config())
             return self._meta
 
     def partitions(self, topic: str) -> int:
@@ -236,7 +257,7 @@ class KafkaTransport:
         return n
 
     def _ensure_topic(self, topic: str) -> int:
-        admin = AdminClient(self._base)
+        admin = AdminClient(self.admin_config())
         md = admin.list_topics(topic, timeout=10)
         t = md.topics.get(topic)
         if t is not None and t.error is None and t.partitions:
@@ -274,23 +295,7 @@ class KafkaTransport:
     # ------------------------------------------------------------------ readers
     def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> KafkaReader:
         n = self.partitions(topic)
-        consumer = Consumer(
-            {
-                **self._base,
-                "group.id": f"trimtab-reader-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                # Never jump over records this node did not read: a position that retention deleted is
-                # reported (HistoryGap) and the owner re-bootstraps from a snapshot.
-                "auto.offset.reset": "error",
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": self._fetch_wait_max_ms if low_latency else 200,
-                "fetch.message.max.bytes": 8 << 20,
-                "fetch.max.bytes": 64 << 20,
-                "queued.min.messages": 500_000,
-                "queued.max.messages.kbytes": 1 << 20,
-            }
-        )
+        consumer = Consumer(self.reader_config(low_latency=low_latency))
         return KafkaReader(consumer, topic, {p: start.get(p, 0) for p in range(n)})
 
     def close(self) -> None:

@@ -1,15 +1,17 @@
-"""HTTP plumbing shared by the daemons: embedding uvicorn in a process that owns its signals and event
-loop, one error shape for every API, and the read-only routes and probes both the agent and the
-controller serve."""
+"""HTTP plumbing shared by the daemons: embedding uvicorn (optionally serving TLS) in a process that owns
+its signals and event loop, one error shape for every API, the read-only routes and probes both the agent
+and the controller serve, and how a node calls its peers (their CA, its own token)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import httpx
 import msgspec
 import structlog
 import uvicorn
@@ -24,7 +26,9 @@ from starlette.exceptions import HTTPException
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
-from trimtab.errors import NotLeader, RequestError
+from trimtab.cluster.auth import PUBLIC, SCHEME_NAME, authorize_early
+from trimtab.config.settings import HttpSettings
+from trimtab.errors import AuthRefused, ConfigError, NotLeader, RequestError
 
 log = structlog.get_logger("trimtab.http")
 
@@ -38,8 +42,16 @@ class ErrorBody(BaseModel):
     retryable: bool = False
 
 
-def error_response(status: int, message: str, *, retryable: bool = False) -> JSONResponse:
-    return JSONResponse(ErrorBody(error=message, retryable=retryable).model_dump(), status_code=status)
+def error_response(
+    status: int, message: str, *, retryable: bool = False, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        ErrorBody(error=message, retryable=retryable).model_dump(), status_code=status, headers=headers
+    )
+
+
+# RFC 6750: a 401 says which scheme would do.
+_CHALLENGE = {"www-authenticate": 'Bearer realm="trimtab"'}
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -73,10 +85,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError) -> Response:
-        return error_response(exc.status, str(exc), retryable=exc.retryable)
+        headers = _CHALLENGE if isinstance(exc, AuthRefused) and exc.status == 401 else None
+        return error_response(exc.status, str(exc), retryable=exc.retryable, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        try:
+            authorize_early(request)  # a malformed body is parsed before the token is checked
+        except AuthRefused as refused:
+            return await request_error(request, refused)
         return error_response(400, _validation_message(exc))
 
     @app.exception_handler(HTTPException)
@@ -109,10 +126,29 @@ def install_error_handlers(app: FastAPI) -> None:
                     responses = op.get("responses", {})
                     if responses.pop("422", None) is not None:
                         responses.setdefault("400", bad_request)
+                    _document_auth(op)
             app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
+
+
+def _document_auth(op: dict[str, Any]) -> None:
+    """A protected operation documents its 401 (and, when it needs admin, its 403)."""
+    scopes = {s for req in op.get("security") or [] for s in req.get(SCHEME_NAME, [])}
+    if not scopes:
+        return
+    responses = op.setdefault("responses", {})
+    responses.setdefault("401", _error("No bearer token, or one this node does not know"))
+    if "admin" in scopes:
+        responses.setdefault("403", _error("A read token: this operation needs an admin token"))
 
 
 class _Server(uvicorn.Server):
@@ -137,11 +173,50 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_tls_files(http: HttpSettings) -> None:
+    """Raise :class:`ConfigError` (naming the setting and the path, never a key) unless ``http.tls_*``
+    can serve TLS and trust peers: found at start-up, not on the first connection."""
+    if http.tls_cert_file and http.tls_key_file:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(http.tls_cert_file, http.tls_key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(
+                f"http.tls_cert_file ({http.tls_cert_file}) / http.tls_key_file ({http.tls_key_file}): "
+                f"cannot load the certificate and key ({type(e).__name__}: {getattr(e, 'strerror', None) or e})"
+            ) from None
+    if http.tls_ca_file:
+        client_context(http.tls_ca_file)
+
+
+def client_context(ca_file: str | None) -> ssl.SSLContext | bool:
+    """What trimtab's own HTTP clients verify peers with: ``http.tls_ca_file``, else the system's CAs."""
+    if not ca_file:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(
+            f"http.tls_ca_file ({ca_file}): cannot load the CA bundle ({type(e).__name__})"
+        ) from None
+
+
 class HttpServer:
-    def __init__(self, app: FastAPI, sock: socket.socket) -> None:
+    def __init__(self, app: FastAPI, sock: socket.socket, tls: HttpSettings | None = None) -> None:
+        """Serve ``app`` on ``sock``; over TLS when ``tls`` names a certificate and key."""
         self.sock = sock
+        cert = tls.tls_cert_file if tls is not None else None
+        key = tls.tls_key_file if tls is not None else None
+        if tls is not None:
+            check_tls_files(tls)
+        self.scheme = "https" if cert else "http"
         config = uvicorn.Config(
-            app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=3,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
@@ -158,6 +233,30 @@ class HttpServer:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._task, 5)
+
+
+# ------------------------------------------------------------------ calling peers
+class PeerHttp:
+    """How a node calls another node's API (a controller forwarding a split or a drain to an agent): over
+    TLS verified with ``http.tls_ca_file``, presenting this node's own admin token (every node of a cluster
+    accepts the same tokens: docs/security.md)."""
+
+    def __init__(
+        self, verify: ssl.SSLContext | bool = True, token: Callable[[], str | None] = lambda: None
+    ) -> None:
+        self.verify = verify
+        self.token = token
+
+    @classmethod
+    def from_settings(cls, http: HttpSettings, token: Callable[[], str | None]) -> PeerHttp:
+        return cls(client_context(http.tls_ca_file), token)
+
+    def client(self, timeout: float) -> httpx.AsyncClient:
+        """A client for one exchange (close it: ``async with``); the token is read now, so a rotated token
+        file is followed without a restart."""
+        token = self.token()
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        return httpx.AsyncClient(timeout=timeout, verify=self.verify, headers=headers)
 
 
 # ------------------------------------------------------------------ routes both daemons serve
@@ -196,17 +295,18 @@ def add_probes(
 ) -> None:
     """``/healthz`` (the event loop is ticking), ``/readyz`` (the daemon's own criteria) and ``/metrics``."""
 
-    @app.get("/healthz", summary="Liveness: the event loop is ticking")
+    # Public: orchestrators and Prometheus reach them without a secret, and they change nothing.
+    @app.get("/healthz", summary="Liveness: the event loop is ticking", dependencies=[PUBLIC])
     async def healthz() -> Any:
         age = tick_age()
         ok = age < 10 or not started()
         return JSONResponse({"ok": ok, "tick_age_s": round(age, 2)}, status_code=200 if ok else 503)
 
-    @app.get("/readyz", summary=ready_summary)
+    @app.get("/readyz", summary=ready_summary, dependencies=[PUBLIC])
     async def readyz() -> Any:
         ok, body = ready()
         return JSONResponse({"ready": ok, **body}, status_code=200 if ok else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", dependencies=[PUBLIC])
     async def metrics() -> Response:
         return PlainTextResponse(generate_latest(registry()), media_type=CONTENT_TYPE_LATEST)

@@ -28,6 +28,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, make_acl, make_digest_acl
 
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
@@ -73,14 +74,26 @@ class ZkSession:
     continuously connected since the last trouble.
     """
 
-    def __init__(self, hosts: str, *, session_timeout_s: float, connect_timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        hosts: str,
+        *,
+        session_timeout_s: float,
+        connect_timeout_s: float = 15.0,
+        auth_digest: str | None = None,
+    ) -> None:
+        """``auth_digest`` (``user:password``): authenticate with the digest scheme, and create every znode
+        with :func:`digest_acls` -- only that identity may change trimtab's state (docs/security.md)."""
         self.hosts = hosts
         self.connect_timeout_s = connect_timeout_s
+        self.authenticated = auth_digest is not None
         self.client = KazooClient(
             hosts=hosts,
             timeout=session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0),
             command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),
+            default_acl=digest_acls(auth_digest) if auth_digest is not None else None,
+            auth_data=[("digest", auth_digest)] if auth_digest is not None else None,
         )
         self.state = "new"
         self.trouble_at: float | None = None  # last SUSPENDED/LOST; None = never had trouble
@@ -88,6 +101,21 @@ class ZkSession:
         self.sessions = 0  # how many distinct sessions we have had (a new one after each LOST)
         self._listeners: list[Callable[[str], object]] = []
         self.client.add_listener(self._on_state)
+        self.requested_timeout_s = session_timeout_s
+        # The server clamps the requested timeout into [minSessionTimeout, maxSessionTimeout]; broker
+        # leases must fit the timeout it granted, which kazoo only logs. Read it where kazoo computes it.
+        self.negotiated_timeout_s: float | None = None
+        self._negotiated = threading.Event()
+        conn = self.client._connection
+        connect = conn._connect
+
+        def connect_and_record(*args: Any) -> Any:
+            read_timeout_ms, connect_timeout_ms = connect(*args)
+            self.negotiated_timeout_s = round(read_timeout_ms * 1.5) / 1000.0  # kazoo: read = 2/3 session
+            self._negotiated.set()
+            return read_timeout_ms, connect_timeout_ms
+
+        conn._connect = connect_and_record
 
     def add_listener(self, fn: Callable[[str], object]) -> None:
         """``fn(state)`` runs on kazoo's thread and must not block."""
@@ -134,6 +162,23 @@ class ZkSession:
     def connected(self) -> bool:
         return self.state == "connected"
 
+    def granted_timeout_s(self, wait_s: float = 5.0) -> float:
+        """The session timeout the server granted (kazoo's connection thread records it just after the
+        CONNECTED event that ``start`` returns on, hence the short wait); the requested one if unknown."""
+        self._negotiated.wait(wait_s)
+        return self.negotiated_timeout_s or self.requested_timeout_s
+
+    def confirm(self, timeout_s: float, path: str = "/") -> None:
+        """One round trip to the ZooKeeper server on this session (``sync``): when it returns, the server
+        heard from the session after this call began, so the session cannot expire before that moment plus
+        the session timeout. Raises :class:`ZkUnavailable` otherwise. Broker leases rest on it."""
+        if not self.connected:
+            raise ZkUnavailable(f"ZooKeeper session is {self.state}")
+        try:
+            self.client.sync_async(path).get(timeout=timeout_s)
+        except (KazooException, KazooTimeoutError) as e:
+            raise ZkUnavailable(f"ZooKeeper did not confirm the session: {type(e).__name__}: {e}") from e
+
     def stable_for(self) -> float:
         """Seconds connected since the last trouble; infinite if the session never had any (a fresh
         process is stable, as in Pulsar: only a reconnect calls for a settle period)."""
@@ -147,6 +192,13 @@ class ZkSession:
     def session_id(self) -> int | None:
         cid = self.client.client_id
         return cid[0] if cid else None
+
+
+def digest_acls(credentials: str) -> list[ACL]:
+    """The ACLs of every znode a trimtab node with digest ``user:password`` creates: every right for that
+    identity, read for everyone (tools, dashboards and operators may look, never change)."""
+    user, _, password = credentials.partition(":")
+    return [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
 
 
 _info_dec = StrictDecoder(BrokerInfo, ZNODE_MAX_BYTES)

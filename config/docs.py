@@ -38,6 +38,7 @@ def rows() -> list[tuple[str, str, str, str, str]]:
             pulsar = m.group(1) if m else ""
             desc = _PULSAR.sub("", desc).strip()
             typ = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+            typ = typ.replace("pydantic.types.", "")  # SecretStr: a secret, never shown
             out.append((path, typ, _default(field), desc, pulsar))
 
     walk(Settings, "")

@@ -7,14 +7,32 @@ brackets, so operators can carry their tuning over; docs/configuration.md is gen
 
 from __future__ import annotations
 
+import re
 import socket
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Pct = Annotated[float, Field(ge=0, le=100)]
+# librdkafka settings whose values are secrets (sasl.password, ssl.key.password, sasl.jaas.config,
+# sasl.oauthbearer.client.secret, ssl.key.pem...): masked wherever the configuration is shown.
+_SECRET_KAFKA_KEY = re.compile(r"password|secret|jaas|key\.pem|token|credential", re.IGNORECASE)
 Seconds = Annotated[float, Field(gt=0)]
+
+
+MIN_TOKEN_CHARS = 16
+
+
+def valid_token(token: str) -> bool:
+    """A bearer token trimtab accepts: long enough not to be guessed, no whitespace (it is one header word)."""
+    return len(token) >= MIN_TOKEN_CHARS and not any(c.isspace() for c in token)
+
+
+def valid_digest(credentials: str) -> bool:
+    """ZooKeeper digest credentials: ``user:password``, both non-empty, no whitespace."""
+    user, sep, password = credentials.partition(":")
+    return bool(sep and user and password) and not any(c.isspace() for c in credentials)
 
 
 class Section(BaseModel):
@@ -46,13 +64,30 @@ class ZooKeeperSettings(Section):
     connect_timeout_s: Seconds = Field(
         15.0, description="How long start-up waits for a first ZooKeeper connection."
     )
+    auth_digest: SecretStr | None = Field(
+        None,
+        description="ZooKeeper digest credentials user:password (docs/security.md). When set (or "
+        "auth_digest_file), the session authenticates with them and every znode trimtab creates gets ACLs: all "
+        "rights for this identity, read-only for everyone else. Every node of a cluster must use the same. "
+        "Prefer auth_digest_file or TRIMTAB_ZOOKEEPER__AUTH_DIGEST to keep it out of config files.",
+    )
+    auth_digest_file: str | None = Field(
+        None, description="File holding the ZooKeeper digest credentials (first line, user:password)."
+    )
 
 
 class KafkaSettings(Section):
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers (host:port,...).")
     client_config: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra librdkafka settings for every client (security.protocol, sasl.*, ssl.*...).",
+        description="Extra librdkafka settings for every Kafka client trimtab creates (security.protocol, "
+        "sasl.*, ssl.*...; docs/security.md). Values of secret-looking keys (password, secret, jaas...) are "
+        "masked when the configuration is shown; keep them in client_config_file instead.",
+    )
+    client_config_file: str | None = Field(
+        None,
+        description="A librdkafka properties file (key=value lines, # comments) merged over client_config at "
+        "start-up: where sasl.password, ssl.key.password and other secrets belong. Never shown or logged.",
     )
     channel_topic: str = Field(
         "trimtab-channel",
@@ -100,6 +135,11 @@ class KafkaSettings(Section):
     )
     linger_ms: float = Field(1.0, ge=0, le=1000, description="Producer linger.ms for channel writes.")
 
+    @field_serializer("client_config", when_used="json")
+    def _mask_secrets(self, value: dict[str, str]) -> dict[str, str]:
+        """``trimtab config show`` (JSON) never prints a password that was put in client_config."""
+        return {k: "**********" if _SECRET_KAFKA_KEY.search(k) else v for k, v in value.items()}
+
 
 class AdapterSettings(Section):
     kind: Literal["simulated", "webhook", "command"] | None = Field(
@@ -119,6 +159,31 @@ class AdapterSettings(Section):
         3, ge=0, le=20, description="Retries of a failed adapter call (exponential backoff)."
     )
     backoff_s: Seconds = Field(0.2, description="First retry delay; doubles each retry.")
+    lease_s: float | None = Field(
+        None,
+        gt=0,
+        description="Lease the broker grants on every bundle it acquires; the agent renews it every third of "
+        "the lease and the broker stops serving a bundle whose lease ran out without being told "
+        "(docs/broker-adapter.md). Must satisfy zookeeper.session_timeout_s >= lease_s + lease_margin_s, so "
+        "that every lease of a failed agent has ended before the leader reassigns its bundles. Default: "
+        "zookeeper.session_timeout_s - lease_margin_s.",
+    )
+    lease_margin_s: float = Field(
+        2.0,
+        ge=0.5,
+        description="Safety margin between a lease's end and the earliest moment the agent's ZooKeeper session "
+        "can expire: covers request delivery to the broker (a lease request older than half of it is "
+        "refused by the broker) and clock-rate drift.",
+    )
+    hmac_key: SecretStr | None = Field(
+        None,
+        description="Shared secret that signs every webhook call (HMAC-SHA256 over timestamp, method, path and "
+        "body; headers X-Trimtab-Timestamp and X-Trimtab-Signature) so the broker can reject forged calls. "
+        "Prefer hmac_key_file or TRIMTAB_BROKER__ADAPTER__HMAC_KEY to keep it out of config files.",
+    )
+    hmac_key_file: str | None = Field(
+        None, description="File holding the webhook HMAC key (first line); read at start-up."
+    )
 
 
 class CapacitySettings(Section):
@@ -162,6 +227,17 @@ class HttpSettings(Section):
     port: int = Field(8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
     advertised_host: str | None = Field(
         None, description="Host other nodes use to reach this one (default: host)."
+    )
+    tls_cert_file: str | None = Field(
+        None,
+        description="PEM certificate (chain) of this node: serve HTTPS instead of HTTP (with tls_key_file). "
+        "The URLs this node advertises become https://.",
+    )
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
+    tls_ca_file: str | None = Field(
+        None,
+        description="PEM CA bundle trimtab's own HTTP clients trust when they call other nodes over HTTPS "
+        "(the controller forwarding to agents, the local cluster's helpers); default: the system's.",
     )
 
 
@@ -423,10 +499,43 @@ class SimulationSettings(Section):
         0.0, ge=0, description="Simulated time to take over a bundle the broker pre-warmed (a warm standby)."
     )
     release_delay_ms: float = Field(0.0, ge=0, description="Simulated time to fence/close a bundle.")
+    honour_leases: bool = Field(
+        True,
+        description="Stop serving a bundle when its lease runs out. false makes a broker that ignores leases: "
+        "only for showing (in the chaos suite's self-test) what happens without them.",
+    )
 
 
 class ControllerSettings(Section):
     id: str | None = Field(None, description="Controller id (default hostname-pid).")
+
+
+class SecuritySettings(Section):
+    """Who may call the admin API (docs/security.md). Tokens come from files (one per line, re-read when the
+    file changes, so rotation needs no restart) and/or the environment; they are never shown or logged."""
+
+    auth: Literal["required", "disabled"] = Field(
+        "required",
+        description="required: every admin and view endpoint needs a bearer token (probes, /metrics, lookups "
+        "and the API spec stay public); a daemon with no token configured refuses to start. disabled: no "
+        "checks at all -- only for demos and tests, never on a network anyone else can reach.",
+    )
+    admin_tokens_file: str | None = Field(
+        None,
+        description="File of admin tokens (every endpoint), one per line; blank lines and # comments are "
+        "ignored. Re-read when it changes. The first token is the one this node presents to its peers.",
+    )
+    read_tokens_file: str | None = Field(
+        None, description="File of read tokens (views only: GET endpoints), same format as admin_tokens_file."
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="One more admin token, usually from TRIMTAB_SECURITY__ADMIN_TOKEN (at least 16 characters).",
+    )
+    read_token: SecretStr | None = Field(
+        None,
+        description="One more read token, usually from TRIMTAB_SECURITY__READ_TOKEN (at least 16 characters).",
+    )
 
 
 class LoggingSettings(Section):
@@ -459,6 +568,7 @@ class Settings(BaseSettings):
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     sim: SimulationSettings = Field(default_factory=SimulationSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
 
     @model_validator(mode="after")
     def _cross_field(self) -> Settings:
@@ -479,13 +589,57 @@ class Settings(BaseSettings):
             raise ValueError("broker.adapter.command is required when broker.adapter.kind is command")
         return self
 
+    @model_validator(mode="after")
+    def _security(self) -> Settings:
+        h, z, sec = self.http, self.zookeeper, self.security
+        if bool(h.tls_cert_file) != bool(h.tls_key_file):
+            raise ValueError("http.tls_cert_file and http.tls_key_file go together: set both or neither")
+        if z.auth_digest is not None and z.auth_digest_file:
+            raise ValueError("set zookeeper.auth_digest or zookeeper.auth_digest_file, not both")
+        if z.auth_digest is not None and not valid_digest(z.auth_digest.get_secret_value()):
+            raise ValueError("zookeeper.auth_digest must look like user:password")
+        for name, token in (("admin_token", sec.admin_token), ("read_token", sec.read_token)):
+            if token is not None and not valid_token(token.get_secret_value()):
+                raise ValueError(
+                    f"security.{name} must be at least {MIN_TOKEN_CHARS} characters without whitespace"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _lease_fits_session(self) -> Settings:
+        # The leader reassigns a failed agent's bundles once its ZooKeeper session expired; every lease the
+        # agent granted must have ended by then (docs/broker-adapter.md, "Leases").
+        a, st = self.broker.adapter, self.zookeeper.session_timeout_s
+        if a.lease_margin_s >= st:
+            raise ValueError(
+                f"broker.adapter.lease_margin_s ({a.lease_margin_s:g}) must be below "
+                f"zookeeper.session_timeout_s ({st:g})"
+            )
+        if a.lease_s is not None and a.lease_s + a.lease_margin_s > st:
+            raise ValueError(
+                f"broker.adapter.lease_s ({a.lease_s:g}) + lease_margin_s ({a.lease_margin_s:g}) must not exceed "
+                f"zookeeper.session_timeout_s ({st:g}): a broker could still serve a failed agent's bundles "
+                "after the leader gave them to another broker. Shorten the lease or lengthen the session timeout."
+            )
+        return self
+
     # ------------------------------------------------------------------ derived
     @property
     def zk_path(self) -> str:
         return f"{self.zookeeper.root.rstrip('/')}/{self.cluster.name}"
 
+    def lease_s(self) -> float:
+        """The broker lease: ``broker.adapter.lease_s``, or as long as the session timeout allows."""
+        a = self.broker.adapter
+        return a.lease_s if a.lease_s is not None else self.zookeeper.session_timeout_s - a.lease_margin_s
+
     def advertised_host(self) -> str:
         return self.http.advertised_host or self.http.host
+
+    def http_url(self, port: int) -> str:
+        """The URL this node advertises: https:// when it serves TLS (``http.tls_cert_file``)."""
+        scheme = "https" if self.http.tls_cert_file else "http"
+        return f"{scheme}://{self.advertised_host()}:{port}"
 
     def broker_id(self, port: int | None = None) -> str:
         return self.broker.id or f"{self.advertised_host()}:{port if port is not None else self.http.port}"

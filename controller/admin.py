@@ -21,6 +21,7 @@ import httpx
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.records import Record, State, make
 from trimtab.channel.table import TableView
+from trimtab.cluster.http import PeerHttp
 from trimtab.cluster.placement_view import LivePlacement
 from trimtab.cluster.zk import BrokerRegistry
 from trimtab.controller.journal import DecisionJournal
@@ -66,7 +67,10 @@ class Admin:
         *,
         clock: Callable[[], float] = time.time,
         forward_timeout_s: float = 30.0,
+        peers: PeerHttp | None = None,
     ) -> None:
+        """``peers``: how to call the agents (their CA, this controller's token); default plain HTTP
+        without a token."""
         self.table = table
         self.leadership = leadership
         self.registry = registry
@@ -78,6 +82,7 @@ class Admin:
         self.placement = placement
         self.clock = clock
         self.forward_timeout_s = forward_timeout_s
+        self.peers = peers if peers is not None else PeerHttp()
 
     def plan_move(self, bundle: str, dst: str | None) -> MovePlan:
         """Every check of a transfer (``dst`` set) or unload but leadership, from this controller's replica:
@@ -190,13 +195,20 @@ class Admin:
     ) -> tuple[int, Any]:
         """POST ``body`` to the agent's ``path``; its status and JSON body, or a retryable 502."""
         try:
-            async with httpx.AsyncClient(timeout=self.forward_timeout_s) as client:
+            async with self.peers.client(self.forward_timeout_s) as client:
                 r = await client.post(f"{info.http_url}{path}", json=body)
         except httpx.HTTPError as e:
             self.metrics.admin.labels(op, "failed").inc()
             raise RequestError(502, f"could not reach {what}: {e}", retryable=True) from None
         ok = "dry_run" if dry_run else "ok"
         self.metrics.admin.labels(op, ok if r.is_success else "failed").inc()
+        if r.status_code in (401, 403):
+            # Not the caller's token (the controller accepted that one): this controller's own.
+            raise RequestError(
+                502,
+                f"{info.id}'s agent refused this controller's credentials (HTTP {r.status_code}; {what}): every "
+                "node of a cluster must accept the same admin tokens (docs/security.md)",
+            )
         try:
             answer = r.json()
         except ValueError:
@@ -209,7 +221,7 @@ class Admin:
         """Refuse (409, nothing sent) unless the agent's API declares ``field`` in ``path``'s request
         body: an older agent would ignore the field (a dry run would be done for real)."""
         try:
-            async with httpx.AsyncClient(timeout=self.forward_timeout_s) as client:
+            async with self.peers.client(self.forward_timeout_s) as client:
                 r = await client.get(f"{info.http_url}/openapi.json")
             spec = r.json() if r.is_success else {}
         except (httpx.HTTPError, ValueError) as e:

@@ -2,6 +2,9 @@
 shedding pause/resume, healing status), health and metrics. Admin writes sent to a follower get ``307`` to
 the leader (method and body preserved), so any controller address works for operators and scripts; their
 dry runs (``"dry_run": true``) are answered by whichever controller gets them, from its own replica.
+
+Who may call what (docs/security.md): the views need a read token, the writes (and their dry runs) an admin
+token, the probes are public; each router declares it.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from fastapi import FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
@@ -18,6 +21,7 @@ from pydantic import BaseModel, Field
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.client import ChannelClient
+from trimtab.cluster.auth import ADMIN, READ, Authenticator, secure_app
 from trimtab.cluster.http import (
     ErrorBody,
     add_probes,
@@ -114,7 +118,9 @@ class SheddingRequest(BaseModel):
     by: str = Field("api", description="Who asked (recorded in ZooKeeper and the event)")
 
 
-def create_app(ctl: ControllerApi) -> FastAPI:
+def create_app(ctl: ControllerApi, *, auth: Authenticator | None = None) -> FastAPI:
+    """The controller's app; ``auth`` checks the bearer tokens (None: no token is accepted, every
+    protected route refuses)."""
     app = FastAPI(
         title="trimtab controller", version="1", description="Leader-elected balancing and healing."
     )
@@ -134,6 +140,7 @@ def create_app(ctl: ControllerApi) -> FastAPI:
         registry=lambda: ctl.prom,
         ready_summary="Readiness: warm (channel and load views caught up) and connected",
     )
+    secure_app(app, auth)
     return app
 
 
@@ -146,9 +153,10 @@ def _check_bundle(bundle: str) -> JSONResponse | None:
 
 
 def _views(app: FastAPI, ctl: ControllerApi) -> None:
-    """Read-only views: any controller answers them from its own (warm) replica."""
+    """Read-only views (a read token): any controller answers them from its own (warm) replica."""
+    router = APIRouter(dependencies=[READ])
 
-    @app.get("/v1/leader", summary="Who leads, with which term")
+    @router.get("/v1/leader", summary="Who leads, with which term")
     async def leader() -> Any:
         lead = ctl.leadership
         cur = lead.election.leader()
@@ -159,33 +167,38 @@ def _views(app: FastAPI, ctl: ControllerApi) -> None:
             "safe_mode": lead.safe_mode(),
         }
 
-    @app.get("/v1/ownership", summary="Bundle -> record (optionally of one broker or namespace)")
+    @router.get("/v1/ownership", summary="Bundle -> record (optionally of one broker or namespace)")
     async def ownership(broker: str | None = None, namespace: str | None = None) -> Any:
         return ownership_view(ctl.channel.table.items(), broker, namespace)
 
-    @app.get("/v1/brokers", summary="Live brokers with their latest load")
+    @router.get("/v1/brokers", summary="Live brokers with their latest load")
     async def brokers() -> Any:
         return brokers_view(ctl.registry.brokers, ctl.loads.snapshot())
 
-    @app.get("/v1/healing", summary="Failed brokers, healing progress and pause reason")
+    @router.get("/v1/healing", summary="Failed brokers, healing progress and pause reason")
     async def healing() -> Any:
         return ctl.healer.status()
 
-    @app.get("/v1/status", summary="Leader, brokers with load and bundle counts, load std, recent decisions")
+    @router.get(
+        "/v1/status", summary="Leader, brokers with load and bundle counts, load std, recent decisions"
+    )
     async def status() -> Any:
         return ctl.status.render()
 
-    @app.get("/v1/bundles", summary="One bundle's channel state")
+    @router.get("/v1/bundles", summary="One bundle's channel state")
     async def bundle(bundle: str = Query(...)) -> Any:
         if (bad := _check_bundle(bundle)) is not None:
             return bad
         rec = ctl.channel.table.get(bundle)
         return {"bundle": bundle, "record": rec.to_json() if rec else None}
 
+    app.include_router(router)
+
 
 def _admin(app: FastAPI, ctl: ControllerApi) -> None:
     """Leader-only writes (a follower answers 307 to the leader, or a retryable 503 while there is none);
-    their dry runs are answered by any controller."""
+    their dry runs are answered by any controller. An admin token, dry runs included."""
+    router = APIRouter(dependencies=[ADMIN])
     refusals: dict[int | str, dict[str, Any]] = {
         400: {"model": ErrorBody},
         404: {"model": ErrorBody},
@@ -194,7 +207,7 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
 
     moves = {**refusals, 200: {"model": MoveDryRun, "description": "A dry run: what would be published"}}
 
-    @app.post(
+    @router.post(
         "/v1/admin/transfer",
         status_code=202,
         responses=moves,
@@ -203,7 +216,7 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
     async def transfer(req: TransferRequest) -> Any:
         return await _move(ctl, req.bundle, req.broker, req.dry_run)
 
-    @app.post(
+    @router.post(
         "/v1/admin/unload",
         status_code=202,
         responses=moves,
@@ -212,7 +225,7 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
     async def unload(req: UnloadRequest) -> Any:
         return await _move(ctl, req.bundle, None, req.dry_run)
 
-    @app.post(
+    @router.post(
         "/v1/admin/split",
         status_code=202,
         responses={200: {"description": "A dry run: the children the owner's agent would make"}},
@@ -224,7 +237,7 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         status, body = await ctl.admin.split(req.bundle, req.model_dump())
         return JSONResponse(body, status_code=status)
 
-    @app.post(
+    @router.post(
         "/v1/admin/drain",
         status_code=202,
         responses={
@@ -244,9 +257,11 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         status, body = await ctl.admin.drain(req.broker, dry_run=req.dry_run)
         return JSONResponse(body, status_code=status)
 
-    @app.post("/v1/admin/shedding", summary="Pause or resume shedding (persisted; survives failover)")
+    @router.post("/v1/admin/shedding", summary="Pause or resume shedding (persisted; survives failover)")
     async def shedding(req: SheddingRequest) -> Any:
         return msgspec.to_builtins(await ctl.admin.set_shedding_paused(req.paused, req.by))
+
+    app.include_router(router)
 
 
 async def _move(ctl: ControllerApi, bundle: str, dst: str | None, dry_run: bool) -> Any:

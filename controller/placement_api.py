@@ -2,7 +2,8 @@
 groups and namespace isolation policies, stored in ZooKeeper and applied by every node without a restart.
 
 Reads are answered by any controller; writes are the leader's (a follower answers ``307`` to the leader,
-or a retryable ``503`` while there is none). Every refusal is ``{"error", "retryable"}``.
+or a retryable ``503`` while there is none). Reads need a read token, writes (dry runs included) an admin
+token (docs/security.md). Every refusal is ``{"error", "retryable"}``.
 
 The routes reach the service through a callable, so the OpenAPI spec renders without a live controller.
 """
@@ -12,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query
+from fastapi import APIRouter, FastAPI, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from trimtab.cluster.auth import ADMIN, READ
 from trimtab.cluster.http import ErrorBody
 from trimtab.cluster.placement_store import IsolationPolicyDoc
 from trimtab.controller.placement_admin import (
@@ -168,13 +170,15 @@ DryRun = Annotated[
 
 def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> None:
     """Register the placement-policy routes on ``app``; ``admin()`` is called per request."""
+    reads = APIRouter(dependencies=[READ])
+    writes = APIRouter(dependencies=[ADMIN])
     znode_errors = _errors(500, 503)  # unreadable znode (500); ZooKeeper unavailable or contended (503)
     read_errors = _errors(400, 404, 500, 503)
     set_errors = _errors(400, 500, 503, leader=True)
     delete_errors = _errors(400, 404, 500, 503, leader=True)
 
     # ---- failure domains
-    @app.get(
+    @reads.get(
         "/v1/failure-domains",
         summary="Every failure domain: name -> brokers (an empty map if none)",
         responses=znode_errors,
@@ -182,11 +186,11 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
     async def list_domains() -> dict[str, FailureDomainBody]:
         return {k: FailureDomainBody(brokers=v.brokers) for k, v in (await admin().domains()).items()}
 
-    @app.get("/v1/failure-domains/{name}", summary="One failure domain", responses=read_errors)
+    @reads.get("/v1/failure-domains/{name}", summary="One failure domain", responses=read_errors)
     async def get_domain(name: DomainName) -> FailureDomainBody:
         return FailureDomainBody(brokers=(await admin().domain(name)).brokers)
 
-    @app.put(
+    @writes.put(
         "/v1/failure-domains/{name}",
         summary="Create or replace a failure domain (leader; 409 if a broker is in another domain)",
         responses=_errors(400, 409, 500, 503, leader=True),
@@ -194,7 +198,7 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
     async def put_domain(name: DomainName, body: FailureDomainBody) -> FailureDomainBody:
         return FailureDomainBody(brokers=(await admin().set_domain(name, body.brokers)).brokers)
 
-    @app.delete(
+    @writes.delete(
         "/v1/failure-domains/{name}",
         summary="Delete a failure domain (leader); returns it",
         responses=delete_errors,
@@ -205,14 +209,14 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
     # ---- anti-affinity groups
     aa_path = "/v1/namespaces/{tenant}/{namespace}/anti-affinity"
 
-    @app.get(
+    @reads.get(
         aa_path, summary="A namespace's anti-affinity group (null if none)", responses=_errors(400, 500, 503)
     )
     async def get_anti_affinity(tenant: Tenant, namespace: Namespace) -> NamespaceGroup:
         group = await admin().anti_affinity(tenant, namespace)
         return NamespaceGroup(namespace=f"{tenant}/{namespace}", group=group)
 
-    @app.put(
+    @writes.put(
         aa_path,
         summary="Put a namespace in an anti-affinity group (leader; blank clears)",
         responses=set_errors,
@@ -223,7 +227,7 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
         group = await admin().set_anti_affinity(tenant, namespace, body.group)
         return NamespaceGroup(namespace=f"{tenant}/{namespace}", group=group)
 
-    @app.delete(
+    @writes.delete(
         aa_path,
         summary="Take a namespace out of its anti-affinity group (leader; 404 if in none); returns the group",
         responses=delete_errors,
@@ -232,7 +236,7 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
         group = await admin().clear_anti_affinity(tenant, namespace)
         return NamespaceGroup(namespace=f"{tenant}/{namespace}", group=group)
 
-    @app.get(
+    @reads.get(
         "/v1/anti-affinity/{group}",
         summary="The namespaces in an anti-affinity group (case-insensitive)",
         responses=_errors(400, 500, 503),
@@ -243,7 +247,7 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
         return GroupMembers(group=group, namespaces=await admin().group_members(group))
 
     # ---- isolation policies (the broker views first: ``brokers`` is not a policy name)
-    @app.get(
+    @reads.get(
         "/v1/isolation-policies/brokers",
         summary="Every live broker: policies it is primary/secondary in, and whether it is shared",
         responses=znode_errors,
@@ -251,7 +255,7 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
     async def brokers_view() -> list[BrokerIsolationOut]:
         return [BrokerIsolationOut.of(b) for b in await admin().broker_isolation()]
 
-    @app.get(
+    @reads.get(
         "/v1/isolation-policies/brokers/{broker}",
         summary="One live broker's isolation view (404 if it is not live)",
         responses=_errors(404, 500, 503),
@@ -259,7 +263,7 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
     async def broker_view(broker: Annotated[str, Path(description="Broker id")]) -> BrokerIsolationOut:
         return BrokerIsolationOut.of(await admin().broker(broker))
 
-    @app.get(
+    @reads.get(
         "/v1/isolation-policies",
         summary="Every isolation policy: name -> policy (an empty map if none)",
         responses=znode_errors,
@@ -267,11 +271,11 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
     async def list_policies() -> dict[str, IsolationPolicyOut]:
         return {k: IsolationPolicyOut.of(v) for k, v in (await admin().policies()).items()}
 
-    @app.get("/v1/isolation-policies/{name}", summary="One isolation policy", responses=read_errors)
+    @reads.get("/v1/isolation-policies/{name}", summary="One isolation policy", responses=read_errors)
     async def get_policy(name: PolicyName) -> IsolationPolicyOut:
         return IsolationPolicyOut.of(await admin().policy(name))
 
-    @app.put(
+    @writes.put(
         "/v1/isolation-policies/{name}",
         summary="Create or replace an isolation policy (leader), then unload the bundles it affects",
         responses=set_errors,
@@ -282,7 +286,7 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
         change = await admin().set_policy(name, body.doc(), body.unload_scope, dry_run=dry_run)
         return PolicyChangeOut.of(change)
 
-    @app.delete(
+    @writes.delete(
         "/v1/isolation-policies/{name}",
         summary="Delete an isolation policy (leader), then unload the bundles of its namespaces",
         responses=delete_errors,
@@ -298,3 +302,6 @@ def add_placement_routes(app: FastAPI, admin: Callable[[], PlacementAdmin]) -> N
     ) -> Any:
         # (A follower's 307 keeps the query string: unload_scope=none must reach the leader unchanged.)
         return PolicyChangeOut.of(await admin().delete_policy(name, unload_scope, dry_run=dry_run))
+
+    app.include_router(reads)
+    app.include_router(writes)

@@ -17,8 +17,9 @@ from trimtab.balance.shed import ShedConfig
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.snapshot import SnapshotWriter
 from trimtab.channel.transport import Transport
+from trimtab.cluster.auth import Authenticator
 from trimtab.cluster.events import EventPublisher
-from trimtab.cluster.http import HttpServer, bind
+from trimtab.cluster.http import HttpServer, PeerHttp, bind
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.logs import SkipLog
@@ -27,7 +28,7 @@ from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_reg
 from trimtab.cluster.placement_store import PlacementStore, PlacementWatch
 from trimtab.cluster.placement_view import LivePlacement
 from trimtab.cluster.standbys import StandbyIndex, StandbySet
-from trimtab.cluster.wiring import kafka_transport, zk_session
+from trimtab.cluster.wiring import check_security, kafka_transport, zk_session
 from trimtab.cluster.zk import BrokerRegistry, ZkPaths
 from trimtab.config.settings import Settings
 from trimtab.controller.admin import Admin
@@ -49,6 +50,13 @@ from trimtab.controller.stores import FailedBrokers, Reassignments, Switches
 from trimtab.controller.writes import ChannelWrites
 
 
+def check(s: Settings) -> None:
+    """Raise :class:`trimtab.errors.ConfigError` if these settings cannot run a controller (before binding
+    or connecting anything): security settings that cannot be used
+    (:func:`trimtab.cluster.wiring.check_security`)."""
+    check_security(s)
+
+
 def build_controller(
     s: Settings,
     *,
@@ -59,13 +67,15 @@ def build_controller(
 ) -> Controller:
     """The controller for ``s``: binds its HTTP port (so a port of 0 becomes real and names the
     controller), creates the clients, the jobs and the API. Nothing connects until ``run()``."""
+    check(s)
     sock = bind(s.http.host, s.http.port)
     port = int(sock.getsockname()[1])
-    http_url = f"http://{s.advertised_host()}:{port}"
+    http_url = s.http_url(port)  # https:// when the controller serves TLS
     me = s.controller.id or f"{s.advertised_host()}:{port}"
     bind_log(controller=me, role="controller")
     prom = prom or new_registry()
     metrics = ControllerMetrics.create(prom)
+    auth = Authenticator.for_daemon(s.security, prom)
 
     paths = ZkPaths(s.zk_path)
     zk = zk_session(s)
@@ -161,7 +171,17 @@ def build_controller(
     )
     switch_store = Switches(zk.client, paths)
     admin = Admin(
-        table, leadership, registry, writes, journal, metrics, switch_store, shedding, placement, clock=clock
+        table,
+        leadership,
+        registry,
+        writes,
+        journal,
+        metrics,
+        switch_store,
+        shedding,
+        placement,
+        clock=clock,
+        peers=PeerHttp.from_settings(s.http, auth.own_token),
     )
     liveness = Liveness()
     status = StatusReport(leadership, channel, registry, loads, shedding, healer, journal, s.shedding)
@@ -182,7 +202,7 @@ def build_controller(
         top=top,
         standby_view=standby_view,
         transport=transport,
-        http=HttpServer(create_app(api), sock),
+        http=HttpServer(create_app(api, auth=auth), sock, s.http),
         snapshots=snapshots,
         monitor=monitor,
         healing=healing,

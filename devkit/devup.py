@@ -28,6 +28,7 @@ from rich.text import Text
 from trimtab.agent.adapters.simulated import LoadModel
 from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.transport import Follower, Message
+from trimtab.cluster.wiring import kafka_client_config
 from trimtab.config.settings import SimulationSettings
 from trimtab.devkit.localcluster import FAST_TIMERS, LocalCluster, _merge
 
@@ -35,12 +36,13 @@ from trimtab.devkit.localcluster import FAST_TIMERS, LocalCluster, _merge
 class EventTally:
     """Follows the events topic in the orchestrator to count decisions for the view and the summary."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, client_config: dict[str, str] | None = None) -> None:
         self.kinds: Counter[str] = Counter()
         self.moves: Counter[str] = Counter()
         self.recent: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self.transport = KafkaTransport(bootstrap, client_id="trimtab-dev-view")
+        # The nodes' own Kafka client settings (TLS, SASL): this is a Kafka client trimtab creates too.
+        self.transport = KafkaTransport(bootstrap, client_id="trimtab-dev-view", client_config=client_config)
         self.follower = Follower(self.transport, topic, self._apply, low_latency=False, name="events")
 
     def _apply(self, msgs: list[Message]) -> None:
@@ -138,7 +140,8 @@ def render(
     hint = Text(
         f"agents: {' '.join(n.http for n in cluster.agents)}\ncontrollers: {' '.join(n.http for n in cluster.controller_nodes)}\n"
         f"state file: {state_file}   logs: {cluster.workdir / 'logs'}\n"
-        + (f"try: curl '{a.http}/v1/lookup?topic=persistent://public/ns-0/t-0001'" if a else ""),
+        + (f"try: curl '{a.http}/v1/lookup?topic=persistent://public/ns-0/t-0001'\n" if a else "")
+        + "".join(f"{line}\n" for line in how_to_use(cluster)).rstrip("\n"),
         style="dim",
     )
     return Group(header, t, summary, Panel(recent, title="recent decisions"), hint)
@@ -196,6 +199,7 @@ def dev_up(
     view: bool,
     fast: bool,
     settings: dict[str, Any],
+    broker_processes: bool = False,
 ) -> dict[str, Any]:
     """Run the dev cluster (the module docstring's steps) until Ctrl-C, SIGTERM or ``duration``; return the
     summary. The cluster is stopped and the signal handlers restored however the run ends."""
@@ -206,7 +210,9 @@ def dev_up(
     ns = [f"public/ns-{i}" for i in range(namespaces)]
     hot_ns = ns[:hot]
     cfg = _merge(_skewed_load_settings(hot_ns, hot_scale, fast), settings)
-    cluster = LocalCluster(workdir, brokers=brokers, controllers=controllers, settings=cfg)
+    cluster = LocalCluster(
+        workdir, brokers=brokers, controllers=controllers, settings=cfg, broker_processes=broker_processes
+    )
     stop = threading.Event()
     prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
@@ -222,7 +228,7 @@ def dev_up(
         from trimtab.config.loader import load_settings
 
         s = load_settings(cluster.config_path, environ=False)
-        tally = EventTally(cluster.bootstrap_servers, s.kafka.events_topic)
+        tally = EventTally(cluster.bootstrap_servers, s.kafka.events_topic, kafka_client_config(s))
         tally.start()
         lookups = warm_up(cluster, ns, s.sim, console)
         console.print(f"assigned bundles for {lookups['ok']} topics ({lookups['failed']} lookups failed)")
@@ -263,6 +269,22 @@ def _print_nodes(cluster: LocalCluster, console: Console, started: float, state_
         console.print(f"  agent      {n.name:<14} {n.http}  broker {n.broker}")
     for n in cluster.controller_nodes:
         console.print(f"  controller {n.name:<14} {n.http}")
+    for n in cluster.broker_nodes:
+        console.print(f"  broker     {n.name:<14} {n.http}  (sim-broker process of {n.broker})")
+    for line in how_to_use(cluster):
+        console.print(line, markup=False, highlight=False)
+
+
+def how_to_use(cluster: LocalCluster) -> list[str]:
+    """How to call the secured cluster: the admin CLI with the admin token file, curl with the read token
+    (the token files' paths are in the state file too; the tokens themselves are never printed)."""
+    files = cluster.token_files
+    c = cluster.controller_nodes[0].http if cluster.controller_nodes else "<a controller>"
+    return [
+        f"admin:   .venv/bin/trimtab admin --url {c} --token-file {files['admin_token']} status",
+        f'read:    curl -H "Authorization: Bearer $(cat {files["read_token"]})" {c}/v1/status',
+        "public:  /v1/lookup on agents, /healthz, /readyz, /metrics (docs/security.md)",
+    ]
 
 
 def _run_until_stopped(

@@ -5,13 +5,20 @@ It starts a real ZooKeeper server (``trimtab.devkit.zkserver``), owns a librdkaf
 lifetime (this process must stay up), writes one TOML config for every node, and runs agents (each with
 its built-in simulated broker) and controllers as separate ``trimtab`` processes. Every process is put in
 its own process group and killed on exit, whatever happens.
+
+With ``broker_processes=True`` each simulated broker is a process of its own (``trimtab sim-broker``, the
+reference webhook broker) that its agent drives through the webhook adapter with signed calls: pausing or
+killing an agent then leaves its broker running, as beside a real broker, and only broker leases stop it
+from serving what the agent can no longer vouch for. The chaos suite runs this way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -24,7 +31,7 @@ import httpx
 import orjson
 
 from trimtab.config.loader import load_settings
-from trimtab.devkit.kafka_mock import MockCluster
+from trimtab.devkit.kafka_mock import MockCluster, MockClusterProcess
 from trimtab.devkit.procs import die_with_parent_hook
 from trimtab.devkit.zkserver import ZooKeeperServer, free_port
 from trimtab.errors import DevKitError
@@ -57,10 +64,12 @@ class Node:
     proc: subprocess.Popen[bytes]
     log: Path
     broker: str | None = None
+    backend: str | None = None  # an agent's sim-broker process (node name), with broker_processes
+    scheme: str = "http"  # https when the cluster's settings give the nodes a TLS certificate
 
     @property
     def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -116,14 +125,30 @@ class LocalCluster:
     python: str = sys.executable
     env: Mapping[str, str] | None = None
     zk_port: int = 0
+    broker_processes: bool = False
+    kafka_process: bool = False  # the mock Kafka cluster in its own process (the chaos suite pauses it)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         self.nodes: dict[str, Node] = {}
         self.zk: ZooKeeperServer | None = None
-        self.kafka: MockCluster | None = None
+        self.kafka: MockCluster | MockClusterProcess | None = None
         self.config_path = self.workdir / "trimtab.toml"
-        self._http = httpx.Client(timeout=10)
+        # Security on, as in production (docs/security.md): an admin and a read token and ZooKeeper digest
+        # credentials of this cluster alone, written to owner-only files at start; the helpers below call
+        # the nodes with the admin token (and trust the settings' http.tls_ca_file, if any).
+        self.admin_token = secrets.token_urlsafe(32)
+        self.read_token = secrets.token_urlsafe(32)
+        self._zk_digest = f"trimtab:{secrets.token_urlsafe(24)}"
+        self.security_dir = self.workdir / "security"
+        http = dict(self.settings.get("http") or {})
+        self._scheme = "https" if http.get("tls_cert_file") else "http"
+        ca = http.get("tls_ca_file")
+        self._http = httpx.Client(
+            timeout=10,
+            headers={"authorization": f"Bearer {self.admin_token}"},
+            verify=ssl.create_default_context(cafile=str(ca)) if ca else True,
+        )
         self._seq = {"agent": 0, "controller": 0}
 
     # ------------------------------------------------------------------ infrastructure
@@ -132,7 +157,11 @@ class LocalCluster:
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
             self.zk = ZooKeeperServer(self.workdir / "zookeeper", port=self.zk_port).start()
-            self.kafka = MockCluster()
+            self.kafka = (
+                MockClusterProcess(self.python, self.workdir / "logs" / "kafka.log")
+                if self.kafka_process
+                else MockCluster()
+            )
             self._write_config()
             s = load_settings(self.config_path, environ=False)
             self.kafka.create_topics(
@@ -156,9 +185,14 @@ class LocalCluster:
 
     def _write_config(self) -> None:
         assert self.zk is not None and self.kafka is not None
+        sec = self._write_secrets()
         base: dict[str, Any] = {
             "cluster": {"name": self.cluster_name},
-            "zookeeper": {"hosts": self.zk.hosts},
+            "zookeeper": {"hosts": self.zk.hosts, "auth_digest_file": str(sec["zookeeper_digest"])},
+            "security": {
+                "admin_tokens_file": str(sec["admin_token"]),
+                "read_tokens_file": str(sec["read_token"]),
+            },
             # The mock auto-creates every topic with four partitions: use the snapshot topic's first only.
             "kafka": {
                 "bootstrap_servers": self.kafka.bootstrap_servers,
@@ -169,8 +203,52 @@ class LocalCluster:
             "broker": {"adapter": {"kind": "simulated"}},
             "logging": {"level": "info", "json_logs": True},
         }
+        if self.broker_processes:
+            # Agents and their sim-broker processes read the same file (each agent is told its broker's URL
+            # and the webhook kind on its command line): the webhook calls are signed.
+            key = self.workdir / "webhook-hmac.key"
+            if not key.exists():
+                key.write_text(secrets.token_urlsafe(32) + "\n")
+                key.chmod(0o600)
+            base["broker"] = {"adapter": {"kind": "simulated", "hmac_key_file": str(key)}}
         cfg = _merge(base, self.settings)
         self.config_path.write_text(_toml(cfg))
+
+    @property
+    def token_files(self) -> dict[str, Path]:
+        """Where the secrets are: the admin and read token files and the ZooKeeper digest file."""
+        d = self.security_dir
+        return {
+            "admin_token": d / "admin.tokens",
+            "read_token": d / "read.tokens",
+            "zookeeper_digest": d / "zookeeper.digest",
+        }
+
+    def _write_secrets(self) -> dict[str, Path]:
+        """Write this cluster's secrets, readable by their owner only (mode 0600), over any old ones."""
+        files = self.token_files
+        self.security_dir.mkdir(parents=True, exist_ok=True)
+        self.security_dir.chmod(0o700)
+        secret = {
+            "admin_token": self.admin_token,
+            "read_token": self.read_token,
+            "zookeeper_digest": self._zk_digest,
+        }
+        for key, path in files.items():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(f.fileno(), 0o600)
+                f.write(secret[key] + "\n")
+        return files
+
+    def auth_headers(self, role: str = "admin") -> dict[str, str]:
+        """``Authorization`` for a request of one's own (``role``: admin or read)."""
+        return {"authorization": f"Bearer {self.admin_token if role == 'admin' else self.read_token}"}
+
+    @property
+    def zk_auth(self) -> tuple[str, str]:
+        """kazoo ``auth_data`` entry for a client that may change this cluster's znodes."""
+        return ("digest", self._zk_digest)
 
     @property
     def zk_hosts(self) -> str:
@@ -208,7 +286,7 @@ class LocalCluster:
                 start_new_session=True,
                 preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
             )
-        node = Node(name, kind, port, proc, log)
+        node = Node(name, kind, port, proc, log, scheme=self._scheme)
         self.nodes[name] = node
         return node
 
@@ -218,11 +296,81 @@ class LocalCluster:
         self._seq["agent"] += 1
         name = name or f"agent-{self._seq['agent']}"
         port = port or free_port()
-        node = self._spawn("agent", name, port, list(args))
-        node.broker = f"127.0.0.1:{port}"
+        broker = f"127.0.0.1:{port}"
+        extra = list(args)
+        backend = None
+        if self.broker_processes:
+            # A restarted agent (same port, same broker id) finds its broker still running.
+            sim = self.broker_process(broker) or self.add_broker_process(broker)
+            backend = sim.name
+            extra = [
+                "--set",
+                "broker.adapter.kind=webhook",
+                "--set",
+                f"broker.adapter.url={sim.http}",
+                *extra,
+            ]
+        node = self._spawn("agent", name, port, extra)
+        node.broker = broker
+        node.backend = backend
         if wait:
             self.wait_node(node, 60)
         return node
+
+    def add_broker_process(self, broker: str, timeout: float = 60.0) -> Node:
+        """Start ``trimtab sim-broker`` for broker id ``broker`` and wait until it answers."""
+        port = free_port()
+        name = f"broker-{broker.rsplit(':', 1)[-1]}"
+        log = self.workdir / "logs" / f"{name}.log"
+        cmd = [
+            self.python,
+            "-m",
+            "trimtab.cli",
+            "sim-broker",
+            "--config",
+            str(self.config_path),
+            "--port",
+            str(port),
+            "--broker-id",
+            broker,
+        ]
+        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
+            )
+        node = Node(name, "broker", port, proc, log, broker=broker)
+        self.nodes[name] = node
+        deadline = time.monotonic() + timeout
+        while not self._answers(f"{node.http}/trimtab/v1/sim/state"):
+            if not node.alive():
+                raise ClusterError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{name} did not answer within {timeout}s:\n{self.log_tail(name)}")
+            time.sleep(0.05)
+        return node
+
+    def _answers(self, url: str) -> bool:
+        try:
+            return self._http.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def broker_process(self, broker: str) -> Node | None:
+        """The live sim-broker process of broker id ``broker`` (broker_processes only)."""
+        for n in self.nodes.values():
+            if n.kind == "broker" and n.broker == broker and n.alive():
+                return n
+        return None
+
+    @property
+    def broker_nodes(self) -> list[Node]:
+        return [n for n in list(self.nodes.values()) if n.kind == "broker" and n.alive()]
 
     def add_controller(self, name: str | None = None, *, wait: bool = True, args: Iterable[str] = ()) -> Node:
         self._seq["controller"] += 1
@@ -234,18 +382,19 @@ class LocalCluster:
 
     @property
     def agents(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.kind == "agent" and n.alive()]
+        return [n for n in list(self.nodes.values()) if n.kind == "agent" and n.alive()]
 
     @property
     def controller_nodes(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.kind == "controller" and n.alive()]
+        return [n for n in list(self.nodes.values()) if n.kind == "controller" and n.alive()]
 
     def node(self, name: str) -> Node:
         return self.nodes[name]
 
     def by_broker(self, broker: str) -> Node:
+        """The agent of broker id ``broker``."""
         for n in self.nodes.values():
-            if n.broker == broker:
+            if n.kind == "agent" and n.broker == broker:
                 return n
         raise KeyError(broker)
 
@@ -271,7 +420,7 @@ class LocalCluster:
     def wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         for node in list(self.nodes.values()):
-            if node.alive():
+            if node.alive() and node.kind != "broker":  # sim-brokers answered when they were started
                 self.wait_node(node, max(1.0, deadline - time.monotonic()))
         if self.controller_nodes:
             while self.leader() is None:
@@ -293,8 +442,16 @@ class LocalCluster:
         return r.json()
 
     def post(self, node: Node | str, path: str, body: Mapping[str, Any]) -> httpx.Response:
+        """POST, following a follower's 307 to the leader with the token (httpx drops ``Authorization``
+        when a redirect changes the port, as curl does)."""
         n = self.nodes[node] if isinstance(node, str) else node
-        return self._http.post(f"{n.http}{path}", json=dict(body), follow_redirects=True)
+        url = httpx.URL(f"{n.http}{path}")
+        for _ in range(5):
+            r = self._http.post(url, json=dict(body))
+            if r.status_code not in (307, 308) or "location" not in r.headers:
+                break
+            url = url.join(r.headers["location"])
+        return r
 
     def leader(self) -> Node | None:
         for n in self.controller_nodes:
@@ -317,11 +474,21 @@ class LocalCluster:
         return dict(self.get(node, "/v1/ownership")["bundles"])
 
     def timelines(self) -> dict[str, list[dict[str, Any]]]:
-        """Every live simulated broker's acquire/fence/close timeline, by broker id."""
+        """Every live simulated broker's acquire/fence/close/expire timeline, by broker id: from the
+        sim-broker processes (whose agents may be dead or paused) or from the agents' built-in brokers."""
+        return {st["broker"]: st["timeline"] for st in self.broker_states().values()}
+
+    def broker_states(self) -> dict[str, dict[str, Any]]:
+        """``GET .../sim/state`` of every live simulated broker, by broker id."""
         out = {}
-        for n in self.agents:
-            st = self.get(n, "/v1/sim/state")
-            out[st["broker"]] = st["timeline"]
+        if self.broker_processes:
+            for n in self.broker_nodes:
+                st = self.get(n, "/trimtab/v1/sim/state")
+                out[st["broker"]] = st
+        else:
+            for n in self.agents:
+                st = self.get(n, "/v1/sim/state")
+                out[st["broker"]] = st
         return out
 
     # ------------------------------------------------------------------ faults and stopping
@@ -374,11 +541,14 @@ class LocalCluster:
                 {"broker": n.broker, "http": n.http, "pid": n.pid, "name": n.name} for n in self.agents
             ],
             "controllers": [{"http": n.http, "pid": n.pid, "name": n.name} for n in self.controller_nodes],
+            "brokers": [{"broker": n.broker, "http": n.http, "pid": n.pid} for n in self.broker_nodes],
             "zookeeper": self.zk_hosts if self.zk else None,
             "kafka": self.bootstrap_servers if self.kafka else None,
             "config": str(self.config_path),
             "workdir": str(self.workdir),
             "orchestrator_pid": os.getpid(),
+            # Where the secrets are, never the secrets (`trimtab admin --token-file ...`).
+            "security": {f"{k}_file": str(v) for k, v in self.token_files.items()},
         }
 
     def write_state(self, path: Path) -> None:

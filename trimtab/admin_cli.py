@@ -23,6 +23,8 @@ from urllib.parse import quote
 import click
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,6 +44,9 @@ URL_ENV = "TRIMTAB_ADMIN_URL"
 LEGACY_URL_ENV = "TRIMTAB_CONTROLLER_URL"  # what `trimtab admin --controller` read before
 AGENT_URL_ENV = "TRIMTAB_AGENT_URL"
 TOKEN_ENV = "TRIMTAB_ADMIN_TOKEN"
+SHORT_TOKEN_ENV = "TRIMTAB_TOKEN"
+TOKEN_FILE_ENV = "TRIMTAB_TOKEN_FILE"
+CACERT_ENV = "TRIMTAB_CACERT"
 DEFAULT_URL = "http://127.0.0.1:8080"
 MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -92,7 +97,8 @@ class AdminClient:
     agent_url: str | None
     output: str
     timeout: float
-    token: str | None
+    token: str | None = field(repr=False)  # never printed, not even in a traceback's locals
+    cacert: str | None = None
     _http: httpx.Client | None = field(default=None, repr=False)
 
     @property
@@ -114,7 +120,14 @@ class AdminClient:
             headers = {"accept": "application/json", "user-agent": "trimtab-admin"}
             if self.token:
                 headers["authorization"] = f"Bearer {self.token}"
-            self._http = httpx.Client(timeout=self.timeout, headers=headers, follow_redirects=False)
+            verify: ssl.SSLContext | bool = True
+            if self.cacert:
+                import ssl
+
+                verify = ssl.create_default_context(cafile=self.cacert)
+            self._http = httpx.Client(
+                timeout=self.timeout, headers=headers, follow_redirects=False, verify=verify
+            )
         return self._http
 
     def close(self) -> None:
@@ -269,6 +282,13 @@ def _outcome(r: httpx.Response, what: str, target: Target, origin: httpx.URL) ->
     if 400 <= r.status_code < 500 and payload is not _NOT_JSON:
         if message is None:  # JSON, but not trimtab's error shape
             raise Refused(f"refused: {_snippet(r)} ({where})")
+        if r.status_code == 401:
+            raise Refused(
+                f"{message} ({where}). Pass a token: --token-file FILE, --token TOKEN, "
+                f"${SHORT_TOKEN_ENV} or ${TOKEN_FILE_ENV} (docs/security.md)."
+            )
+        if r.status_code == 403:
+            raise Refused(f"{message} ({where}). Use an admin token for this command.")
         if r.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
             raise Refused(
                 f"the {target.role} at {_base(origin)} does not serve {what} (HTTP {r.status_code} "
@@ -653,6 +673,51 @@ def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def _token(ctx: click.Context, token: str | None, token_file: str | None) -> str | None:
+    """The token to send: --token, or the first token of --token-file. When both are set, the command line
+    beats the environment (and between two environment variables the token beats the file); both on the
+    command line is a usage error."""
+    from click.core import ParameterSource
+
+    def explicit(name: str) -> bool:
+        return ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+
+    if token and token_file:
+        if explicit("token") and explicit("token_file"):
+            raise click.UsageError("give --token or --token-file, not both")
+        if explicit("token_file"):
+            token = None
+    if token:
+        return token.strip() or None
+    if not token_file:
+        return None
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f]
+    except OSError as e:
+        raise click.BadParameter(
+            f"cannot read {token_file}: {e.strerror or type(e).__name__}", param_hint="--token-file"
+        ) from None
+    first = next((ln for ln in lines if ln and not ln.startswith("#")), None)
+    if first is None:
+        raise click.BadParameter(f"{token_file} holds no token", param_hint="--token-file")
+    return first
+
+
+def _cacert(path: str | None) -> str | None:
+    if path is None:
+        return None
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as e:
+        raise click.BadParameter(
+            f"cannot load {path} as a PEM CA bundle ({type(e).__name__})", param_hint="--cacert"
+        ) from None
+    return path
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option(
     "--url",
@@ -688,13 +753,37 @@ def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
 )
 @click.option(
     "--token",
-    envvar=TOKEN_ENV,
+    envvar=[TOKEN_ENV, SHORT_TOKEN_ENV],
     default=None,
-    help=f"Sent as 'Authorization: Bearer TOKEN' (servers do not check it yet). ${TOKEN_ENV}",
+    help=f"A read or admin token, sent as 'Authorization: Bearer TOKEN' (and again to the leader when a "
+    f"follower redirects). Prefer --token-file: a command line is visible to other users. ${TOKEN_ENV} or "
+    f"${SHORT_TOKEN_ENV}",
+)
+@click.option(
+    "--token-file",
+    envvar=TOKEN_FILE_ENV,
+    default=None,
+    type=click.Path(dir_okay=False),
+    help=f"Read the token from FILE (its first line that is not blank or a # comment: a servers' token "
+    f"file works as is). ${TOKEN_FILE_ENV}",
+)
+@click.option(
+    "--cacert",
+    envvar=CACERT_ENV,
+    default=None,
+    type=click.Path(dir_okay=False),
+    help=f"PEM CA bundle to verify https:// servers with (default: the system's). ${CACERT_ENV}",
 )
 @click.pass_context
 def admin(
-    ctx: click.Context, url: str, agent_url: str | None, output: str, timeout: float, token: str | None
+    ctx: click.Context,
+    url: str,
+    agent_url: str | None,
+    output: str,
+    timeout: float,
+    token: str | None,
+    token_file: str | None,
+    cacert: str | None,
 ) -> None:
     """Operator commands against the controllers' HTTP API (docs/admin-cli.md).
 
@@ -702,7 +791,14 @@ def admin(
     Exit codes: 0 done; 1 refused by the server (its message on stderr); 2 usage error;
     3 unavailable, worth retrying (no connection, timeout, 503, retryable); 4 unexpected answer.
     """
-    client = AdminClient(url=url, agent_url=agent_url, output=output, timeout=timeout, token=token or None)
+    client = AdminClient(
+        url=url,
+        agent_url=agent_url,
+        output=output,
+        timeout=timeout,
+        token=_token(ctx, token, token_file),
+        cacert=_cacert(cacert),
+    )
     ctx.obj = client
     ctx.call_on_close(client.close)
 

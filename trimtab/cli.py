@@ -157,14 +157,16 @@ def controller(
     controller_id: str | None,
 ) -> None:
     """Run a controller (several may run; one is elected leader)."""
-    from trimtab.controller.wiring import ControllerProcess
+    from trimtab.controller import wiring
 
     flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
-    _run_daemon(
-        "controller",
-        ControllerProcess,
-        settings_from(config_file, sets, **flags, **{"controller.id": controller_id}),
-    )
+    s = settings_from(config_file, sets, **flags, **{"controller.id": controller_id})
+    try:
+        wiring.check(s)  # before binding or connecting anything
+    except ConfigError as e:
+        click.echo(f"controller: invalid configuration: {e}", err=True)
+        sys.exit(2)
+    _run_daemon("controller", wiring.ControllerProcess, s)
 
 
 @main.command("sim-broker")
@@ -174,14 +176,18 @@ def controller(
 @click.option("--port", type=int, default=8081, show_default=True)
 @click.option("--broker-id", default="sim-broker", show_default=True)
 def sim_broker(config_file: str | None, sets: tuple[str, ...], host: str, port: int, broker_id: str) -> None:
-    """Serve a simulated broker over the webhook contract (reference implementation, for testing adapters)."""
+    """Serve a simulated broker over the webhook contract: the reference implementation, and the separate
+    broker process of `dev up --broker-processes` and the chaos suite. It signs nothing and verifies
+    signatures when broker.adapter.hmac_key[_file] is set (the agent's own config can be passed as is)."""
     import uvicorn
 
+    from trimtab.agent.adapters import hmac_key
     from trimtab.agent.adapters.simulated import SimulatedBroker
     from trimtab.agent.adapters.webhook_server import create_app
 
     s = settings_from(config_file, sets)
-    uvicorn.run(create_app(SimulatedBroker(broker_id, s.sim)), host=host, port=port, log_level="warning")
+    app = create_app(SimulatedBroker(broker_id, s.sim), hmac_key=hmac_key(s))
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 # ---------------------------------------------------------------------------------------------- channel
@@ -312,7 +318,10 @@ def channel_dump(
         config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers, "kafka.channel_topic": topic}
     )
     configure_logging("warning", json_logs=True)
-    transport = kafka_transport(s, "trimtab-channel-dump")
+    try:
+        transport = kafka_transport(s, "trimtab-channel-dump")  # reads kafka.client_config_file
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
     if export_to is not None:
         try:
             _export_channel(transport, s.kafka.channel_topic, export_to, timeout)
@@ -437,6 +446,12 @@ def dev() -> None:
 @click.option(
     "--production-timers", is_flag=True, help="Keep production timers (shedding every minute, ...)."
 )
+@click.option(
+    "--broker-processes",
+    is_flag=True,
+    help="Run each simulated broker as its own process (trimtab sim-broker) behind the webhook adapter, so "
+    "pausing or killing an agent leaves its broker running, as beside a real broker.",
+)
 @config_option
 @set_option
 def dev_up(
@@ -450,6 +465,7 @@ def dev_up(
     workdir: Path,
     no_view: bool,
     production_timers: bool,
+    broker_processes: bool,
     config_file: str | None,
     sets: tuple[str, ...],
 ) -> None:
@@ -486,6 +502,7 @@ def dev_up(
         view=not no_view,
         fast=not production_timers,
         settings=overrides,
+        broker_processes=broker_processes,
     )
     _emit_json(summary)
 
@@ -570,6 +587,80 @@ def config_docs(output: Path | None) -> None:
         output.write_text(text)
     else:
         click.echo(text)
+
+
+# ---------------------------------------------------------------------------------------------- chaos
+@main.command("chaos")
+@click.option(
+    "--duration", type=float, default=300.0, show_default=True, help="Seconds of faults (whole rounds)."
+)
+@click.option("--brokers", default=4, show_default=True)
+@click.option("--controllers", default=2, show_default=True)
+@click.option("--namespaces", default=6, show_default=True)
+@click.option("--seed", default=1, show_default=True)
+@click.option(
+    "--faults",
+    default=None,
+    help="Comma-separated fault kinds (default: all of kill_agent, kill_leader, pause_agent, pause_broker, "
+    "zk_restart, kafka_pause, poison, pause_leader_heal).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".trimtab/chaos"),
+    show_default=True,
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the JSON here."
+)
+@click.option(
+    "--markdown", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A table for docs."
+)
+def chaos_cmd(
+    duration: float,
+    brokers: int,
+    controllers: int,
+    namespaces: int,
+    seed: int,
+    faults: str | None,
+    workdir: Path,
+    out: Path | None,
+    markdown: Path | None,
+) -> None:
+    """Run the chaos suite on a local cluster (loopback only) and print its report as JSON: faults
+    injected, double-serving windows (must be 0), bundles lost (must be 0), unavailability p50/p99/max.
+    Exit status 1 when the run failed its promise. docs/reliability.md explains the figures."""
+    import shutil
+
+    from trimtab.cluster.logs import configure_logging
+
+    configure_logging("info", json_logs=False, role="chaos")  # progress on stderr, the report on stdout
+    runner = _devkit("trimtab.devkit.chaos.runner")
+    kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) if faults else runner.FAULT_KINDS
+    unknown = sorted(set(kinds) - set(runner.FAULT_KINDS))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown fault kinds {unknown}; choose from {', '.join(runner.FAULT_KINDS)}"
+        )
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    cfg = runner.ChaosConfig(
+        workdir=workdir,
+        duration_s=duration,
+        brokers=brokers,
+        controllers=controllers,
+        namespaces=namespaces,
+        seed=seed,
+        faults=kinds,
+    )
+    report = runner.run_chaos(cfg)
+    text = report.to_json()
+    if out is not None:
+        out.write_text(text + "\n")
+    if markdown is not None:
+        markdown.write_text(report.to_markdown())
+    click.echo(text)
+    sys.exit(0 if report.passed else 1)
 
 
 # ---------------------------------------------------------------------------------------------- bench

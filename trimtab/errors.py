@@ -22,7 +22,8 @@ The tree::
     ├── AdapterError                the broker adapter failed (the broker, not trimtab)
     ├── RequestError                refused with an HTTP status (retryable or not)
     │   ├── NotLeader               sent to a follower: redirect to the leader (or 503 without one)
-    │   └── LookupTimeout           an in-flight bundle did not settle in time (503, retryable)
+    │   ├── LookupTimeout           an in-flight bundle did not settle in time (503, retryable)
+    │   └── AuthRefused             no valid bearer token (401), or one whose role cannot do this (403)
     └── DevKitError                 the local cluster, the ZooKeeper launcher, a benchmark
 """
 
@@ -89,6 +90,16 @@ class AdapterError(TrimtabError):
     """A broker adapter call failed: the broker refused, timed out or could not be reached."""
 
 
+class LeaseRefused(AdapterError):
+    """A lease request came too late (past its ``apply_by_ms``) or ran out before the broker finished
+    acquiring; nothing was served under it. The agent retries with a fresh lease."""
+
+
+class LeaseUnavailable(AdapterError):
+    """The agent cannot vouch for a lease: its ZooKeeper session was not confirmed recently enough, so
+    another broker may be given its bundles before a new lease would end."""
+
+
 class RequestError(TrimtabError):
     """An operation refused with an HTTP status, a message meant for the caller, and whether retrying (the
     same request, later) can succeed."""
@@ -114,6 +125,17 @@ class LookupTimeout(RequestError):
 
     def __init__(self, message: str) -> None:
         super().__init__(503, message, retryable=True)
+
+
+class AuthRefused(RequestError):
+    """The caller is not allowed: no token or one nobody configured (401, answered with a ``Bearer``
+    challenge), or a token whose role does not cover the call (403). ``reason`` is ``missing``,
+    ``invalid`` or ``forbidden`` (the label of ``trimtab_http_auth_failures_total``). The message never
+    contains the token."""
+
+    def __init__(self, status: int, message: str, *, reason: str) -> None:
+        super().__init__(status, message)
+        self.reason = reason
 
 
 class DevKitError(TrimtabError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.config.settings import Settings
@@ -20,6 +22,25 @@ def require_adapter_kind(settings: Settings) -> str:
     return kind
 
 
+def hmac_key(settings: Settings) -> bytes | None:
+    """The webhook signing key from ``broker.adapter.hmac_key`` or the first line of ``hmac_key_file``;
+    :class:`ConfigError` (naming the file, never its content) when the file is unusable."""
+    a = settings.broker.adapter
+    if a.hmac_key is not None:
+        key = a.hmac_key.get_secret_value().encode()
+    elif a.hmac_key_file is not None:
+        try:
+            lines = Path(a.hmac_key_file).read_bytes().splitlines()
+        except OSError as e:
+            raise ConfigError(f"broker.adapter.hmac_key_file {a.hmac_key_file}: {e.strerror}") from e
+        key = lines[0].strip() if lines else b""
+    else:
+        return None
+    if len(key) < 16:
+        raise ConfigError("the webhook HMAC key must be at least 16 bytes (broker.adapter.hmac_key[_file])")
+    return key
+
+
 def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, SimulatedBroker | None]:
     """The broker adapter ``broker.adapter`` describes, and the simulated broker if that is the one."""
     a = settings.broker.adapter
@@ -28,7 +49,7 @@ def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, Si
         from trimtab.agent.adapters.webhook import WebhookAdapter
 
         assert a.url is not None  # checked by the settings validator
-        return WebhookAdapter(a.url, a.timeout_s), None
+        return WebhookAdapter(a.url, a.timeout_s, hmac_key=hmac_key(settings)), None
     if kind == "command":
         from trimtab.agent.adapters.command import CommandAdapter
 

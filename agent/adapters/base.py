@@ -3,13 +3,21 @@
 Operations, all idempotent (a retry after a lost response must be harmless):
 
 * ``sample()``   -- host figures (optional) and per-bundle stats;
-* ``acquire(b)`` -- start serving bundle ``b``;
+* ``acquire(b, lease)`` -- start serving bundle ``b`` under a lease;
+* ``renew(bs, lease)`` -- extend the leases of the bundles ``bs``; answers which of them it does not serve;
 * ``fence(b)``   -- first phase of a release: stop accepting work for ``b`` (clients stay connected);
 * ``close(b, redirect_url)`` -- second phase: disconnect ``b``'s clients, telling them where to go;
 * ``prewarm(b)`` -- prepare to take ``b`` over quickly (warm standby);
 * ``split(b, children)`` -- re-partition ``b``'s topics into the child ranges.
 
-A release is fence then close (Pulsar's multi-phase transfer, PIP-307). :class:`RetryingAdapter` wraps any
+A release is fence then close (Pulsar's multi-phase transfer, PIP-307).
+
+Leases: a broker serves a bundle only while its lease runs. The lease runs from the moment the broker
+receives the acquire or renew request for ``lease.seconds``; at its end the broker stops serving the bundle
+on its own (fenced bundles are closed too), without being told -- that is what makes a paused, partitioned
+or crashed agent safe beside a broker that keeps running. A request received after ``lease.apply_by_ms``
+(unix milliseconds) must be refused: a request that sat in a socket buffer must not extend a lease the
+agent can no longer vouch for. See :mod:`agent.leases` for how long a lease the agent may grant. :class:`RetryingAdapter` wraps any
 adapter with timeouts, bounded exponential backoff and metrics; a call that finally fails raises
 :class:`AdapterError` and the caller does not publish the next channel record, so a failing broker can stall
 a transition (the leader resolves it after the in-flight timeout) but never corrupt the channel.
@@ -19,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -43,12 +52,25 @@ class BrokerSample(msgspec.Struct, kw_only=True):
     bundles: list[BundleStats] = msgspec.field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """How long a broker may serve a bundle without hearing from its agent again."""
+
+    seconds: float
+    apply_by_ms: int  # unix ms: refuse the request if it arrives later than this
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lease_s": self.seconds, "apply_by_ms": self.apply_by_ms}
+
+
 class BrokerAdapter(Protocol):
     kind: str
 
     async def sample(self) -> BrokerSample: ...
 
-    async def acquire(self, bundle: str) -> None: ...
+    async def acquire(self, bundle: str, lease: Lease) -> None: ...
+
+    async def renew(self, bundles: Sequence[str], lease: Lease) -> list[str]: ...
 
     async def fence(self, bundle: str) -> None: ...
 
@@ -65,11 +87,16 @@ class OperationAdapter:
     """The five bundle operations as one request each (``op`` plus a JSON body): what the webhook and
     command adapters share. Subclasses implement :meth:`_op` and :meth:`sample`."""
 
-    async def _op(self, op: str, body: dict[str, Any]) -> None:
+    async def _op(self, op: str, body: dict[str, Any]) -> Any:
+        """Send one operation; returns the decoded JSON answer (None when there is none)."""
         raise NotImplementedError
 
-    async def acquire(self, bundle: str) -> None:
-        await self._op("acquire", {"bundle": bundle})
+    async def acquire(self, bundle: str, lease: Lease) -> None:
+        await self._op("acquire", {"bundle": bundle, **lease.to_json()})
+
+    async def renew(self, bundles: Sequence[str], lease: Lease) -> list[str]:
+        answer = await self._op("renew", {"bundles": list(bundles), **lease.to_json()})
+        return not_serving_from(answer, bundles)
 
     async def fence(self, bundle: str) -> None:
         await self._op("fence", {"bundle": bundle})
@@ -82,6 +109,18 @@ class OperationAdapter:
 
     async def split(self, bundle: str, children: list[str]) -> None:
         await self._op("split", {"bundle": bundle, "children": children})
+
+
+def not_serving_from(answer: Any, asked: Sequence[str]) -> list[str]:
+    """The ``not_serving`` list of a renew answer, kept to the bundles that were asked about: the answer
+    is the broker's bytes and must not make the agent drop (or invent) anything else."""
+    if not isinstance(answer, dict):
+        raise AdapterError("renew: the answer is not a JSON object with a not_serving list")
+    listed = answer.get("not_serving", [])
+    if not isinstance(listed, list) or not all(isinstance(b, str) for b in listed):
+        raise AdapterError("renew: not_serving must be a list of bundle names")
+    wanted = set(asked)
+    return [b for b in dict.fromkeys(listed) if b in wanted]
 
 
 # Called with (operation, result, seconds); result is "ok", "retry" or "failed".
@@ -142,8 +181,22 @@ class RetryingAdapter:
     async def sample(self) -> BrokerSample:
         return await self._call("sample", self.inner.sample)
 
-    async def acquire(self, bundle: str) -> None:
-        await self._call("acquire", lambda: self.inner.acquire(bundle))
+    async def acquire(self, bundle: str, lease: Lease) -> None:
+        await self._call("acquire", lambda: self.inner.acquire(bundle, lease))
+
+    async def renew(self, bundles: Sequence[str], lease: Lease) -> list[str]:
+        """One attempt, bounded by the time the lease request may take to arrive: a late renewal is
+        useless (the broker refuses it) and the renewer tries again on its next round anyway."""
+        t0 = time.perf_counter()
+        budget = max(0.05, lease.apply_by_ms / 1000.0 - time.time())
+        try:
+            async with asyncio.timeout(min(self.timeout_s, budget)):
+                out = await self.inner.renew(bundles, lease)
+        except (AdapterError, TimeoutError, OSError) as e:
+            self._observe("renew", "failed", time.perf_counter() - t0)
+            raise AdapterError(f"renew failed: {str(e) or type(e).__name__}") from e
+        self._observe("renew", "ok", time.perf_counter() - t0)
+        return out
 
     async def fence(self, bundle: str) -> None:
         await self._call("fence", lambda: self.inner.fence(bundle))

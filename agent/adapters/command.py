@@ -1,8 +1,10 @@
 """The command adapter: run an executable per operation, for brokers managed by scripts.
 
 Invocation: ``<command...> <operation>`` with a JSON request on stdin (the same bodies as the webhook
-contract). Exit status 0 is success; for ``sample`` stdout must be a BrokerSample JSON document. stderr is
-logged on failure. The process is killed if the call times out.
+contract, leases included). Exit status 0 is success; for ``sample`` stdout must be a BrokerSample JSON
+document, for ``renew`` a ``{"not_serving": [...]}`` object. stderr is logged on failure. The process is
+killed if the call times out. A broker managed by scripts must still end a bundle's service at its lease's
+end on its own (docs/broker-adapter.md, "Leases").
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ class CommandAdapter(OperationAdapter):
             raise ConfigError("the command adapter needs a command (broker.adapter.command)")
         self.command = list(command)
 
-    async def _op(self, op: str, body: dict[str, Any]) -> None:
-        await self._run(op, body)
+    async def _op(self, op: str, body: dict[str, Any]) -> Any:
+        out = await self._run(op, body)
+        if op != "renew":
+            return None
+        try:
+            return orjson.loads(out)
+        except orjson.JSONDecodeError as e:
+            raise AdapterError(f"renew: output is not a JSON object: {e}") from e
 
     async def _run(self, op: str, body: dict[str, Any]) -> bytes:
         try:

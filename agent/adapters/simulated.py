@@ -4,10 +4,16 @@ Each namespace has ``topics_per_namespace`` synthetic topics (``<domain>://<ns>/
 rates follow a seeded Zipf distribution. A topic's load depends only on its name and the settings, so a
 bundle's load follows the bundle from broker to broker and every simulated broker agrees on it.
 
-The broker keeps a timeline of every acquire/fence/close with ``time.monotonic_ns()``, which on Linux is
-one clock for every process on the machine: tests merge the timelines of all brokers and check that no
-bundle was ever served by two of them at once. Faults can be injected (fail the next N calls of an
-operation, add latency).
+The broker keeps a timeline of every acquire/fence/close/expire with ``time.monotonic_ns()``, which on
+Linux is one clock for every process on the machine: tests and the chaos suite merge the timelines of all
+brokers and check that no bundle was ever served by two of them at once. Faults can be injected (fail the
+next N calls of an operation, add latency).
+
+Leases (docs/broker-adapter.md): every served or fenced bundle has a deadline; when it passes, the bundle
+stops being served without anyone telling the broker, and the timeline gets an ``expire`` event stamped
+with the deadline itself. The broker has no timer thread: every call and every inspection first retires
+the leases that ran out (a heap keyed by deadline), so whatever is observed is exactly what a broker with
+perfect timers would show.
 """
 
 from __future__ import annotations
@@ -15,19 +21,21 @@ from __future__ import annotations
 import asyncio
 import bisect
 import functools
+import heapq
 import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
 
-from trimtab.agent.adapters.base import BrokerSample
+from trimtab.agent.adapters.base import BrokerSample, Lease
 from trimtab.balance.load import BundleStats, Usage
 from trimtab.channel.bundles import FULL_UPPER, BundleRange, parse_bundle, split_range, topic_hash
 from trimtab.config.settings import SimulationSettings
-from trimtab.errors import AdapterError
+from trimtab.errors import AdapterError, LeaseRefused
 
 DOMAIN = "persistent"
 
@@ -104,7 +112,7 @@ class LoadModel:
 class TimelineEvent(msgspec.Struct, frozen=True):
     mono_ns: int
     wall_ms: int
-    op: str  # acquire | fence | close | prewarm | split
+    op: str  # acquire | fence | close | expire | prewarm | split
     bundle: str
     detail: str | None = None
 
@@ -135,6 +143,9 @@ class SimulatedBroker:
         self.fenced: set[str] = set()
         self.prewarmed: set[str] = set()
         self.timeline: list[TimelineEvent] = []
+        self.deadline_ns: dict[str, int] = {}  # served, fenced or acquiring bundle -> end of its lease
+        self.acquiring: set[str] = set()  # acquisitions under way (renewable like served bundles)
+        self._deadlines: list[tuple[int, str]] = []  # heap; entries outdated by a renewal are skipped
         self.calls: Counter[str] = Counter()
         self._fail_next: Counter[str] = Counter()
         self.extra_latency_s = 0.0
@@ -155,13 +166,47 @@ class SimulatedBroker:
                 self._fail_next[op] -= 1
                 raise AdapterError(f"simulated {op} failure (injected)")
 
-    def _record(self, op: str, bundle: str, detail: str | None = None) -> None:
-        self.timeline.append(TimelineEvent(time.monotonic_ns(), int(time.time() * 1000), op, bundle, detail))
+    def _record(self, op: str, bundle: str, detail: str | None = None, at_ns: int | None = None) -> None:
+        now = time.monotonic_ns()
+        at = now if at_ns is None else at_ns
+        wall = int(time.time() * 1000) - (now - at) // 1_000_000
+        self.timeline.append(TimelineEvent(at, wall, op, bundle, detail))
+
+    # ------------------------------------------------------------------ leases (callers hold the lock)
+    def _set_lease(self, bundle: str, deadline: int) -> None:
+        self.deadline_ns[bundle] = deadline
+        heapq.heappush(self._deadlines, (deadline, bundle))
+
+    def _expire(self, now: int) -> None:
+        """Retire every lease that ran out by ``now``, in deadline order, stamped with its deadline."""
+        heap = self._deadlines
+        if not self.settings.honour_leases:
+            return
+        while heap and heap[0][0] <= now:
+            deadline, bundle = heapq.heappop(heap)
+            if self.deadline_ns.get(bundle) != deadline:
+                continue  # renewed or released since
+            del self.deadline_ns[bundle]
+            if bundle in self.serving or bundle in self.fenced:
+                self.serving.discard(bundle)
+                self.fenced.discard(bundle)
+                self._record("expire", bundle, None, deadline)
+
+    def expire_now(self) -> None:
+        with self._lock:
+            self._expire(time.monotonic_ns())
+
+    @staticmethod
+    def _check_fresh(op: str, lease: Lease) -> None:
+        late_ms = int(time.time() * 1000) - lease.apply_by_ms
+        if late_ms > 0:
+            raise LeaseRefused(f"{op}: lease request arrived {late_ms} ms after its apply_by_ms; refused")
 
     # ------------------------------------------------------------------ the adapter contract
     async def sample(self) -> BrokerSample:
         await self._enter("sample")
         with self._lock:
+            self._expire(time.monotonic_ns())
             bundles = [self.model.bundle_stats(b) for b in sorted(self.serving)]
         rate = sum(b.msg_rate for b in bundles)
         t_in = sum(b.msg_throughput_in for b in bundles)
@@ -177,21 +222,55 @@ class SimulatedBroker:
             bundles=bundles,
         )
 
-    async def acquire(self, bundle: str) -> None:
+    async def acquire(self, bundle: str, lease: Lease) -> None:
+        self._check_fresh("acquire", lease)
+        received = time.monotonic_ns()
+        deadline = received + int(lease.seconds * 1e9)
         with self._lock:
             warm = bundle in self.prewarmed
+            # The lease covers the acquisition too: renewals during a slow acquire extend it.
+            self.acquiring.add(bundle)
+            if deadline > self.deadline_ns.get(bundle, 0):
+                self._set_lease(bundle, deadline)
         s = self.settings
-        await self._enter("acquire", s.warm_acquire_delay_ms if warm else s.acquire_delay_ms)
+        try:
+            await self._enter("acquire", s.warm_acquire_delay_ms if warm else s.acquire_delay_ms)
+        finally:
+            with self._lock:
+                self.acquiring.discard(bundle)
         with self._lock:
+            now = time.monotonic_ns()
+            deadline = max(deadline, self.deadline_ns.get(bundle, 0))
+            self._expire(now)
+            if now >= deadline:
+                raise LeaseRefused(f"acquire {bundle}: the lease ran out while the bundle was being acquired")
             if bundle not in self.serving:
                 self.serving.add(bundle)
                 self.fenced.discard(bundle)
                 self.prewarmed.discard(bundle)
                 self._record("acquire", bundle)
+            self._set_lease(bundle, max(deadline, self.deadline_ns.get(bundle, 0)))
+
+    async def renew(self, bundles: Sequence[str], lease: Lease) -> list[str]:
+        self._check_fresh("renew", lease)
+        await self._enter("renew")
+        with self._lock:
+            now = time.monotonic_ns()
+            self._expire(now)
+            deadline = now + int(lease.seconds * 1e9)
+            missing = []
+            for b in bundles:
+                if b in self.serving or b in self.acquiring:
+                    if deadline > self.deadline_ns.get(b, 0):
+                        self._set_lease(b, deadline)
+                else:
+                    missing.append(b)
+            return missing
 
     async def fence(self, bundle: str) -> None:
         await self._enter("fence", self.settings.release_delay_ms)
         with self._lock:
+            self._expire(time.monotonic_ns())
             if bundle in self.serving:
                 self.serving.discard(bundle)
                 self.fenced.add(bundle)
@@ -200,6 +279,8 @@ class SimulatedBroker:
     async def close(self, bundle: str, redirect_url: str | None) -> None:
         await self._enter("close", self.settings.release_delay_ms)
         with self._lock:
+            self._expire(time.monotonic_ns())
+            self.deadline_ns.pop(bundle, None)
             if bundle in self.serving or bundle in self.fenced:
                 self.serving.discard(bundle)
                 self.fenced.discard(bundle)
@@ -208,6 +289,7 @@ class SimulatedBroker:
     async def prewarm(self, bundle: str) -> None:
         await self._enter("prewarm")
         with self._lock:
+            self._expire(time.monotonic_ns())
             if bundle not in self.prewarmed and bundle not in self.serving:
                 self.prewarmed.add(bundle)
                 self._record("prewarm", bundle)
@@ -220,14 +302,18 @@ class SimulatedBroker:
         # serving interval ends, each child's starts, at the same instant -- no client is disconnected).
         split_range(parent, [r.lower for r in ranges[1:]])
         with self._lock:
+            self._expire(time.monotonic_ns())
             was_serving = bundle in self.serving
             self.serving.discard(bundle)
+            deadline = self.deadline_ns.pop(bundle, None)
             self._record("split", bundle, ",".join(children))
             if was_serving:
                 for child in children:
                     if child not in self.serving:
                         self.serving.add(child)
                         self._record("acquire", child, f"split from {bundle}")
+                    if deadline is not None:  # the children inherit the parent's lease
+                        self._set_lease(child, max(deadline, self.deadline_ns.get(child, 0)))
 
     async def aclose(self) -> None:
         return None
@@ -235,7 +321,11 @@ class SimulatedBroker:
     # ------------------------------------------------------------------ inspection
     def snapshot(self) -> dict[str, object]:
         with self._lock:
+            now = time.monotonic_ns()
+            self._expire(now)
             return {
+                "mono_ns": now,
+                "leases": {b: round((d - now) / 1e9, 3) for b, d in sorted(self.deadline_ns.items())},
                 "broker": self.broker_id,
                 "serving": sorted(self.serving),
                 "fenced": sorted(self.fenced),

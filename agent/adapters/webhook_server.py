@@ -6,19 +6,56 @@ docs/webhook-openapi.json -- so the documented contract is exactly what is teste
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
+from trimtab.agent.adapters.base import Lease
+from trimtab.agent.adapters.signing import verify
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.channel.bundles import parse_bundle
-from trimtab.cluster.http import install_error_handlers
-from trimtab.errors import AdapterError, BundleError, RequestError
+from trimtab.cluster.http import error_response, install_error_handlers
+from trimtab.errors import AdapterError, BundleError, LeaseRefused, RequestError
 
 
 class BundleRequest(BaseModel):
-    bundle: str = Field(description="Bundle name tenant/namespace/0xLLLLLLLL_0xUUUUUUUU.")
+    bundle: str = Field(description="Bundle name tenant/namespace/0xLLLLLLLL_0xUUUUUUUU.", max_length=512)
+
+
+class LeaseFields(BaseModel):
+    lease_s: float = Field(
+        gt=0,
+        le=3600,
+        description="Serve for this long after receiving the request, then stop serving without being told.",
+    )
+    apply_by_ms: int = Field(
+        ge=0,
+        le=2**53,
+        description="Unix milliseconds: refuse the request (409) if it arrives after this instant.",
+    )
+
+    def lease(self) -> Lease:
+        return Lease(self.lease_s, self.apply_by_ms)
+
+
+class AcquireRequest(BundleRequest, LeaseFields):
+    pass
+
+
+class RenewRequest(LeaseFields):
+    bundles: list[str] = Field(
+        max_length=1_000_000, description="Bundles whose leases to extend (those the broker serves)."
+    )
+
+
+class RenewAnswer(BaseModel):
+    ok: bool = True
+    not_serving: list[str] = Field(
+        description="The requested bundles this broker does not serve (never acquired, fenced, closed, or "
+        "expired): the agent stops counting them as served and acquires them again if they are still its."
+    )
 
 
 class CloseRequest(BundleRequest):
@@ -68,18 +105,44 @@ def _check(bundle: str) -> None:
         raise RequestError(400, str(e)) from e
 
 
-def create_app(broker: SimulatedBroker) -> FastAPI:
+UNSIGNED = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def create_app(broker: SimulatedBroker, *, hmac_key: bytes | None = None) -> FastAPI:
+    """The reference broker; with ``hmac_key`` every call must carry a valid signature (401 otherwise)."""
     app = FastAPI(
         title="trimtab broker webhook contract",
         version="1",
         description="What a broker implements so a trimtab agent can manage it. Every operation is idempotent; "
-        "any 2xx is success, anything else is retried by the agent with backoff.",
+        "any 2xx is success, anything else is retried by the agent with backoff. A bundle is served only "
+        "under a lease: it ends lease_s after the acquire or renew request was received, and the broker "
+        "stops serving it then on its own. With a shared HMAC key, calls carry X-Trimtab-Timestamp and "
+        "X-Trimtab-Signature headers (docs/broker-adapter.md).",
     )
     install_error_handlers(app)
+    refused = {"forged": 0}
+
+    if hmac_key is not None:
+        key = hmac_key
+
+        @app.middleware("http")
+        async def check_signature(request: Request, call_next: Any) -> Any:
+            if request.url.path in UNSIGNED or request.url.path.startswith("/trimtab/v1/sim/"):
+                return await call_next(request)  # read-only inspection of the simulator and the spec
+            body = await request.body()
+            why = verify(
+                key, request.headers, request.method, request.url.path, body, int(time.time() * 1000)
+            )
+            if why is not None:
+                refused["forged"] += 1
+                return error_response(401, f"webhook call refused: {why}")
+            return await call_next(request)
 
     async def guarded(op: Any) -> dict[str, bool]:
         try:
             await op
+        except LeaseRefused as e:
+            raise RequestError(409, str(e), retryable=True) from e
         except AdapterError as e:
             raise RequestError(503, str(e), retryable=True) from e
         return {"ok": True}
@@ -97,10 +160,29 @@ def create_app(broker: SimulatedBroker) -> FastAPI:
         except AdapterError as e:
             raise RequestError(503, str(e), retryable=True) from e
 
-    @app.post("/trimtab/v1/bundles/acquire", summary="Start serving a bundle")
-    async def acquire(req: BundleRequest) -> dict[str, bool]:
+    @app.post(
+        "/trimtab/v1/bundles/acquire",
+        summary="Start serving a bundle under a lease",
+        responses={409: {"description": "The request arrived after apply_by_ms; nothing was acquired."}},
+    )
+    async def acquire(req: AcquireRequest) -> dict[str, bool]:
         _check(req.bundle)
-        return await guarded(broker.acquire(req.bundle))
+        return await guarded(broker.acquire(req.bundle, req.lease()))
+
+    @app.post(
+        "/trimtab/v1/bundles/renew",
+        response_model=RenewAnswer,
+        summary="Extend the leases of bundles this broker serves",
+        responses={409: {"description": "The request arrived after apply_by_ms; no lease was extended."}},
+    )
+    async def renew(req: RenewRequest) -> Any:
+        try:
+            missing = await broker.renew(req.bundles, req.lease())
+        except LeaseRefused as e:
+            raise RequestError(409, str(e), retryable=True) from e
+        except AdapterError as e:
+            raise RequestError(503, str(e), retryable=True) from e
+        return {"ok": True, "not_serving": missing}
 
     @app.post(
         "/trimtab/v1/bundles/fence", summary="Release, phase 1: stop accepting work; clients stay connected"
@@ -129,6 +211,6 @@ def create_app(broker: SimulatedBroker) -> FastAPI:
 
     @app.get("/trimtab/v1/sim/state", summary="(simulator only) serving set, calls and timeline")
     async def state() -> dict[str, object]:
-        return broker.snapshot()
+        return {**broker.snapshot(), "refused_calls": dict(refused)}
 
     return app

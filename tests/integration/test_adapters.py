@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 from tests.support.procs import Procs
 from tests.support.waiting import wait_for
-from trimtab.agent.adapters.base import BrokerSample, RetryingAdapter
+from trimtab.agent.adapters.base import BrokerSample, Lease, RetryingAdapter
 from trimtab.agent.adapters.command import CommandAdapter
 from trimtab.agent.adapters.webhook import WebhookAdapter
 from trimtab.devkit.localcluster import LocalCluster
@@ -25,6 +26,11 @@ pytestmark = pytest.mark.integration
 
 B1 = "public/default/0x00000000_0x40000000"
 B2 = "public/default/0x40000000_0x80000000"
+
+
+def lease(seconds: float = 30.0) -> Lease:
+    """A lease that may be applied for the next minute."""
+    return Lease(seconds, int((time.time() + 60) * 1000))
 
 
 def _sim_broker(procs: Procs) -> str:
@@ -50,9 +56,9 @@ def test_webhook_adapter_drives_the_reference_broker(procs: Procs) -> None:
     async def scenario() -> BrokerSample:
         a = WebhookAdapter(url, timeout_s=5)
         try:
-            await a.acquire(B1)
-            await a.acquire(B1)  # idempotent
-            await a.acquire(B2)
+            await a.acquire(B1, lease())
+            await a.acquire(B1, lease())  # idempotent
+            await a.acquire(B2, lease())
             await a.fence(B2)
             await a.close(B2, "pulsar://elsewhere:6650")
             await a.prewarm("public/default/0x80000000_0xc0000000")
@@ -81,7 +87,7 @@ def test_webhook_adapter_reports_broker_errors(procs: Procs) -> None:
     async def bad() -> None:
         a = WebhookAdapter(url, timeout_s=5)
         try:
-            await a.acquire("not a bundle")
+            await a.acquire("not a bundle", lease())
         finally:
             await a.aclose()
 
@@ -130,8 +136,8 @@ def test_command_adapter_runs_the_script(tmp_path: Path) -> None:
 
     async def scenario() -> BrokerSample:
         a = CommandAdapter(cmd)
-        await a.acquire(B1)
-        await a.acquire(B2)
+        await a.acquire(B1, lease())
+        await a.acquire(B2, lease())
         await a.fence(B2)
         return await a.sample()
 
@@ -144,7 +150,7 @@ def test_command_adapter_runs_the_script(tmp_path: Path) -> None:
 def test_command_adapter_failures_carry_stderr(tmp_path: Path) -> None:
     a = CommandAdapter([*_script(tmp_path), "fail"])  # argv then op: the script sees "fail" first
     with pytest.raises(AdapterError, match="exit status 3: broker refused"):
-        asyncio.run(a.acquire(B1))
+        asyncio.run(a.acquire(B1, lease()))
     missing = CommandAdapter([str(tmp_path / "no-such-command")])
     with pytest.raises(AdapterError, match="cannot run"):
         asyncio.run(missing.fence(B1))
@@ -160,7 +166,7 @@ class _Flaky:
         self.hang = hang
         self.calls = 0
 
-    async def acquire(self, bundle: str) -> None:
+    async def acquire(self, bundle: str, lease: Lease) -> None:
         self.calls += 1
         if self.hang:
             await asyncio.sleep(3600)
@@ -174,7 +180,7 @@ def test_retrying_adapter_retries_with_backoff_then_gives_up() -> None:
     a = RetryingAdapter(
         inner, timeout_s=1, retries=3, backoff_s=0.01, observe=lambda op, r, s: seen.append((op, r))
     )  # type: ignore[arg-type]
-    asyncio.run(a.acquire(B1))
+    asyncio.run(a.acquire(B1, lease()))
     assert inner.calls == 3
     assert seen == [("acquire", "retry"), ("acquire", "retry"), ("acquire", "ok")]
 
@@ -184,13 +190,13 @@ def test_retrying_adapter_retries_with_backoff_then_gives_up() -> None:
         inner, timeout_s=1, retries=2, backoff_s=0.01, observe=lambda op, r, s: seen.append((op, r))
     )  # type: ignore[arg-type]
     with pytest.raises(AdapterError, match="after 3 attempt"):
-        asyncio.run(a.acquire(B1))
+        asyncio.run(a.acquire(B1, lease()))
     assert inner.calls == 3 and seen[-1] == ("acquire", "failed")
 
     hung = _Flaky(failures=0, hang=True)
     a = RetryingAdapter(hung, timeout_s=0.05, retries=1, backoff_s=0.01)  # type: ignore[arg-type]
     with pytest.raises(AdapterError, match="TimeoutError"):
-        asyncio.run(a.acquire(B1))
+        asyncio.run(a.acquire(B1, lease()))
     assert hung.calls == 2
 
 

@@ -13,6 +13,9 @@ so only the tests move bundles; each test works in its own namespace.
   and -- through a small stand-in HTTP server, since trimtab never answers that way -- 4 for answers that
   are not JSON or a non-retryable 5xx, 3 for 503 and ``retryable``, and redirects that keep the method, the
   body, the bearer token and the query.
+* Tokens (docs/security.md): the cluster runs with them, and every call here sends its admin token file
+  (``$TRIMTAB_TOKEN_FILE``) unless a test says otherwise; without a token a command is refused (exit 1, with
+  a hint), a read token reads and is refused writes, ``$TRIMTAB_TOKEN`` and ``--token-file`` both work.
 * The placement commands (failure domains, anti-affinity, isolation policies, drain): skipped, saying why,
   while the controller's OpenAPI spec does not list their routes; they run as soon as it does.
 * Last (it adds a controller): a follower answers reads itself and redirects writes to the leader.
@@ -52,7 +55,15 @@ SETTINGS: dict[str, Any] = {
 }
 # The CLI's environment variables, unset so the tests see only what they pass.
 CLEAN_ENV: dict[str, str | None] = dict.fromkeys(
-    ("TRIMTAB_ADMIN_URL", "TRIMTAB_CONTROLLER_URL", "TRIMTAB_AGENT_URL", "TRIMTAB_ADMIN_TOKEN")
+    (
+        "TRIMTAB_ADMIN_URL",
+        "TRIMTAB_CONTROLLER_URL",
+        "TRIMTAB_AGENT_URL",
+        "TRIMTAB_ADMIN_TOKEN",
+        "TRIMTAB_TOKEN",
+        "TRIMTAB_TOKEN_FILE",
+        "TRIMTAB_CACERT",
+    )
 )
 
 
@@ -71,10 +82,14 @@ class Admin:
     def brokers(self) -> list[str]:
         return sorted(n.broker for n in self.cluster.agents if n.broker)
 
-    def run(self, *args: str, url: str | None = None, env: Mapping[str, str] | None = None) -> Result:
-        """``trimtab admin --url <the controller> ARGS`` (``url=""``: no --url at all)."""
+    def run(self, *args: str, url: str | None = None, env: Mapping[str, str | None] | None = None) -> Result:
+        """``trimtab admin --url <the controller> ARGS`` (``url=""``: no --url at all), with the cluster's
+        admin token file in ``$TRIMTAB_TOKEN_FILE`` (``env`` may unset it: ``{"TRIMTAB_TOKEN_FILE": None}``)."""
         argv = ["admin", *(["--url", url or self.controller.http] if url != "" else []), *args]
-        return self.runner.invoke(main, argv, env={**CLEAN_ENV, **(env or {})}, catch_exceptions=False)
+        token = {"TRIMTAB_TOKEN_FILE": str(self.cluster.token_files["admin_token"])}
+        return self.runner.invoke(
+            main, argv, env={**CLEAN_ENV, **token, **(env or {})}, catch_exceptions=False
+        )
 
     def ok(self, *args: str, **kw: Any) -> Result:
         r = self.run(*args, **kw)
@@ -95,7 +110,7 @@ class Admin:
         return r.stderr
 
     def server(self, path: str) -> Any:
-        r = httpx.get(f"{self.controller.http}{path}", timeout=10)
+        r = httpx.get(f"{self.controller.http}{path}", headers=self.cluster.auth_headers("read"), timeout=10)
         r.raise_for_status()
         return r.json()
 
@@ -339,6 +354,30 @@ def test_nothing_listening_exits_3_naming_the_url_and_the_variable(admin: Admin)
         assert closed in err
         err = admin.refused(3, "--agent-url", closed, "lookup", "persistent://public/x/y")
         assert closed in err and "TRIMTAB_AGENT_URL" in err
+
+
+def test_tokens_from_a_file_or_the_environment_and_what_each_role_may_do(admin: Admin) -> None:
+    no_token = {"TRIMTAB_TOKEN_FILE": None}
+    err = admin.refused(1, "status", env=no_token)
+    assert "HTTP 401" in err and "--token-file" in err and "TRIMTAB_TOKEN" in err
+    assert admin.cluster.admin_token not in err
+    # A token nobody configured: refused the same way, and never echoed.
+    err = admin.refused(1, "status", env={**no_token, "TRIMTAB_TOKEN": "not-a-token-of-this-cluster"})
+    assert "HTTP 401" in err and "not-a-token-of-this-cluster" not in err
+
+    read_file = str(admin.cluster.token_files["read_token"])
+    status = admin.json("--token-file", read_file, "status", env=no_token)
+    assert status["controller"]
+    err = admin.refused(1, "--token-file", read_file, "shedding", "pause", env=no_token)
+    assert "HTTP 403" in err and "admin token" in err
+    assert admin.json("status")["shedding"]["paused"] is False, "a refused write changed nothing"
+
+    # $TRIMTAB_TOKEN works as well as a file; --token on the command line beats $TRIMTAB_TOKEN_FILE.
+    assert admin.json("leader", env={**no_token, "TRIMTAB_TOKEN": admin.cluster.read_token})["me"]
+    err = admin.refused(1, "--token", admin.cluster.read_token, "shedding", "pause")
+    assert "HTTP 403" in err
+    assert "not both" in admin.refused(2, "--token", "x" * 20, "--token-file", read_file, "status")
+    assert "holds no token" in admin.refused(2, "--token-file", "/dev/null", "status", env=no_token)
 
 
 def test_usage_errors_exit_2(admin: Admin) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -20,8 +20,9 @@ import msgspec
 import pytest
 from kazoo.client import KazooClient
 
+from tests.support.settings import NO_AUTH
 from trimtab.agent import wiring
-from trimtab.agent.adapters.base import BrokerSample
+from trimtab.agent.adapters.base import BrokerSample, Lease
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.splits import SplitRefused
 from trimtab.agent.wiring import WiredAgent
@@ -64,6 +65,7 @@ def agent_settings(zk_hosts: str, **sections: Any) -> Settings:
         "split": {"enabled": False},
         "channel": {"in_flight_timeout_s": 10.0},
         "agent": {"drain_timeout_s": 20.0},
+        **NO_AUTH,  # not what these tests are about (tests/integration/test_security.py is)
     }
     return Settings.model_validate(_merge(base, sections))
 
@@ -425,8 +427,11 @@ class PlainAdapter:
     async def sample(self) -> BrokerSample:
         return await self.inner.sample()
 
-    async def acquire(self, bundle: str) -> None:
-        await self.inner.acquire(bundle)
+    async def acquire(self, bundle: str, lease: Lease) -> None:
+        await self.inner.acquire(bundle, lease)
+
+    async def renew(self, bundles: Sequence[str], lease: Lease) -> list[str]:
+        return await self.inner.renew(bundles, lease)
 
     async def fence(self, bundle: str) -> None:
         await self.inner.fence(bundle)

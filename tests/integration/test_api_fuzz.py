@@ -69,6 +69,7 @@ from tests.integration.test_agent_inprocess import (
     running_agent,
 )
 from tests.integration.test_controller_jobs import Node, bundle, own
+from tests.support.settings import NO_AUTH_SETS
 from tests.support.waiting import wait_for
 from trimtab.agent.api import DrainRequest, SimControls
 from trimtab.agent.api import create_app as agent_app
@@ -323,6 +324,7 @@ def controller(chroot_hosts: str) -> Iterator[str]:
         "healing.safe_mode_settle_s=0",
         "healing.grace_s=0",
         "channel.in_flight_timeout_s=1",
+        *NO_AUTH_SETS,  # the fuzzer explores the API's inputs; tokens are test_security.py's
     ]
     s: Settings = load_settings(None, parse_assignments(sets), environ=False)
     log = MemoryLog()

@@ -570,7 +570,10 @@ class TestBalancing:
         follower = h.follower(leader)
         # Redirected with 307, so the method and body are kept.
         r = httpx.post(
-            f"{follower.http}/v1/admin/shedding", json={"paused": True, "by": "test"}, follow_redirects=False
+            f"{follower.http}/v1/admin/shedding",
+            json={"paused": True, "by": "test"},
+            headers=c.auth_headers(),
+            follow_redirects=False,
         )
         assert r.status_code == 307, r.text
         assert r.headers["location"] == f"{leader.http}/v1/admin/shedding"
@@ -989,7 +992,7 @@ def zkc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
 
 @pytest.mark.slow
 class TestZooKeeper:
-    def test_broker_back_within_grace_keeps_its_bundles(self, zkc: Harness) -> None:
+    def test_broker_back_within_grace_is_not_healed_and_gives_up_what_it_held(self, zkc: Harness) -> None:
         h, c = zkc, zkc.cluster
         leader = h.leader()
         node = c.agents[0]
@@ -1025,15 +1028,24 @@ class TestZooKeeper:
         assert time.monotonic() - back < ZK_GRACE
         assert broker in c.get(leader, "/v1/brokers")["brokers"]
         assert broker not in c.get(leader, "/v1/healing")["failed"]
-        # Every bundle is still its own, untouched: same record (same version), still served.
-        after = h.records(leader)
-        assert {b: after.get(b) for b in before} == before
-        serving = set(c.get(node, "/v1/sim/state")["serving"])
-        assert set(before) <= serving
-        # Nothing was written about those bundles since the broker froze.
-        touched = {a.key for a in h.accepted() if a.offset >= mark.get(a.partition, 0) and a.key in before}
-        assert not touched, touched
+        # Healing did not touch its bundles: no override, nothing written by a controller. But the agent
+        # lost its session while frozen, so it cannot vouch for leases it held then: it fenced everything
+        # and gave its bundles up itself (unloads, reassigned on the next lookup) -- agent.roles, stale.
+        wait_for(
+            lambda: all((r := h.records(leader).get(b)) is None or r["state"] == "free" for b in before),
+            20,
+            interval=0.1,
+            message=lambda: f"{broker} gave up what it held before its session was lost: {h.describe()}",
+        )
+        since = [a for a in h.accepted() if a.offset >= mark.get(a.partition, 0) and a.key in before]
+        assert not [a for a in since if a.new is not None and (a.new.force or a.new.writer != broker)], since
+        assert {a.key for a in since if a.new is not None and a.new.state is State.RELEASING} == set(before)
+        assert set(c.get(node, "/v1/sim/state")["serving"]).isdisjoint(before)
         h.check_single_owner()
+        # Clients come back: the freed bundles are assigned again (the least loaded broker -- this one,
+        # which holds nothing now -- takes most of them), for the tests that follow.
+        for b in before:
+            assert h.lookup(topic_in(b, prefix="back"))["owner"] is not None
 
     def test_zookeeper_outage_is_harmless_and_the_cluster_recovers(self, zkc: Harness) -> None:
         h, c = zkc, zkc.cluster
@@ -1066,8 +1078,14 @@ class TestZooKeeper:
         # Admin writes are refused as retryable while nobody can lead (a follower may send them to the
         # paused leader first), never redirected in a loop.
         for ctl in c.controller_nodes:
-            r = httpx.post(f"{ctl.http}/v1/admin/shedding", json={"paused": True}, follow_redirects=True)
-            assert r.status_code == 503 and len(r.history) <= 1, (ctl.name, r.status_code, r.history)
+            r = httpx.post(
+                f"{ctl.http}/v1/admin/shedding", json={"paused": True}, headers=c.auth_headers(), timeout=10
+            )
+            if r.status_code == 307:  # followed by hand: httpx drops the token when the port changes
+                r = httpx.post(
+                    r.headers["location"], json={"paused": True}, headers=c.auth_headers(), timeout=10
+                )
+            assert r.status_code == 503, (ctl.name, r.status_code, r.text)
 
         # ---- ZooKeeper back (same port, same data).
         # Nobody can reconnect before the server starts: a lower bound on every reconnect.
@@ -1075,6 +1093,15 @@ class TestZooKeeper:
         c.zk.start()
         settling = wait_recovered(h, scene.survivors)
         assert settling, "no controller reported the settle period after ZooKeeper came back"
+        # The survivors' sessions outlived the outage: they serve what they own again, on fresh leases.
+        wait_for(
+            lambda: all(
+                set(c.get(n, "/v1/sim/state")["serving"]) >= scene.serving[n.broker] for n in scene.survivors
+            ),
+            30,
+            interval=0.2,
+            message="the survivors serve their bundles again after ZooKeeper came back",
+        )
         assert int(time.time() * 1000) - back_ms >= OUTAGE_SETTLE * 1000
         leader = h.leader()
         live = {n.broker for n in scene.survivors}
@@ -1170,7 +1197,10 @@ class OutageScene:
         no override, unload or tombstone, nothing written by a controller."""
         c, survivors = h.cluster, self.survivors
         for n in survivors:
-            assert set(c.get(n, "/v1/sim/state")["serving"]) == self.serving[n.broker]
+            # Nothing new is served; what was served stops at its leases' end, since no agent can vouch for
+            # a lease without a confirmed ZooKeeper session (docs/reliability.md: never two servers was
+            # chosen over serving through a ZooKeeper outage).
+            assert set(c.get(n, "/v1/sim/state")["serving"]) <= self.serving[n.broker]
         for i, (b, t) in enumerate(self.probes.items()):
             got = c.lookup(t, via=survivors[(round_ + i) % len(survivors)])
             assert (got["bundle"], got["owner"]) == (b, self.owners[b]), got

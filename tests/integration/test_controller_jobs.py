@@ -18,6 +18,7 @@ from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import ZooKeeperServers
+from tests.support.settings import NO_AUTH_SETS
 from tests.support.waiting import wait_for
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.memory import MemoryLog, MemoryTransport
@@ -91,6 +92,7 @@ def settings(zk_hosts: str) -> Settings:
         "http.port=0",
         "healing.safe_mode_settle_s=0",
         "healing.grace_s=0",
+        *NO_AUTH_SETS,
     ]
     return load_settings(None, parse_assignments(sets), environ=False)
 

@@ -43,6 +43,17 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
     )
     assert len(state["agents"]) == 3 and len(state["controllers"]) == 2
     assert all(a["broker"] and a["http"].startswith("http://") and a["pid"] > 0 for a in state["agents"])
+    # Security is on: the state file says where the token files are (owner-only), never the tokens.
+    sec = state["security"]
+    admin_file, read_file = Path(sec["admin_token_file"]), Path(sec["read_token_file"])
+    for f in (admin_file, read_file, Path(sec["zookeeper_digest_file"])):
+        assert f.stat().st_mode & 0o777 == 0o600, f
+        assert f.read_text().strip() not in state_file.read_text()
+    wait_for(lambda: "--token-file" in proc.stderr(), timeout=30, message=lambda: proc.stderr()[-2000:])
+    c0 = state["controllers"][0]["http"]
+    assert httpx.get(f"{c0}/v1/status", timeout=10).status_code == 401
+    read = {"authorization": f"Bearer {read_file.read_text().strip()}"}
+    assert httpx.get(f"{c0}/v1/status", headers=read, timeout=10).status_code == 200
 
     # Lookups work through any agent, and every agent agrees on the owner.
     topic = "persistent://public/dev-test/t-0001"
@@ -56,13 +67,31 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
     # The admin CLI reaches the leader through any controller (followers redirect).
     for c in state["controllers"]:
         out = (
-            procs.run_trimtab("admin", "--controller", c["http"], "--output", "json", "leader", timeout=30)
+            procs.run_trimtab(
+                "admin",
+                "--controller",
+                c["http"],
+                "--token-file",
+                str(admin_file),
+                "-o",
+                "json",
+                "leader",
+                timeout=30,
+            )
             .check()
             .json()
         )
         assert out["leader"]["term"] >= 1
     status = procs.run_trimtab(
-        "admin", "--controller", state["controllers"][-1]["http"], "--output", "json", "status", timeout=30
+        "admin",
+        "--controller",
+        state["controllers"][-1]["http"],
+        "--token-file",
+        str(admin_file),
+        "--output",
+        "json",
+        "status",
+        timeout=30,
     )
     brokers = status.check().json()["brokers"]
     assert set(brokers) == {a["broker"] for a in state["agents"]}
@@ -83,11 +112,13 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
             os.kill(p["pid"], 0)
 
 
-def test_dev_up_stops_cleanly_on_ctrl_c(tmp_path: Path, procs: Procs) -> None:
+@pytest.mark.parametrize("broker_processes", [False, True], ids=["in-agent", "broker-processes"])
+def test_dev_up_stops_cleanly_on_ctrl_c(tmp_path: Path, procs: Procs, broker_processes: bool) -> None:
     state_file = tmp_path / "state.json"
     proc = procs.trimtab(
         "dev",
         "up",
+        *(["--broker-processes"] if broker_processes else []),
         "--brokers",
         "2",
         "--controllers",
@@ -110,12 +141,28 @@ def test_dev_up_stops_cleanly_on_ctrl_c(tmp_path: Path, procs: Procs) -> None:
     wait_for(
         lambda: "assigned bundles for" in proc.stderr(), timeout=90, message=lambda: proc.stderr()[-2000:]
     )
+    if broker_processes:
+        # Each broker is its own process, listed in the state file, with a timeline of what it served.
+        assert len(state["brokers"]) == 2
+        assert {b["broker"] for b in state["brokers"]} == {a["broker"] for a in state["agents"]}
+        assert {b["pid"] for b in state["brokers"]}.isdisjoint({a["pid"] for a in state["agents"]})
+        for b in state["brokers"]:
+            st = httpx.get(f"{b['http']}/trimtab/v1/sim/state", timeout=5).json()
+            assert st["broker"] == b["broker"]
+            assert all({"op", "bundle", "mono_ns"} <= set(e) for e in st["timeline"])
+        assert any(
+            e["op"] == "acquire"
+            for b in state["brokers"]
+            for e in httpx.get(f"{b['http']}/trimtab/v1/sim/state", timeout=5).json()["timeline"]
+        )
+    else:
+        assert state["brokers"] == []
     proc.signal_group(signal.SIGINT)
     finished = proc.wait(timeout=90).check()
     assert finished.json()["brokers"] == 2
     assert "stopped." in finished.stderr
     import os
 
-    for p in state["agents"] + state["controllers"]:
+    for p in state["agents"] + state["controllers"] + state["brokers"]:
         with pytest.raises(ProcessLookupError):
             os.kill(p["pid"], 0)

@@ -23,10 +23,12 @@ from httpx import Response
 from kazoo.client import KazooClient
 
 from tests.integration.test_controller_jobs import Node, register
+from tests.support.settings import NO_AUTH_SETS
 from tests.support.waiting import wait_for
 from trimtab.channel.memory import MemoryLog
 from trimtab.channel.records import State, make
 from trimtab.channel.table import TableView
+from trimtab.cluster.auth import Authenticator, secure_app
 from trimtab.cluster.http import install_error_handlers
 from trimtab.cluster.placement_store import PlacementDocs, PlacementStore, PlacementWatch, znode_paths
 from trimtab.cluster.zk import ZkPaths
@@ -76,6 +78,7 @@ def make_api(node: Node, s: Settings, store: PlacementStore | None = None) -> Ap
     app = FastAPI()
     install_error_handlers(app)
     add_placement_routes(app, lambda: admin)
+    secure_app(app, Authenticator.disabled())  # tokens are test_security.py's
     return Api(node, admin, TestClient(app, follow_redirects=False))
 
 
@@ -105,7 +108,7 @@ def log(settings: Settings) -> MemoryLog:
 
 @pytest.fixture
 def settings(zk_hosts: str) -> Settings:
-    sets = [f"zookeeper.hosts={zk_hosts}", "zookeeper.session_timeout_s=6", "http.port=0"]
+    sets = [f"zookeeper.hosts={zk_hosts}", "zookeeper.session_timeout_s=6", "http.port=0", *NO_AUTH_SETS]
     return load_settings(None, parse_assignments(sets), environ=False)
 
 

@@ -70,7 +70,12 @@ def test_a_group_spreads_over_domains_and_a_dead_domain_fails_over_to_the_standb
     c = cluster
     leader = c.leader()
     assert leader is not None
-    r = httpx.put(f"{leader.http}/v1/namespaces/{NS}/anti-affinity", json={"group": "Spread"}, timeout=10)
+    r = httpx.put(
+        f"{leader.http}/v1/namespaces/{NS}/anti-affinity",
+        json={"group": "Spread"},
+        headers=c.auth_headers(),
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     domain_of = {c.node(name).broker: d for name, d in DOMAINS.items()}
 

@@ -12,6 +12,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.integration.test_controller_jobs import Node, bundle, own, register
+from tests.support.settings import NO_AUTH_SETS
 from tests.support.waiting import wait_for
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.memory import MemoryLog
@@ -126,7 +127,13 @@ def test_the_watch_applies_every_valid_version_and_keeps_the_last_good_one(
 def settings(zk_hosts: str) -> Settings:
     from trimtab.config.loader import load_settings, parse_assignments
 
-    sets = [f"zookeeper.hosts={zk_hosts}", "http.port=0", "healing.safe_mode_settle_s=0", "healing.grace_s=0"]
+    sets = [
+        f"zookeeper.hosts={zk_hosts}",
+        "http.port=0",
+        "healing.safe_mode_settle_s=0",
+        "healing.grace_s=0",
+        *NO_AUTH_SETS,
+    ]
     return load_settings(None, parse_assignments(sets), environ=False)
 
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.api import SimControls, create_app
 from trimtab.cli import main
+from trimtab.cluster.auth import Authenticator
 from trimtab.config.settings import Settings
 
 AGENT = Path(__file__).resolve().parents[2] / "agent"
@@ -63,7 +64,8 @@ def test_sim_routes_only_with_a_simulated_broker() -> None:
 
     sim = SimulatedBroker("b1:1", Settings().sim)
     pokes: list[int] = []
-    with_sim = TestClient(create_app(None, SimControls(sim, lambda: pokes.append(1))))  # type: ignore[arg-type]
+    controls = SimControls(sim, lambda: pokes.append(1))
+    with_sim = TestClient(create_app(None, controls, auth=Authenticator.disabled()))  # type: ignore[arg-type]
     assert with_sim.get("/v1/sim/state").json()["broker"] == "b1:1"
     r = with_sim.post("/v1/sim/load", json={"scale": 2.5})
     assert r.status_code == 200 and sim.model.scale == 2.5 and pokes == [1]

@@ -260,3 +260,36 @@ def test_an_agent_needs_an_explicit_adapter_kind() -> None:
         Settings.model_validate({"broker": {"adapter": {"kind": "simulated"}}}), "b1:1"
     )
     assert handle is sim
+
+
+def test_security_settings_are_checked_without_echoing_a_secret() -> None:
+    """Token, ZooKeeper credentials and TLS pairs are validated at load; no message repeats a secret."""
+    for overrides, needle in (
+        ({"security": {"admin_token": "too-short"}}, "security.admin_token must be at least 16 characters"),
+        ({"security": {"read_token": "has inner whitespace!"}}, "security.read_token must be"),
+        (
+            {"zookeeper": {"auth_digest": "no-colon-here"}},
+            "zookeeper.auth_digest must look like user:password",
+        ),
+        (
+            {"zookeeper": {"auth_digest": "u:p", "auth_digest_file": "/etc/zk.digest"}},
+            "zookeeper.auth_digest or zookeeper.auth_digest_file, not both",
+        ),
+        (
+            {"http": {"tls_cert_file": "/etc/cert.pem"}},
+            "http.tls_cert_file and http.tls_key_file go together",
+        ),
+    ):
+        message = error_of(None, overrides)
+        assert needle in message, message
+        for secret in ("too-short", "has inner whitespace!", "no-colon-here", "u:p"):
+            assert secret not in message, message
+    s = load_settings(
+        None, {"security": {"admin_token": "a" * 16}, "zookeeper": {"auth_digest": "trimtab:pw"}}
+    )
+    assert s.security.auth == "required"
+    assert "a" * 16 not in repr(s) and "trimtab:pw" not in repr(s)
+    assert s.model_dump(mode="json")["security"]["admin_token"] == "**********"
+    assert s.http_url(8443) == "http://127.0.0.1:8443"
+    tls = {"http": {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem", "advertised_host": "node-1"}}
+    assert load_settings(None, tls).http_url(8443) == "https://node-1:8443"

@@ -45,8 +45,8 @@ def nxt(state: State, v: int = 5, **kw: object) -> Record:
     return make(state, version=v, ts=NOW, writer=ME, **kw)  # type: ignore[arg-type]
 
 
-def p(cur: Record | None, *, serving: bool = False, fenced: bool = False) -> Plan | None:
-    return plan(ME, BUNDLE, cur, serving=serving, fenced=fenced, now_ms=NOW)
+def p(cur: Record | None, *, serving: bool = False, fenced: bool = False, stale: bool = False) -> Plan | None:
+    return plan(ME, BUNDLE, cur, serving=serving, fenced=fenced, now_ms=NOW, stale=stale)
 
 
 def accepted(cur: Record | None, new: Record | None) -> bool:
@@ -248,10 +248,12 @@ def current(draw: Any) -> Record | None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(current(), st.sampled_from([(False, False), (True, False), (False, True)]))
-def test_every_published_record_is_accepted(cur: Record | None, flags: tuple[bool, bool]) -> None:
+@given(current(), st.sampled_from([(False, False), (True, False), (False, True)]), st.booleans())
+def test_every_published_record_is_accepted(
+    cur: Record | None, flags: tuple[bool, bool], stale: bool
+) -> None:
     serving, fenced = flags
-    got = p(cur, serving=serving, fenced=fenced)
+    got = p(cur, serving=serving, fenced=fenced, stale=stale)
     if got is None:
         return
     assert got.steps
@@ -278,3 +280,29 @@ def test_every_published_record_is_accepted(cur: Record | None, flags: tuple[boo
 def test_plan_is_idempotent_on_the_same_record(cur: Record | None, flags: tuple[bool, bool]) -> None:
     serving, fenced = flags
     assert p(cur, serving=serving, fenced=fenced) == p(cur, serving=serving, fenced=fenced)
+
+
+# ------------------------------------------------------------------------------------------ stale records
+
+
+def test_stale_assigning_is_confirmed_before_anything_is_acquired() -> None:
+    cur = r(State.ASSIGNING, dst=ME, src=B)
+    assert p(cur, stale=True) == Plan("assign_stale", (Publish(nxt(State.OWNED, dst=ME, src=B)),))
+
+
+def test_stale_owned_is_given_up_through_the_channel() -> None:
+    cur = r(State.OWNED, dst=ME)
+    want = Plan("relinquish", (Publish(nxt(State.RELEASING, dst=None, src=ME)),))
+    assert p(cur, stale=True) == want
+    assert p(cur, stale=True, fenced=True) == want
+
+
+@settings(max_examples=400, deadline=None)
+@given(current(), st.sampled_from([(False, False), (True, False), (False, True)]))
+def test_a_stale_record_never_makes_the_broker_acquire(cur: Record | None, flags: tuple[bool, bool]) -> None:
+    """Whatever names this broker from before its session is settled through the channel (whose version
+    check orders it against any override of the leader) before the broker serves anything for it."""
+    serving, fenced = flags
+    got = p(cur, serving=serving, fenced=fenced, stale=True)
+    if got is not None and cur is not None and cur.dst == ME and cur.state in (State.OWNED, State.ASSIGNING):
+        assert not any(isinstance(step, Acquire) for step in got.steps)

@@ -1,0 +1,241 @@
+"""Broker leases: how long the broker may serve a bundle without hearing from this agent again.
+
+Why: the channel records one owner, but a broker is a separate process that keeps serving while its agent
+is paused, partitioned or dead. The leader gives a failed agent's bundles to other brokers once the agent's
+ZooKeeper session expired. So every lease this agent grants must end before that can happen:
+
+    lease end  <=  (last time the ZooKeeper server heard this session) + session timeout - margin
+
+The agent learns "the server heard us at or after t0" from a ``sync`` round trip begun at t0
+(:meth:`cluster.zk.ZkSession.confirm`). The lease a broker holds ends ``lease_s`` after it *received* the
+request, and a request carries ``apply_by_ms`` = sent + margin/2, after which the broker refuses it; the
+margin covers that delivery time and the drift of clock rates. Hence the start-up rule
+``session_timeout >= lease_s + lease_margin_s`` (:class:`config.settings.Settings`), checked again against
+the timeout the ZooKeeper server actually granted.
+
+Which bundles the agent vouches for is a pure function of the bundle's channel record
+(:func:`lease_bound`): owned by this broker, or in flight towards or out of it but younger than the
+leader's in-flight timeout (the leader's monitor forces a stuck in-flight record onward after that). The
+renewer stops renewing anything else, so a broker whose close or fence keeps failing stops serving on its
+own at the lease's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+
+import structlog
+
+from trimtab.agent.adapters.base import BrokerAdapter, Lease
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.channel.records import Record, State
+from trimtab.cluster.zk import ZkSession
+from trimtab.errors import AdapterError, LeaseUnavailable, StartupError, ZkUnavailable
+
+log = structlog.get_logger("trimtab.agent")
+
+#: A lease shorter than this is not worth granting (the broker would stop serving before it could be renewed).
+MIN_LEASE_S = 0.2
+
+
+def lease_bound(
+    me: str, rec: Record | None, *, now_ms: int, in_flight_timeout_s: float, margin_s: float, stale: bool
+) -> float | None:
+    """Seconds from now a lease on this bundle may last given its channel record: ``inf`` when this broker
+    owns it, the time left before the leader's monitor may force an in-flight record onward (minus the
+    margin) when it is on its way to or out of this broker, None when this agent must not vouch for it
+    (somebody else's, released, or owned under a lost session -- ``stale``)."""
+    if rec is None or stale:
+        return None
+    s = rec.state
+    if s is State.OWNED:
+        return math.inf if rec.dst == me else None
+    if (s is State.ASSIGNING and rec.dst == me) or (s is State.SPLITTING and rec.src == me):
+        return (rec.ts - now_ms) / 1000.0 + in_flight_timeout_s - margin_s
+    return None
+
+
+class LeaseGuard:
+    """The longest lease this agent may grant right now, from the last confirmation of its ZooKeeper
+    session. Confirmations are single-flight: a failover acquiring thousands of bundles shares one."""
+
+    def __init__(
+        self,
+        zk: ZkSession,
+        *,
+        lease_s: float,
+        margin_s: float,
+        metrics: AgentMetrics,
+        mono: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.zk = zk
+        self.lease_s = lease_s
+        self.margin_s = margin_s
+        self.metrics = metrics
+        self.mono = mono
+        self.wall = wall
+        self.confirmed_at: float | None = None  # mono time at which the last good confirmation began
+        self._confirming: asyncio.Future[None] | None = None
+
+    def session_timeout_s(self) -> float:
+        return self.zk.negotiated_timeout_s or self.zk.requested_timeout_s
+
+    def check_session_timeout(self) -> None:
+        """After connecting: the server may have granted a shorter session than requested (it clamps to its
+        minSessionTimeout/maxSessionTimeout); leases must still fit inside it."""
+        st = self.zk.granted_timeout_s()
+        if self.lease_s + self.margin_s > st:
+            raise StartupError(
+                f"ZooKeeper granted a {st:g}s session timeout (asked for {self.zk.requested_timeout_s:g}s): "
+                f"broker leases of {self.lease_s:g}s + {self.margin_s:g}s margin do not fit inside it. Raise the "
+                "server's maxSessionTimeout, or shorten broker.adapter.lease_s."
+            )
+
+    def bound(self) -> float:
+        """Seconds a lease granted now may run (<= 0: none)."""
+        if self.confirmed_at is None:
+            return 0.0
+        return self.confirmed_at + self.session_timeout_s() - self.margin_s - self.mono()
+
+    def forget(self) -> None:
+        """The session was lost: nothing it confirmed counts any more."""
+        self.confirmed_at = None
+
+    async def confirm(self) -> None:
+        """One ZooKeeper round trip on the current session (shared by concurrent callers)."""
+        if self._confirming is None:
+            self._confirming = asyncio.ensure_future(self._confirm())
+        fut = self._confirming
+        try:
+            await asyncio.shield(fut)
+        finally:
+            if self._confirming is fut and fut.done():
+                self._confirming = None
+
+    async def _confirm(self) -> None:
+        t0 = self.mono()
+        try:
+            await asyncio.to_thread(self.zk.confirm, self.margin_s / 2)
+        except ZkUnavailable:
+            self.metrics.lease_confirmations.labels("failed").inc()
+            raise
+        if self.confirmed_at is None or t0 > self.confirmed_at:
+            self.confirmed_at = t0
+        self.metrics.lease_confirmations.labels("ok").inc()
+
+    def grant(self, limit_s: float = math.inf) -> Lease:
+        """A lease as long as allowed now, capped by ``limit_s``; :class:`LeaseUnavailable` if too short."""
+        seconds = min(self.lease_s, self.bound(), limit_s)
+        if seconds < MIN_LEASE_S:
+            raise LeaseUnavailable(
+                f"cannot grant a broker lease ({seconds:.2f}s allowed): the ZooKeeper session was not "
+                "confirmed recently enough, or the bundle's in-flight record is about to time out"
+            )
+        return Lease(round(seconds, 3), int((self.wall() + self.margin_s / 2) * 1000))
+
+    async def lease_for_acquire(self, limit_s: float = math.inf) -> Lease:
+        """A lease for an acquire: confirms the session first unless a recent confirmation still allows at
+        least half the configured lease (renewals extend it within a third of a lease)."""
+        if self.bound() < self.lease_s / 2:
+            try:
+                await self.confirm()
+            except ZkUnavailable as e:
+                raise LeaseUnavailable(f"no lease without a confirmed ZooKeeper session: {e}") from e
+        return self.grant(limit_s)
+
+
+class LeaseRenewer:
+    """Every third of a lease: confirm the session, then extend the lease of every bundle the broker serves
+    and this agent still vouches for. Bundles the broker says it no longer serves (their lease ran out while
+    renewals failed, or the broker restarted) go back to the reconciler, which acquires them again if they
+    are still this broker's."""
+
+    def __init__(
+        self,
+        me: str,
+        guard: LeaseGuard,
+        adapter: BrokerAdapter,
+        *,
+        served: Callable[[], Iterable[str]],
+        record: Callable[[str], Record | None],
+        is_stale: Callable[[str], bool],
+        lost: Callable[[list[str]], None],
+        metrics: AgentMetrics,
+        in_flight_timeout_s: float,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.me = me
+        self.guard = guard
+        self.adapter = adapter
+        self.served = served
+        self.record = record
+        self.is_stale = is_stale
+        self.lost = lost
+        self.metrics = metrics
+        self.in_flight_timeout_s = in_flight_timeout_s
+        self.wall = wall
+        self.interval_s = guard.lease_s / 3
+        self.rounds = 0
+
+    def groups(self) -> Mapping[float, list[str]]:
+        """Bundles to renew, grouped by the lease each may get (most get the full one)."""
+        now_ms = int(self.wall() * 1000)
+        full = min(self.guard.lease_s, self.guard.bound())
+        out: dict[float, list[str]] = defaultdict(list)
+        for bundle in self.served():
+            limit = lease_bound(
+                self.me,
+                self.record(bundle),
+                now_ms=now_ms,
+                in_flight_timeout_s=self.in_flight_timeout_s,
+                margin_s=self.guard.margin_s,
+                stale=self.is_stale(bundle),
+            )
+            if limit is None:
+                continue
+            seconds = round(min(full, limit), 1)
+            if seconds >= MIN_LEASE_S:
+                out[seconds].append(bundle)
+        return out
+
+    async def run_once(self) -> str:
+        """One round; returns its result label (also counted in a metric)."""
+        self.rounds += 1
+        try:
+            await self.guard.confirm()
+        except ZkUnavailable as e:
+            log.warning("lease_renewal_skipped", reason="zookeeper", error=str(e))
+            return self._count("zk_unconfirmed")
+        result = "ok"
+        for seconds, bundles in self.groups().items():
+            lease = Lease(seconds, int((self.wall() + self.guard.margin_s / 2) * 1000))
+            try:
+                gone = await self.adapter.renew(bundles, lease)
+            except AdapterError as e:
+                log.warning("lease_renewal_failed", bundles=len(bundles), error=str(e))
+                result = "failed"
+                continue
+            if gone:
+                self.metrics.leases_lost.inc(len(gone))
+                log.warning("leases_lost", bundles=len(gone), sample=gone[:5])
+                self.lost(gone)
+        self.metrics.lease_remaining.set(max(0.0, self.guard.bound()))
+        return self._count(result)
+
+    def _count(self, result: str) -> str:
+        self.metrics.lease_renewals.labels(result).inc()
+        return result
+
+    async def run(self) -> None:
+        """Until cancelled at shutdown -- a drain too keeps serving (and renewing) until bundles moved."""
+        while True:
+            try:
+                await self.run_once()
+            except Exception:  # never let the renewer die: leases would silently run out
+                log.exception("lease_renewer_crashed")
+            await asyncio.sleep(self.interval_s)

@@ -1,0 +1,388 @@
+"""The chaos suite: a real local cluster, faults injected in a seeded order, and a verdict from the brokers'
+own serving timelines (``trimtab chaos``; a short run is part of the test command).
+
+The cluster (:class:`devkit.localcluster.LocalCluster`) runs every simulated broker as a process of its own
+behind the webhook adapter (so a paused or killed agent leaves its broker running, as beside a real
+broker) and the mock Kafka cluster in a process of its own (so "Kafka" can be paused). A client thread keeps
+looking up one topic of every bundle, as reconnecting clients would: a bundle that was given up gets
+assigned again, and a bundle nobody serves any more shows up as lost.
+
+Faults (one round applies each once, in a seeded order; the run repeats rounds until its duration is up):
+
+==================  =====================================================================================
+kill_agent          SIGKILL an agent (its broker keeps running), restart it on the same id after its
+                    session expired
+kill_leader         SIGKILL the leading controller, start a replacement
+pause_agent         SIGSTOP an agent past its ZooKeeper session timeout, then SIGCONT
+pause_broker        SIGSTOP a broker process for a lease and a half, then SIGCONT
+zk_restart          stop the ZooKeeper server for a few seconds, start it again (same data)
+kafka_pause         SIGSTOP the Kafka cluster's process for a few seconds, then SIGCONT
+poison              hostile values on every topic trimtab reads
+pause_leader_heal   SIGKILL an agent, and SIGSTOP the leader the moment it sees the agent gone (mid-
+                    reassignment) past its own session timeout; SIGCONT; restart the agent
+==================  =====================================================================================
+
+Afterwards the cluster settles (every node ready, every owned bundle served by its owner), the timelines
+of every broker process are collected and :mod:`devkit.chaos.history` proves that no two brokers served a
+bundle at once (fenced does not count) and measures every gap in service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import structlog
+from confluent_kafka import Producer
+
+from trimtab.agent.adapters.simulated import LoadModel
+from trimtab.config.loader import load_settings
+from trimtab.config.settings import Settings
+from trimtab.devkit.chaos.history import load_history, summarize
+from trimtab.devkit.chaos.report import ChaosReport, Fault
+from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
+
+log = structlog.get_logger("trimtab.chaos")
+
+FAULT_KINDS = (
+    "kill_agent",
+    "kill_leader",
+    "pause_agent",
+    "pause_broker",
+    "zk_restart",
+    "kafka_pause",
+    "poison",
+    "pause_leader_heal",
+)
+
+#: Timers of the chaos cluster: short sessions (so faults resolve quickly) and the local cluster's fast
+#: balancing. Leases follow: session timeout - margin.
+CHAOS_SETTINGS: dict[str, Any] = {
+    "zookeeper": {"session_timeout_s": 4.0},
+    "healing": {"safe_mode_settle_s": 5.0},
+    "channel": {"monitor_interval_s": 2.0},
+}
+
+
+@dataclass
+class ChaosConfig:
+    workdir: Path
+    duration_s: float = 60.0  # of the fault phase; at least one full round runs
+    brokers: int = 4
+    controllers: int = 2
+    namespaces: int = 6
+    seed: int = 1
+    faults: Sequence[str] = FAULT_KINDS
+    quiet_s: float = 2.0  # between faults
+    settle_s: float = 60.0  # after the faults, for every bundle to be served again
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class LookupClient:
+    """Clients that keep reconnecting: one topic of every bundle, looked up round-robin on every agent."""
+
+    def __init__(self, cluster: LocalCluster, topics: Sequence[str]) -> None:
+        self.cluster = cluster
+        self.topics = list(topics)
+        self.ok = 0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-lookups", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        i = 0
+        with httpx.Client(timeout=3) as http:
+            while not self._stop.is_set():
+                agents = self.cluster.agents
+                if not agents:
+                    self._stop.wait(0.2)
+                    continue
+                topic = self.topics[i % len(self.topics)]
+                node = agents[i % len(agents)]
+                i += 1
+                try:
+                    r = http.get(f"{node.http}/v1/lookup", params={"topic": topic})
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.ok += 1
+                else:
+                    self.failed += 1
+                    self._stop.wait(0.05)
+
+
+def _poison_values(bundles: Sequence[str]) -> list[tuple[bytes | None, bytes]]:
+    """Values that must be skipped and counted by every reader (docs/protocol.md section 2.2)."""
+    keys: list[bytes | None] = [b.encode() for b in bundles[:4]]
+    keys += [b"\xff\xfe not a bundle", None]
+    values = [
+        b'{"schema":1,"state":"owned","dst":"br\xc3","src":null,"version":2,"force":false,"ts":1,"writer":"x"}',
+        b'{"schema":1,"state":"owned","dst":"b","src":null,"version":1,"force":true,"ts":1e400,"writer":"x"}',
+        b"[" * 5000 + b"]" * 5000,
+        b'{"schema":99,"state":"owned"}',
+        b"\x00\x01\x02 not json",
+        b"",
+        b'"\\ud800"',
+        os.urandom(512),
+    ]
+    return [(k, v) for k in keys for v in values]
+
+
+class ChaosRun:
+    def __init__(self, cfg: ChaosConfig) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.faults: list[Fault] = []
+        self.t0 = time.monotonic()
+        self.cluster = LocalCluster(
+            cfg.workdir,
+            brokers=cfg.brokers,
+            controllers=cfg.controllers,
+            settings=_merge_settings(CHAOS_SETTINGS, cfg.settings),
+            broker_processes=True,
+            kafka_process=True,
+        )
+        self.s: Settings | None = None
+        self.client: LookupClient | None = None
+        self._restarts = 0
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def settings(self) -> Settings:
+        assert self.s is not None
+        return self.s
+
+    def _note(self, kind: str, target: str, detail: str | None = None) -> None:
+        fault = Fault(round(time.monotonic() - self.t0, 3), kind, target, detail)
+        self.faults.append(fault)
+        log.info("fault", kind=kind, target=target, detail=detail, at_s=fault.at_s)
+
+    def _session_s(self) -> float:
+        return self.settings.zookeeper.session_timeout_s
+
+    def _restart_agent(self, dead: Node) -> None:
+        self._restarts += 1
+        self.cluster.add_agent(name=f"{dead.name.split('~')[0]}~{self._restarts}", port=dead.port, wait=True)
+
+    def _pause(self, node_pid: int, seconds: float) -> None:
+        os.killpg(node_pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.killpg(node_pid, signal.SIGCONT)
+
+    def _leader(self, timeout: float = 60.0) -> Node:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = self.cluster.leader()
+            if leader is not None:
+                return leader
+            time.sleep(0.1)
+        raise ClusterError("no leader")
+
+    # ------------------------------------------------------------------ faults
+    def kill_agent(self) -> None:
+        victim = self.rng.choice(self.cluster.agents)
+        self.cluster.kill(victim.name)
+        victim.proc.wait(10)
+        self._note("kill_agent", str(victim.broker))
+        self._restart_agent(victim)
+
+    def kill_leader(self) -> None:
+        leader = self._leader()
+        self.cluster.kill(leader.name)
+        leader.proc.wait(10)
+        self._note("kill_leader", leader.name)
+        self.cluster.add_controller(wait=True)
+        self._leader()
+
+    def pause_agent(self) -> None:
+        victim = self.rng.choice(self.cluster.agents)
+        seconds = self._session_s() + 2
+        self._note(
+            "pause_agent",
+            str(victim.broker),
+            f"SIGSTOP {seconds:g}s (session timeout {self._session_s():g}s)",
+        )
+        self._pause(victim.pid, seconds)
+        self.cluster.wait_node(victim, 60)
+
+    def pause_broker(self) -> None:
+        victim = self.rng.choice(self.cluster.broker_nodes)
+        seconds = self.settings.lease_s() * 1.5
+        self._note("pause_broker", str(victim.broker), f"SIGSTOP {seconds:g}s")
+        self._pause(victim.pid, seconds)
+
+    def zk_restart(self) -> None:
+        zk = self.cluster.zk
+        assert zk is not None
+        seconds = 3.0
+        self._note("zk_restart", "zookeeper", f"down {seconds:g}s")
+        zk.stop()
+        time.sleep(seconds)
+        zk.restart()
+        self.cluster.wait_ready(90)
+
+    def kafka_pause(self) -> None:
+        kafka = self.cluster.kafka
+        pid = getattr(kafka, "pid", None)
+        assert pid is not None, "the chaos cluster runs Kafka in a process of its own"
+        seconds = 3.0
+        self._note("kafka_pause", "kafka", f"SIGSTOP {seconds:g}s")
+        self._pause(pid, seconds)
+
+    def poison(self) -> None:
+        k = self.settings.kafka
+        topics = [
+            k.channel_topic,
+            k.snapshot_topic,
+            k.broker_load_topic,
+            k.top_bundles_topic,
+            k.events_topic,
+            k.standby_topic,
+        ]
+        bundles = sorted(self.cluster.ownership(self._leader()))
+        producer = Producer({"bootstrap.servers": self.cluster.bootstrap_servers, "log_level": 0})
+        sent = 0
+        for topic in topics:
+            for key, value in _poison_values(bundles):
+                producer.produce(topic, key=key, value=value)
+                sent += 1
+        producer.flush(10)
+        self._note("poison", "every topic", f"{sent} values")
+
+    def pause_leader_heal(self) -> None:
+        leader = self._leader()
+        victim = self.rng.choice(self.cluster.agents)
+        self.cluster.kill(victim.name)
+        victim.proc.wait(10)
+        self._note("kill_agent", str(victim.broker), "before pausing the leader mid-reassignment")
+        deadline = time.monotonic() + self._session_s() * 3
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if victim.broker not in self.cluster.get(leader, "/v1/brokers").get("brokers", {}):
+                    break
+            time.sleep(0.02)
+        seconds = self._session_s() + 2
+        self._note("pause_leader_heal", leader.name, f"SIGSTOP {seconds:g}s as it reassigns {victim.broker}")
+        self._pause(leader.pid, seconds)
+        self._restart_agent(victim)
+        self._leader()
+
+    # ------------------------------------------------------------------ the run
+    def _topics(self) -> list[str]:
+        model = LoadModel(self.settings.sim)
+        return [t.name for i in range(self.cfg.namespaces) for t in model.topics(f"chaos/ns-{i}")]
+
+    def _settled(self) -> tuple[bool, str]:
+        leader = self.cluster.leader()
+        if leader is None:
+            return False, "no leader"
+        owned = {b: r for b, r in self.cluster.ownership(leader).items() if r["state"] == "owned"}
+        states = self.cluster.broker_states()
+        serving: dict[str, set[str]] = {}
+        for broker, st in states.items():
+            for b in st["serving"]:
+                serving.setdefault(b, set()).add(broker)
+        wrong = [b for b, r in owned.items() if serving.get(b) != {r["dst"]}]
+        extra = [b for b in serving if b not in owned]
+        if wrong or extra:
+            return (
+                False,
+                f"{len(wrong)} owned bundles not served by exactly their owner, {len(extra)} served unowned",
+            )
+        return True, f"{len(owned)} bundles served by their owners"
+
+    def run(self) -> ChaosReport:
+        cfg = self.cfg
+        self.cluster.start()
+        try:
+            self.s = load_settings(self.cluster.config_path, environ=False)
+            topics = self._topics()
+            self.client = LookupClient(self.cluster, topics)
+            self.client.start()
+            self._wait(
+                lambda: self._settled()[0] and len(self.cluster.ownership()) >= cfg.namespaces, 120, "warm-up"
+            )
+            actions: dict[str, Callable[[], None]] = {kind: getattr(self, kind) for kind in cfg.faults}
+            rounds = 0
+            end = time.monotonic() + cfg.duration_s
+            while rounds == 0 or time.monotonic() < end:
+                order = list(cfg.faults)
+                self.rng.shuffle(order)
+                for kind in order:
+                    actions[kind]()
+                    time.sleep(cfg.quiet_s)
+                rounds += 1
+            self._wait(lambda: self._settled()[0], cfg.settle_s, "settle")
+            settled_at = time.monotonic()
+            self.client.stop()
+            timelines = self.cluster.timelines()
+            history = load_history(timelines, observed_until_ns=time.monotonic_ns())
+            summary = summarize(history, settle_ns=int(cfg.settle_s * 1e9))
+            report = ChaosReport(
+                name="chaos",
+                summary=summary,
+                faults=self.faults,
+                runs=rounds,
+                seed=cfg.seed,
+                duration_s=round(settled_at - self.t0, 1),
+                params={
+                    "brokers": cfg.brokers,
+                    "controllers": cfg.controllers,
+                    "namespaces": cfg.namespaces,
+                    "session_timeout_s": self._session_s(),
+                    "lease_s": self.settings.lease_s(),
+                    "lease_margin_s": self.settings.broker.adapter.lease_margin_s,
+                    "lookups_ok": self.client.ok,
+                    "lookups_failed": self.client.failed,
+                },
+            )
+            (cfg.workdir / "timelines.json").write_bytes(orjson.dumps(timelines))
+            return report
+        finally:
+            if self.client is not None:
+                self.client.stop()
+            self.cluster.stop()
+
+    def _wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                if cond():
+                    return
+            except (httpx.HTTPError, ClusterError) as e:
+                last = str(e)
+            time.sleep(0.25)
+        detail = self._settled()[1] if what == "settle" else last
+        raise ClusterError(f"chaos: {what} did not finish within {timeout:g}s ({detail})")
+
+
+def _merge_settings(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge_settings(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run_chaos(cfg: ChaosConfig) -> ChaosReport:
+    return ChaosRun(cfg).run()

@@ -1,0 +1,133 @@
+"""Broker leases against a real ZooKeeper server: the session confirmation they rest on, the session
+timeout the server really granted, and a lost session making the agent stop vouching at once; and the
+signed webhook against the reference broker process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ZooKeeperServers
+from tests.support.procs import Procs
+from tests.support.waiting import wait_for
+from trimtab.agent.adapters.base import Lease
+from trimtab.agent.adapters.webhook import WebhookAdapter
+from trimtab.agent.leases import LeaseGuard
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.cluster.metrics import new_registry
+from trimtab.cluster.zk import ZkSession
+from trimtab.config.settings import Settings
+from trimtab.devkit.zkserver import free_port
+from trimtab.errors import AdapterError, LeaseUnavailable, StartupError
+
+pytestmark = pytest.mark.integration
+
+
+def guard(session: ZkSession, lease_s: float = 2.0, margin_s: float = 1.0) -> LeaseGuard:
+    return LeaseGuard(
+        session, lease_s=lease_s, margin_s=margin_s, metrics=AgentMetrics.create(new_registry())
+    )
+
+
+def test_a_confirmed_session_grants_leases_that_end_before_it_can_expire(zk_hosts: str) -> None:
+    session = ZkSession(zk_hosts, session_timeout_s=4)
+    session.start()
+    try:
+        g = guard(session)
+        assert g.bound() == 0.0
+        with pytest.raises(LeaseUnavailable):
+            g.grant()  # nothing confirmed yet
+        t0 = time.monotonic()
+        lease = asyncio.run(g.lease_for_acquire())
+        assert session.granted_timeout_s() == 4.0
+        assert lease.seconds == 2.0
+        # However long ago the confirmation, no lease outlives confirmation + session timeout - margin.
+        assert g.bound() <= 4.0 - 1.0 - (time.monotonic() - t0) + 0.01
+        assert lease.apply_by_ms - time.time() * 1000 <= 500 + 5  # half the margin to arrive
+    finally:
+        session.stop()
+
+
+def test_the_session_timeout_the_server_grants_must_fit_the_lease(
+    zk_server_factory: ZooKeeperServers,
+) -> None:
+    server = zk_server_factory.make(max_session_ms=3000)
+    session = ZkSession(server.hosts, session_timeout_s=20)  # the server clamps it to 3 s
+    session.start()
+    try:
+        assert session.granted_timeout_s() == 3.0
+        with pytest.raises(StartupError, match="granted a 3s session timeout"):
+            guard(session, lease_s=15.0, margin_s=2.0).check_session_timeout()
+        guard(session, lease_s=1.0, margin_s=1.0).check_session_timeout()
+    finally:
+        session.stop()
+
+
+def test_no_lease_without_zookeeper(zk_server_factory: ZooKeeperServers) -> None:
+    server = zk_server_factory.make()
+    session = ZkSession(server.hosts, session_timeout_s=4)
+    session.start()
+    try:
+        g = guard(session)
+        asyncio.run(g.confirm())
+        server.stop()
+        wait_for(lambda: not session.connected, 10, message="the client noticed the server is gone")
+        g.forget()  # what a lost session does; a suspended one just stops being confirmed
+        with pytest.raises(LeaseUnavailable, match="ZooKeeper"):
+            asyncio.run(g.lease_for_acquire())
+    finally:
+        session.stop()
+
+
+def test_settings_refuse_a_lease_that_outlives_the_session() -> None:
+    with pytest.raises(ValueError, match="must not exceed"):
+        Settings.model_validate(
+            {"zookeeper": {"session_timeout_s": 6}, "broker": {"adapter": {"lease_s": 5}}}
+        )
+    s = Settings.model_validate({"zookeeper": {"session_timeout_s": 6}})
+    assert s.lease_s() == 4.0
+
+
+def test_the_reference_broker_refuses_unsigned_and_forged_calls(procs: Procs, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    key = tmp_path / "key"
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    port = free_port()
+    procs.trimtab(
+        "sim-broker",
+        "--port",
+        str(port),
+        "--set",
+        f"broker.adapter.hmac_key_file={key}",
+        name="signed-broker",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_for(
+        lambda: httpx.get(f"{url}/trimtab/v1/sim/state", timeout=1).status_code == 200,
+        30,
+        ignore=(httpx.HTTPError,),
+        message="the signed sim-broker did not come up",
+    )
+    bundle = "t/ns/0x00000000_0x80000000"
+    body = {"bundle": bundle, "lease_s": 30, "apply_by_ms": int(time.time() * 1000) + 60_000}
+    r = httpx.post(f"{url}/trimtab/v1/bundles/acquire", json=body)
+    assert r.status_code == 401 and "unsigned" in r.json()["error"]
+    forged = WebhookAdapter(url, 5, hmac_key=b"not the key, but long enough")
+    signed = WebhookAdapter(url, 5, hmac_key=b"0123456789abcdef0123456789abcdef")
+    lease = Lease(30, int(time.time() * 1000) + 60_000)
+
+    async def calls() -> list[str]:
+        try:
+            with pytest.raises(AdapterError, match="HTTP 401"):
+                await forged.acquire(bundle, lease)
+            await signed.acquire(bundle, lease)
+            return await signed.renew([bundle, "t/ns/0x80000000_0xffffffff"], lease)
+        finally:
+            await forged.aclose()
+            await signed.aclose()
+
+    assert asyncio.run(calls()) == ["t/ns/0x80000000_0xffffffff"]
+    state = httpx.get(f"{url}/trimtab/v1/sim/state").json()
+    assert state["serving"] == [bundle] and state["refused_calls"]["forged"] == 2

@@ -1,0 +1,15 @@
+"""The one place where tests that build daemons in-process opt out of token authentication.
+
+``security.auth`` is "required" by default and a daemon with no token refuses to start (docs/security.md).
+Tests about something else build their settings with :data:`NO_AUTH` (a settings tree to merge) or
+:data:`NO_AUTH_SETS` (``--set`` assignments), so the opt-out is explicit and greppable. The security tests
+(tests/integration/test_security.py) run with tokens, and the local cluster (LocalCluster, ``dev up``)
+always does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NO_AUTH: dict[str, Any] = {"security": {"auth": "disabled"}}
+NO_AUTH_SETS: list[str] = ["security.auth=disabled"]
