@@ -83,7 +83,11 @@ class LeaseGuard:
         self._confirming: asyncio.Future[None] | None = None
 
     def session_timeout_s(self) -> float:
-        return self.zk.negotiated_timeout_s or self.zk.requested_timeout_s
+        return self.zk.granted_timeout_s(wait_s=0)
+
+    def lease(self, seconds: float) -> Lease:
+        """A lease of ``seconds`` that the broker must refuse once half the margin has passed."""
+        return Lease(seconds, int((self.wall() + self.margin_s / 2) * 1000))
 
     def check_session_timeout(self) -> None:
         """After connecting: the server may have granted a shorter session than requested (it clamps to its
@@ -136,7 +140,7 @@ class LeaseGuard:
                 f"cannot grant a broker lease ({seconds:.2f}s allowed): the ZooKeeper session was not "
                 "confirmed recently enough, or the bundle's in-flight record is about to time out"
             )
-        return Lease(round(seconds, 3), int((self.wall() + self.margin_s / 2) * 1000))
+        return self.lease(round(seconds, 3))
 
     async def lease_for_acquire(self, limit_s: float = math.inf) -> Lease:
         """A lease for an acquire: confirms the session first unless a recent confirmation still allows at
@@ -167,7 +171,6 @@ class LeaseRenewer:
         lost: Callable[[list[str]], None],
         metrics: AgentMetrics,
         in_flight_timeout_s: float,
-        wall: Callable[[], float] = time.time,
     ) -> None:
         self.me = me
         self.guard = guard
@@ -178,13 +181,12 @@ class LeaseRenewer:
         self.lost = lost
         self.metrics = metrics
         self.in_flight_timeout_s = in_flight_timeout_s
-        self.wall = wall
         self.interval_s = guard.lease_s / 3
         self.rounds = 0
 
     def groups(self) -> Mapping[float, list[str]]:
         """Bundles to renew, grouped by the lease each may get (most get the full one)."""
-        now_ms = int(self.wall() * 1000)
+        now_ms = int(self.guard.wall() * 1000)  # the guard's clock: one wall clock for leases
         full = min(self.guard.lease_s, self.guard.bound())
         out: dict[float, list[str]] = defaultdict(list)
         for bundle in self.served():
@@ -213,7 +215,7 @@ class LeaseRenewer:
             return self._count("zk_unconfirmed")
         result = "ok"
         for seconds, bundles in self.groups().items():
-            lease = Lease(seconds, int((self.wall() + self.guard.margin_s / 2) * 1000))
+            lease = self.guard.lease(seconds)
             try:
                 gone = await self.adapter.renew(bundles, lease)
             except AdapterError as e:

@@ -303,7 +303,6 @@ def _reconciliation(
         lost=reconciler.lost,
         metrics=metrics,
         in_flight_timeout_s=s.channel.in_flight_timeout_s,
-        wall=clock,
     )
     return leases, reconciler, renewer
 

@@ -262,32 +262,32 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, kind: str, name: str, port: int, extra: list[str]) -> Node:
-        log = self.workdir / "logs" / f"{name}.log"
+        """An agent or a controller."""
+        argv = [kind, "--config", str(self.config_path), "--http-port", str(port), *extra]
+        return self._add_node(
+            Node(name, kind, port, self._popen(name, argv), self._log(name), scheme=self._scheme)
+        )
+
+    def _log(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    def _popen(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        """``trimtab <argv>`` with its output in the node's log."""
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
-        cmd = [
-            self.python,
-            "-m",
-            "trimtab.cli",
-            kind,
-            "--config",
-            str(self.config_path),
-            "--http-port",
-            str(port),
-            *extra,
-        ]
-        with log.open("ab") as out:
+        with self._log(name).open("ab") as out:
             # Own session (signals to the orchestrator are not forwarded), yet killed if the orchestrator
             # dies: a dev cluster or a test run must never leave daemons behind.
-            proc = subprocess.Popen(
-                cmd,
+            return subprocess.Popen(
+                [self.python, "-m", "trimtab.cli", *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
                 preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
             )
-        node = Node(name, kind, port, proc, log, scheme=self._scheme)
-        self.nodes[name] = node
+
+    def _add_node(self, node: Node) -> Node:
+        self.nodes[node.name] = node
         return node
 
     def add_agent(
@@ -321,31 +321,9 @@ class LocalCluster:
         """Start ``trimtab sim-broker`` for broker id ``broker`` and wait until it answers."""
         port = free_port()
         name = f"broker-{broker.rsplit(':', 1)[-1]}"
-        log = self.workdir / "logs" / f"{name}.log"
-        cmd = [
-            self.python,
-            "-m",
-            "trimtab.cli",
-            "sim-broker",
-            "--config",
-            str(self.config_path),
-            "--port",
-            str(port),
-            "--broker-id",
-            broker,
-        ]
-        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
-            )
-        node = Node(name, "broker", port, proc, log, broker=broker)
-        self.nodes[name] = node
+        argv = ["sim-broker", "--config", str(self.config_path), "--port", str(port), "--broker-id", broker]
+        proc = self._popen(name, argv)
+        node = self._add_node(Node(name, "broker", port, proc, self._log(name), broker=broker))
         deadline = time.monotonic() + timeout
         while not self._answers(f"{node.http}/trimtab/v1/sim/state"):
             if not node.alive():
@@ -400,10 +378,7 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ waiting
     def _ready(self, node: Node) -> bool:
-        try:
-            return self._http.get(f"{node.http}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return self._answers(f"{node.http}/readyz")
 
     def wait_node(self, node: Node, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -192,10 +192,6 @@ class SimulatedBroker:
                 self.fenced.discard(bundle)
                 self._record("expire", bundle, None, deadline)
 
-    def expire_now(self) -> None:
-        with self._lock:
-            self._expire(time.monotonic_ns())
-
     @staticmethod
     def _check_fresh(op: str, lease: Lease) -> None:
         late_ms = int(time.time() * 1000) - lease.apply_by_ms

@@ -50,7 +50,7 @@ from trimtab.config.loader import load_settings
 from trimtab.config.settings import Settings
 from trimtab.devkit.chaos.history import load_history, summarize
 from trimtab.devkit.chaos.report import ChaosReport, Fault
-from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
+from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node, _merge
 
 log = structlog.get_logger("trimtab.chaos")
 
@@ -156,7 +156,7 @@ class ChaosRun:
             cfg.workdir,
             brokers=cfg.brokers,
             controllers=cfg.controllers,
-            settings=_merge_settings(CHAOS_SETTINGS, cfg.settings),
+            settings=_merge(CHAOS_SETTINGS, cfg.settings),
             broker_processes=True,
             kafka_process=True,
         )
@@ -199,12 +199,15 @@ class ChaosRun:
         raise ClusterError("no leader")
 
     # ------------------------------------------------------------------ faults
-    def kill_agent(self) -> None:
+    def _kill_agent(self, detail: str | None = None) -> Node:
         victim = self.rng.choice(self.cluster.agents)
         self.cluster.kill(victim.name)
         victim.proc.wait(10)
-        self._note("kill_agent", str(victim.broker))
-        self._restart_agent(victim)
+        self._note("kill_agent", str(victim.broker), detail)
+        return victim
+
+    def kill_agent(self) -> None:
+        self._restart_agent(self._kill_agent())
 
     def kill_leader(self) -> None:
         leader = self._leader()
@@ -271,10 +274,7 @@ class ChaosRun:
 
     def pause_leader_heal(self) -> None:
         leader = self._leader()
-        victim = self.rng.choice(self.cluster.agents)
-        self.cluster.kill(victim.name)
-        victim.proc.wait(10)
-        self._note("kill_agent", str(victim.broker), "before pausing the leader mid-reassignment")
+        victim = self._kill_agent("before pausing the leader mid-reassignment")
         deadline = time.monotonic() + self._session_s() * 3
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -375,13 +375,6 @@ class ChaosRun:
             time.sleep(0.25)
         detail = self._settled()[1] if what == "settle" else last
         raise ClusterError(f"chaos: {what} did not finish within {timeout:g}s ({detail})")
-
-
-def _merge_settings(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge_settings(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def run_chaos(cfg: ChaosConfig) -> ChaosReport:
