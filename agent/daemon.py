@@ -264,6 +264,7 @@ class Agent:
         if stale:
             log.info("stale_records", bundles=stale)
         await self.leases.confirm()
+        self.leases.start_heartbeat()
         await asyncio.to_thread(
             self.registry.register, self.identity.info(draining=False), self.register_wait_s
         )
@@ -341,6 +342,7 @@ class Agent:
         with contextlib.suppress(Exception):
             await self.adapter.aclose()
         await http.stop()
+        await asyncio.to_thread(self.leases.stop_heartbeat)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.zk.stop)
         with contextlib.suppress(Exception):

@@ -5,6 +5,7 @@ signed webhook against the reference broker process."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -49,6 +50,53 @@ def test_a_confirmed_session_grants_leases_that_end_before_it_can_expire(zk_host
         assert lease.apply_by_ms - time.time() * 1000 <= 500 + 5  # half the margin to arrive
     finally:
         session.stop()
+
+
+def test_the_heartbeat_keeps_the_bound_fresh_without_the_loop(zk_hosts: str) -> None:
+    """No asyncio at all: the heartbeat thread alone keeps confirming, so the grantable lease stays near the
+    full lease however long the caller does not confirm; stopping it lets the bound run down."""
+    session = ZkSession(zk_hosts, session_timeout_s=4)
+    session.start()
+    g = guard(session, lease_s=2.0, margin_s=1.0)
+    try:
+        g.start_heartbeat()
+        wait_for(lambda: g.confirmed_at is not None, timeout=5, message="a first heartbeat")
+        first = g.confirmed_at
+        assert first is not None
+        # Several heartbeats (every lease/4 = 0.5 s) later the confirmation moved on with them.
+        wait_for(lambda: (g.confirmed_at or 0) > first + 1.0, timeout=10, message="later heartbeats")
+        assert g.bound() > 3.0 - 1.0 - 0.5 - 0.25  # timeout - margin - heartbeat period - slack
+    finally:
+        g.stop_heartbeat()
+        last = g.confirmed_at
+        session.stop()
+    assert g.confirmed_at == last  # stopped means stopped
+
+
+def test_a_confirmation_begun_before_the_session_was_lost_does_not_count() -> None:
+    """forget() (the session was lost) between a round trip's start and its answer: the answer is dropped."""
+
+    release = threading.Event()
+
+    class SlowZk:
+        connected = True
+        requested_timeout_s = 4.0
+
+        def granted_timeout_s(self, wait_s: float = 0) -> float:
+            return 4.0
+
+        def confirm(self, timeout_s: float, path: str = "/") -> None:
+            release.wait(5)
+
+    g = LeaseGuard(SlowZk(), lease_s=2.0, margin_s=1.0, metrics=AgentMetrics.create(new_registry()))  # type: ignore[arg-type]
+    t = threading.Thread(target=g.confirm_blocking)
+    t.start()
+    g.forget()
+    release.set()
+    t.join(5)
+    assert g.confirmed_at is None and g.bound() == 0.0
+    g.confirm_blocking()  # a round trip begun after the loss counts
+    assert g.bound() > 0
 
 
 def test_the_session_timeout_the_server_grants_must_fit_the_lease(
