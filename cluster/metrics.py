@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import SKIP_REASONS
 from trimtab.cluster.kvview import KeyValueView
 
 
@@ -56,8 +57,11 @@ class ChannelCollector(Collector):
             records.add_metric(["accepted", "ok"], st.accepted)
             for reason, n in st.rejected.items():
                 records.add_metric(["rejected", str(reason)], n)
-            for reason, n in st.skipped.items():
-                records.add_metric(["skipped", reason], n)
+            # Every skip reason from the start, at 0 until it happens: increase() cannot see the first
+            # skips of a series that only appears with them (TrimtabChannelRecordsSkipped would miss a
+            # single burst of unreadable records).
+            for reason in sorted({*SKIP_REASONS, *st.skipped}):
+                records.add_metric(["skipped", reason], st.skipped.get(reason, 0))
             ready.add_metric([], 1.0 if c.ready else 0.0)
             lag.add_metric([], c.lag())
             counts: dict[str, int] = {}

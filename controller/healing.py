@@ -47,6 +47,8 @@ from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokers, Reassi
 from trimtab.controller.writes import ChannelWrites
 
 log = structlog.get_logger("trimtab.healing")
+#: The reasons of ``trimtab_healing_paused`` (every one is set on each round: 1 for the current one).
+HEALING_PAUSE_REASONS = ("mass_failure", "disabled")
 
 
 class Healer:
@@ -268,6 +270,10 @@ class HealingJob:
         if not self.healer.failed:
             self.metrics.failed_brokers.set(0)
             self.metrics.healing_pending.set(0)
+            # Nothing to heal, so nothing is paused: a pause must not outlive the failures behind it
+            # (TrimtabHealingPausedMassFailure would fire on after every broker came back).
+            for reason in HEALING_PAUSE_REASONS:
+                self.metrics.healing_paused.labels(reason).set(0)
             return []
         loads = self.loads.snapshot()
         candidates = {
@@ -298,7 +304,7 @@ class HealingJob:
         healer = self.healer
         self.metrics.failed_brokers.set(len(healer.failed))
         self.metrics.healing_pending.set(healer.pending)
-        for reason in ("mass_failure", "disabled"):
+        for reason in HEALING_PAUSE_REASONS:
             self.metrics.healing_paused.labels(reason).set(1 if healer.paused_reason == reason else 0)
         if healer.paused_reason == "mass_failure" and healer.failed:
             log.error(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -32,10 +32,13 @@ class ControllerMetrics:
     standby_coverage: Gauge
     standby_missing: Gauge
     standby_writes: Counter
+    # The brokers trimtab_broker_load_ratio has a series for: a broker that left loses its series, so the
+    # label's values stay bounded by the live brokers and a dead broker's last load raises no alert.
+    load_brokers: set[str] = field(default_factory=set)
 
     @classmethod
     def create(cls, r: CollectorRegistry) -> ControllerMetrics:
-        return cls(
+        m = cls(
             leader=Gauge(
                 "trimtab_controller_leader", "1 on the controller that currently leads.", registry=r
             ),
@@ -74,7 +77,8 @@ class ControllerMetrics:
             load_std=Gauge("trimtab_broker_load_std_ratio", "Standard deviation of broker load.", registry=r),
             broker_load=Gauge(
                 "trimtab_broker_load_ratio",
-                "Latest load (weighted max EMA) per broker.",
+                "Latest load (weighted max EMA) per broker, as the last shedding cycle saw it (live brokers "
+                "with fresh load reports).",
                 ["broker"],
                 registry=r,
             ),
@@ -140,3 +144,8 @@ class ControllerMetrics:
                 registry=r,
             ),
         )
+        # Present at 0 from the start: increase() then counts a new leader's first snapshot, and
+        # TrimtabSnapshotsNotWritten sees a leader whose every write fails.
+        for result in ("written", "failed"):
+            m.snapshots.labels(result)
+        return m

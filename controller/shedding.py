@@ -34,6 +34,9 @@ def observe_shed_cycle(metrics: ControllerMetrics, res: ShedResult, seconds: flo
         metrics.load_std.set(res.std)
         for b, v in res.loads.items():
             metrics.broker_load.labels(b).set(v)
+        for b in metrics.load_brokers - res.loads.keys():
+            metrics.broker_load.remove(b)
+        metrics.load_brokers = set(res.loads)
 
 
 def shed_event(res: ShedResult) -> dict[str, Any]:

@@ -5,6 +5,10 @@ look up every synthetic topic so its bundle gets an owner; pile the hot namespac
 broker (the skew the shedder then has to undo); show the cluster live until Ctrl-C or ``--duration``;
 stop everything; print the summary. The live view goes to stderr and the summary to stdout, so scripts
 can parse stdout.
+
+With Prometheus installed (or ``--prometheus``), a real Prometheus server scrapes every agent and
+controller with the deployed alert rules loaded (:mod:`trimtab.devkit.prometheus`): its URL is printed and
+written to the state file, and the live view lists its pending and firing alerts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 from rich.console import Console, Group
 from rich.live import Live
@@ -30,7 +35,9 @@ from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.transport import Follower, Message
 from trimtab.cluster.wiring import kafka_client_config
 from trimtab.config.settings import SimulationSettings
-from trimtab.devkit.localcluster import FAST_TIMERS, LocalCluster, _merge
+from trimtab.devkit.localcluster import FAST_TIMERS, ClusterError, LocalCluster, _merge
+from trimtab.devkit.prometheus import INSTALL_HINT, PrometheusOptions, PrometheusServer, find_prometheus
+from trimtab.errors import DevKitError
 
 
 class EventTally:
@@ -100,11 +107,48 @@ def _bar(v: float | None, width: int = 20) -> Text:
     return Text("█" * n + "░" * (width - n), style=style) + Text(f" {v:.2f}")
 
 
+def active_alerts(prom: PrometheusServer | None) -> list[dict[str, Any]] | None:
+    """The Prometheus server's pending and firing alerts, firing first; None without an answer."""
+    if prom is None:
+        return None
+    try:
+        alerts = prom.alerts()
+    except (httpx.HTTPError, DevKitError):
+        return None
+    return sorted(alerts, key=lambda a: (a.get("state") != "firing", a.get("activeAt", "")))
+
+
+def alerts_panel(prom: PrometheusServer, alerts: list[dict[str, Any]] | None) -> Panel:
+    """One line per active alert: state, name, what it is about (its summary) and since when."""
+    if alerts is None:
+        body = Text("Prometheus does not answer", style="red")
+    elif not alerts:
+        body = Text("none pending or firing", style="green")
+    else:
+        body = Text()
+        for a in alerts[:8]:
+            firing = a.get("state") == "firing"
+            since = str(a.get("activeAt", ""))[11:19]
+            body.append(f"{'FIRING ' if firing else 'pending'} ", style="bold red" if firing else "yellow")
+            body.append(str(a.get("labels", {}).get("alertname")), style="bold")
+            body.append(f"  {a.get('annotations', {}).get('summary', '')}  (since {since} UTC)\n")
+        body.rstrip()
+    return Panel(body, title=f"alerts (Prometheus {prom.url})")
+
+
 def render(
-    cluster: LocalCluster, status: dict[str, Any] | None, tally: EventTally, started: float, state_file: Path
+    cluster: LocalCluster,
+    status: dict[str, Any] | None,
+    tally: EventTally,
+    started: float,
+    state_file: Path,
+    alerts: list[dict[str, Any]] | None = None,
 ) -> Group:
+    """The live view: the leader's status, recent decisions and, with Prometheus, the active alerts."""
+    prom = cluster.prometheus_server
     if status is None:
-        return Group(Text("waiting for a leader...", style="yellow"))
+        waiting = Text("waiting for a leader...", style="yellow")
+        return Group(waiting, alerts_panel(prom, alerts)) if prom is not None else Group(waiting)
     leader = status.get("leader") or {}
     header = Text.assemble(
         ("trimtab dev cluster", "bold"),
@@ -144,7 +188,10 @@ def render(
         + "".join(f"{line}\n" for line in how_to_use(cluster)).rstrip("\n"),
         style="dim",
     )
-    return Group(header, t, summary, Panel(recent, title="recent decisions"), hint)
+    panels = [Panel(recent, title="recent decisions")]
+    if prom is not None:
+        panels.append(alerts_panel(prom, alerts))
+    return Group(header, t, summary, *panels, hint)
 
 
 def warm_up(
@@ -200,9 +247,13 @@ def dev_up(
     fast: bool,
     settings: dict[str, Any],
     broker_processes: bool = False,
+    prometheus: bool | None = None,
 ) -> dict[str, Any]:
     """Run the dev cluster (the module docstring's steps) until Ctrl-C, SIGTERM or ``duration``; return the
-    summary. The cluster is stopped and the signal handlers restored however the run ends."""
+    summary. The cluster is stopped and the signal handlers restored however the run ends.
+
+    ``prometheus``: run a Prometheus server with trimtab's alert rules beside the cluster; None: when its
+    binary is installed."""
     console = Console(stderr=True)
     from trimtab.cluster.logs import configure_logging
 
@@ -210,8 +261,17 @@ def dev_up(
     ns = [f"public/ns-{i}" for i in range(namespaces)]
     hot_ns = ns[:hot]
     cfg = _merge(_skewed_load_settings(hot_ns, hot_scale, fast), settings)
+    if prometheus is None:
+        prometheus = find_prometheus() is not None
+    elif prometheus and find_prometheus() is None:
+        raise ClusterError(f"--prometheus: no prometheus binary found: {INSTALL_HINT}")
     cluster = LocalCluster(
-        workdir, brokers=brokers, controllers=controllers, settings=cfg, broker_processes=broker_processes
+        workdir,
+        brokers=brokers,
+        controllers=controllers,
+        settings=cfg,
+        broker_processes=broker_processes,
+        prometheus=PrometheusOptions() if prometheus else None,
     )
     stop = threading.Event()
     prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -271,6 +331,11 @@ def _print_nodes(cluster: LocalCluster, console: Console, started: float, state_
         console.print(f"  controller {n.name:<14} {n.http}")
     for n in cluster.broker_nodes:
         console.print(f"  broker     {n.name:<14} {n.http}  (sim-broker process of {n.broker})")
+    if cluster.prometheus_server is not None:
+        prom = cluster.prometheus_server
+        console.print(
+            f"  prometheus {'':<14} {prom.url}  (alerts: {prom.url}/alerts; data in {prom.data_dir})"
+        )
     for line in how_to_use(cluster):
         console.print(line, markup=False, highlight=False)
 
@@ -301,12 +366,17 @@ def _run_until_stopped(
     """Wait for a stop signal or the end of ``duration``; with ``view``, redraw the live view every second."""
     deadline = time.monotonic() + duration if duration else None
     if view:
+        prom = cluster.prometheus_server
         with Live(
-            render(cluster, initial, tally, started, state_file), console=console, refresh_per_second=2
+            render(cluster, initial, tally, started, state_file, active_alerts(prom)),
+            console=console,
+            refresh_per_second=2,
         ) as live:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 stop.wait(1.0)
-                live.update(render(cluster, _status(cluster), tally, started, state_file))
+                live.update(
+                    render(cluster, _status(cluster), tally, started, state_file, active_alerts(prom))
+                )
     else:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             stop.wait(1.0)
@@ -349,6 +419,20 @@ def _summary(
         "healing": (final or {}).get("healing"),
         "exited_unexpectedly": dead,
         "state_file": str(state_file),
+        "prometheus": _prometheus_summary(cluster.prometheus_server),
+    }
+
+
+def _prometheus_summary(prom: PrometheusServer | None) -> dict[str, Any] | None:
+    """Where Prometheus ran and the alerts active at the end (name and state), for scripts."""
+    if prom is None:
+        return None
+    alerts = active_alerts(prom)
+    return {
+        "url": prom.url,
+        "alerts": None
+        if alerts is None
+        else [{"alert": a["labels"].get("alertname"), "state": a.get("state")} for a in alerts],
     }
 
 

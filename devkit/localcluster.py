@@ -10,6 +10,9 @@ With ``broker_processes=True`` each simulated broker is a process of its own (``
 reference webhook broker) that its agent drives through the webhook adapter with signed calls: pausing or
 killing an agent then leaves its broker running, as beside a real broker, and only broker leases stop it
 from serving what the agent can no longer vouch for. The chaos suite runs this way.
+
+With ``prometheus`` options, a real Prometheus server (:mod:`trimtab.devkit.prometheus`) scrapes every agent
+and controller, dead ones included, with the deployed alert rules loaded; it is stopped with the cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import orjson
 from trimtab.config.loader import load_settings
 from trimtab.devkit.kafka_mock import MockCluster, MockClusterProcess
 from trimtab.devkit.procs import die_with_parent_hook
+from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptions, PrometheusServer, Target
 from trimtab.devkit.zkserver import ZooKeeperServer, free_port
 from trimtab.errors import DevKitError
 
@@ -127,12 +131,16 @@ class LocalCluster:
     zk_port: int = 0
     broker_processes: bool = False
     kafka_process: bool = False  # the mock Kafka cluster in its own process (the chaos suite pauses it)
+    # A real Prometheus server scraping every agent and controller, with the alert rules loaded
+    # (trimtab.devkit.prometheus); None: no Prometheus.
+    prometheus: PrometheusOptions | None = None
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         self.nodes: dict[str, Node] = {}
         self.zk: ZooKeeperServer | None = None
         self.kafka: MockCluster | MockClusterProcess | None = None
+        self.prometheus_server: PrometheusServer | None = None
         self.config_path = self.workdir / "trimtab.toml"
         # Security on, as in production (docs/security.md): an admin and a read token and ZooKeeper digest
         # credentials of this cluster alone, written to owner-only files at start; the helpers below call
@@ -178,6 +186,15 @@ class LocalCluster:
             for _ in range(self.controllers):
                 self.add_controller(wait=False)
             self.wait_ready(timeout)
+            if self.prometheus is not None:
+                # Once the nodes are ready, so that its first scrapes find them all up: a node seen down
+                # while it boots would show a pending TrimtabAgentDown for nothing.
+                ca = (self.settings.get("http") or {}).get("tls_ca_file")
+                self.prometheus_server = PrometheusServer(
+                    self.workdir / "prometheus", self.prometheus, ca_file=str(ca) if ca else None
+                )
+                self._update_scrape_targets()
+                self.prometheus_server.start()
         except BaseException:
             self.stop()
             raise
@@ -288,7 +305,20 @@ class LocalCluster:
 
     def _add_node(self, node: Node) -> Node:
         self.nodes[node.name] = node
+        self._update_scrape_targets()
         return node
+
+    def _update_scrape_targets(self) -> None:
+        """Every agent and controller ever started, dead ones included (their ``up`` is 0: that is what
+        the agent-down alert sees); a restarted node keeps its name and replaces its old target."""
+        if self.prometheus_server is None:
+            return
+        jobs: dict[str, list[Target]] = {AGENT_JOB: [], CONTROLLER_JOB: []}
+        for n in self.nodes.values():
+            if n.kind in ("agent", "controller"):
+                job = AGENT_JOB if n.kind == "agent" else CONTROLLER_JOB
+                jobs[job].append(Target(f"127.0.0.1:{n.port}", n.scheme, {"node": n.name}))
+        self.prometheus_server.set_targets(jobs)
 
     def add_agent(
         self, name: str | None = None, *, wait: bool = True, port: int | None = None, args: Iterable[str] = ()
@@ -483,6 +513,9 @@ class LocalCluster:
             return node.proc.wait(5)
 
     def stop(self, graceful: bool = False) -> None:
+        if self.prometheus_server is not None:
+            self.prometheus_server.close()
+            self.prometheus_server = None
         procs = list(self.nodes.values())
         for n in procs:
             if n.alive():
@@ -524,6 +557,11 @@ class LocalCluster:
             "orchestrator_pid": os.getpid(),
             # Where the secrets are, never the secrets (`trimtab admin --token-file ...`).
             "security": {f"{k}_file": str(v) for k, v in self.token_files.items()},
+            "prometheus": (
+                {"url": self.prometheus_server.url, "pid": self.prometheus_server.pid}
+                if self.prometheus_server is not None
+                else None
+            ),
         }
 
     def write_state(self, path: Path) -> None:

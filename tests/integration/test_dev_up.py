@@ -55,6 +55,18 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
     read = {"authorization": f"Bearer {read_file.read_text().strip()}"}
     assert httpx.get(f"{c0}/v1/status", headers=read, timeout=10).status_code == 200
 
+    # A real Prometheus (scripts/setup.sh installs it) scrapes every node, with the alert rules loaded.
+    prom = state["prometheus"]["url"]
+
+    def scraped() -> list[dict[str, object]] | None:
+        targets = httpx.get(f"{prom}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+        return targets if len(targets) == 5 and all(t["health"] == "up" for t in targets) else None
+
+    wait_for(scraped, timeout=30, message=lambda: f"Prometheus at {prom} does not scrape every node")
+    rules = httpx.get(f"{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    assert any(r["name"] == "TrimtabAgentDown" for g in rules for r in g["rules"])
+    assert prom in proc.stderr()
+
     # Lookups work through any agent, and every agent agrees on the owner.
     topic = "persistent://public/dev-test/t-0001"
     answers = [
@@ -103,9 +115,12 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
     assert summary["exited_unexpectedly"] == []
     assert summary["load"]["initial_std"] is not None and summary["load"]["final_std"] is not None
     assert summary["leader"]["term"] >= 1
+    assert summary["prometheus"]["url"] == prom and isinstance(summary["prometheus"]["alerts"], list)
     assert not state_file.exists(), "the state file should be removed when the cluster stops"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{prom}/-/ready", timeout=5)  # stopped with the cluster
     # Every process it started is gone.
-    for p in state["agents"] + state["controllers"]:
+    for p in [*state["agents"], *state["controllers"], state["prometheus"]]:
         with pytest.raises(ProcessLookupError):
             import os
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.adapters.webhook_server import create_app
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.cluster.auth import auth_failures
 from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector
 from trimtab.config.docs import render_markdown
 from trimtab.config.loader import load_settings
@@ -25,7 +26,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
 
 def exported_metric_names() -> set[str]:
     names: set[str] = set()
-    for factory in (AgentMetrics.create, ControllerMetrics.create):
+    for factory in (AgentMetrics.create, ControllerMetrics.create, auth_failures):
         reg = CollectorRegistry()
         factory(reg)
         for fam in reg.collect():
@@ -64,7 +65,14 @@ def test_dashboard_uses_only_exported_metrics() -> None:
 
 def test_prometheus_config_loads_the_rules() -> None:
     cfg = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    assert "/etc/prometheus/alerts.yml" in cfg["rule_files"]
+    # Relative to the config file, which docker-compose mounts with the rules beside it.
+    assert cfg["rule_files"] == ["alerts.yml"]
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "./deploy/prometheus:/etc/prometheus:ro" in compose["services"]["prometheus"]["volumes"]
+    # Grafana provisions the dashboard from where compose mounts deploy/grafana/dashboards.
+    provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/trimtab.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    assert f"./deploy/grafana/dashboards:{path}:ro" in compose["services"]["grafana"]["volumes"]
     jobs = {j["job_name"] for j in cfg["scrape_configs"]}
     assert {"trimtab-agent", "trimtab-controller"} <= jobs
 
