@@ -24,9 +24,8 @@ from trimtab.balance.load import (
     TopBundles,
     Usage,
     Weights,
-    publish_reason,
+    next_report,
     top_k,
-    with_ema,
 )
 from trimtab.channel.transport import Transport
 from trimtab.config.settings import Settings
@@ -136,24 +135,23 @@ class LoadReporter:
             topics=sum(b.topics for b in bundles),
             updated_at=now_ms,
         )
-        prev = None if self._fresh else self.current
-        self._fresh = False
-        load = with_ema(raw, prev, self.weights, self.s.load.history_weight)
-        self.current = load
-        self.last_bundles = bundles
-        force, self._force = self._force, False
-        reason = publish_reason(
-            self.published,
-            load,
-            now_ms,
-            threshold_pct=self.s.load.report_threshold_pct,
-            max_interval_s=self.s.load.report_max_interval_s,
-            force=force,
+        step = next_report(
+            raw,
+            current=self.current,
+            published=self.published,
+            fresh=self._fresh,
+            force=self._force,
+            weights=self.weights,
+            settings=self.s,
+            now_ms=now_ms,
         )
-        if reason is None:
+        self._fresh = self._force = False
+        self.current = step.current
+        self.last_bundles = bundles
+        reason, load = step.reason, step.published
+        if reason is None or load is None:
             self.metrics.reports.labels("skipped", "unchanged").inc()
-            return load
-        load = msgspec.structs.replace(load, reported_at=now_ms)
+            return step.current
         await self._produce(self.s.kafka.broker_load_topic, _enc.encode(load))
         self.published = load
         self.metrics.reports.labels("published", reason).inc()

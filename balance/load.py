@@ -167,6 +167,41 @@ def publish_reason(
     return "changed" if change > threshold_pct else None
 
 
+@dataclass(frozen=True, slots=True)
+class NextReport:
+    current: BrokerLoadData  # the sample with its EMA: the reporter's state from now on
+    reason: str | None  # why to publish, None to skip
+    published: BrokerLoadData | None  # what to publish (``current`` stamped with reported_at), if anything
+
+
+def next_report(
+    raw: BrokerLoadData,
+    *,
+    current: BrokerLoadData | None,
+    published: BrokerLoadData | None,
+    fresh: bool,
+    force: bool,
+    weights: Weights,
+    settings: Settings,
+    now_ms: int,
+) -> NextReport:
+    """One reporter step (the agent's and the simulator's): the EMA continues from ``current`` unless load
+    just moved (``fresh``: it restarts, as Pulsar's reporters do), and the result is published when
+    :func:`publish_reason` says so."""
+    ld = settings.load
+    load = with_ema(raw, None if fresh else current, weights, ld.history_weight)
+    reason = publish_reason(
+        published,
+        load,
+        now_ms,
+        threshold_pct=ld.report_threshold_pct,
+        max_interval_s=ld.report_max_interval_s,
+        force=force,
+    )
+    out = None if reason is None else msgspec.structs.replace(load, reported_at=now_ms)
+    return NextReport(load, reason, out)
+
+
 def is_fresh(load: BrokerLoadData, now_ms: int, ttl_s: float) -> bool:
     return now_ms - load.updated_at <= ttl_s * 1000
 

@@ -21,7 +21,8 @@ Every cycle ends with decisions (``success``) or a ``skip`` reason; the caller t
 a log line and an event.
 
 **ThresholdShedder** (Pulsar's classic): a broker whose usage exceeds ``avg + threshold`` unloads
-``usage - avg - threshold + 5%`` of its traffic, largest bundles first.
+``usage - avg - threshold + 5%`` of its traffic, largest bundles first; with transfers on, each to the
+broker with the least *projected* load (less loaded than the source), so one cycle spreads over several.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class ShedState:
     hit_count: int = 0
     recent_bundles: dict[str, int] = field(default_factory=dict)  # bundle -> ms of its last move
     recent_brokers: dict[str, int] = field(default_factory=dict)  # broker -> ms of its last shed
+    usage_ema: dict[str, float] = field(default_factory=dict)  # broker -> legacy ThresholdShedder's own EMA
 
 
 @dataclass(frozen=True)
@@ -342,7 +344,19 @@ def threshold_shedder(
     load = {b: d.weighted_max_ema for b, d in pop.items()}
     avg, std = _stats(list(load.values()))
     result = ShedResult([], "skip", "balanced", avg=avg, std=std, loads=dict(load))
-    coldest = min(load, key=lambda b: (load[b], b))
+    # Destinations by projected load: each transfer adds its share to its destination, so one cycle does not
+    # pile every hot broker's bundles onto the single coldest one (the simulator showed a 5 -> 10 scale-out
+    # putting one new broker at 149 % that way).
+    projected = dict(load)
+
+    def coldest_for(src: str) -> str | None:
+        ok = [
+            x
+            for x in projected
+            if x != src and brokers.get(x, False) and x not in cooling and load[x] < load[src]
+        ]
+        return min(ok, key=lambda x: (projected[x], x)) if ok else None
+
     for b in sorted(load, key=lambda x: (-load[x], x)):
         if load[b] < avg + cfg.threshold:
             break
@@ -365,13 +379,13 @@ def threshold_shedder(
                 break
             if owner(s.bundle) != b or s.bundle in state.recent_bundles or s.throughput <= 0:
                 continue
-            dst = (
-                coldest
-                if cfg.transfer and coldest != b and brokers.get(coldest, False) and coldest not in cooling
-                else None
-            )
+            dst = coldest_for(b) if cfg.transfer else None
             if not transferable(s.bundle, b, dst):
                 continue
+            if dst is not None and pop[b].throughput > 0:
+                shift = s.throughput * load[b] / pop[b].throughput
+                projected[dst] += shift
+                projected[b] -= shift
             result.decisions.append(
                 Unload(s.bundle, b, dst, "overloaded", s.throughput, load[b], load.get(dst or ""))
             )

@@ -458,9 +458,24 @@ def test_threshold_unload_mode_and_unusable_destinations() -> None:
     res = threshold_world().shed(cfg=replace(TCFG, transfer=False), fn=threshold_shedder)
     assert res.decisions and {u.dst for u in res.decisions} == {None}
     w = threshold_world()
-    w.brokers["cold"] = False  # draining: plain unload instead
+    w.brokers["cold"] = False  # draining: the next least loaded takes it
+    res = w.shed(cfg=TCFG, fn=threshold_shedder)
+    assert res.decisions and {u.dst for u in res.decisions} == {"cool"}
+    w = threshold_world()
+    for other in ("warm", "cool", "cold"):
+        w.brokers[other] = False  # nobody can take load: plain unloads
     res = w.shed(cfg=TCFG, fn=threshold_shedder)
     assert res.decisions and {u.dst for u in res.decisions} == {None}
+
+
+def test_threshold_spreads_one_cycle_over_destinations_by_projected_load() -> None:
+    """Every hot broker's bundles do not all go to the one coldest broker: each transfer counts against its
+    destination (the simulator showed a scale-out piling 149 % onto one new broker otherwise)."""
+    w = World().add("h1", 0.9, [50, 40, 10]).add("h2", 0.9, [50, 40, 10])
+    w.add("c1", 0.1, [10, 10]).add("c2", 0.1, [10, 10])
+    res = w.shed(cfg=TCFG, fn=threshold_shedder)
+    assert len(res.decisions) == 2
+    assert {u.dst for u in res.decisions} == {"c1", "c2"}
 
 
 def test_threshold_skips_grace_not_owned_and_cooling() -> None:

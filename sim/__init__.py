@@ -1,0 +1,1 @@
+"""The deterministic simulator (docs/simulator.md)."""
