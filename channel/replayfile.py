@@ -321,6 +321,24 @@ def _is_header(line: bytes) -> bool:
     return raw is not None and any(_text(name) == "format" for name, _, _ in raw)
 
 
+def is_blank(line: bytes) -> bool:
+    """Whether an export line holds only whitespace (replay ignores it)."""
+    return _ws(line, 0) == len(line)
+
+
+def read_header(line: bytes) -> tuple[int | None, str | None] | None:
+    """What the first non-blank line of an export says about itself, exactly as :func:`replay_lines` reads
+    it (the pipeline's parallel reader of exports uses it too): None if it is not a header (then it is a
+    message line); else ``(partitions, problem)``: the declared partition count (None: not declared) and,
+    for a header that is not valid, why -- it then counts as a ``bad_line`` and declares nothing."""
+    if not _is_header(line):
+        return None
+    header = _parse_header(line)
+    if isinstance(header, _Bad):
+        return None, str(header)
+    return header, None
+
+
 # ---------------------------------------------------------------------------------------------- replay
 def replay_lines(
     lines: Iterable[bytes | str],
@@ -354,18 +372,18 @@ def replay_lines(
                 raw = b"\x00"  # not bytes any export could hold: a bad line below
         else:
             raw = line
-        if _ws(raw, 0) == len(raw):
+        if is_blank(raw):
             continue
         if view is None:
             # The first line decides the partition count before any message is applied.
-            if not _is_header(raw):
+            header = read_header(raw)
+            if header is None:
                 view = TableView(partitions)
             else:
-                header = _parse_header(raw)
-                declared = None if isinstance(header, _Bad) else header
+                declared, problem = header
                 view = TableView(partitions if partitions is not None else declared)
-                if isinstance(header, _Bad):
-                    bad(lineno, str(header))
+                if problem is not None:
+                    bad(lineno, problem)
                 continue
         try:
             batch.append(_parse_message(raw))

@@ -15,7 +15,7 @@ top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".di
 assert top == {"trimtab"}, f"the wheel installs these top-level names: {sorted(top)} (want only trimtab)"
 dev = [n for n in names if n.startswith("trimtab/devkit")]
 assert not dev, f"the dev kit is in the wheel: {dev[:5]}"
-for needed in ("trimtab/cli.py", "trimtab/channel/records.py", "trimtab/agent/daemon.py",
+for needed in ("trimtab/cli.py", "trimtab/channel/records.py", "trimtab/agent/daemon.py", "trimtab/pipeline/cli.py",
                "trimtab/controller/daemon.py", "trimtab/config/settings.py", "trimtab/py.typed"):
     assert needed in names, f"{needed} is missing from the wheel"
 print(f"wheel {sys.argv[1].rsplit('/', 1)[-1]}: top-level {sorted(top)}, {len(names)} files, no dev kit")
@@ -30,4 +30,9 @@ if msg=$("$out/venv/bin/trimtab" bench channel 2>&1); then
   echo "'trimtab bench' ran without the dev kit" >&2; exit 1
 fi
 case "$msg" in *"ships with the source repository"*) ;; *) echo "unexpected: $msg" >&2; exit 1 ;; esac
-echo "trimtab --help runs from a fresh virtualenv; the dev kit commands say where to get it"
+# The pipeline ships in the wheel, PySpark does not (the optional spark extra): its commands say how to get it.
+if msg=$("$out/venv/bin/trimtab" pipeline compact --input "$wheel" 2>&1); then
+  echo "'trimtab pipeline' ran without the spark extra" >&2; exit 1
+fi
+case "$msg" in *"trimtab[spark]"*) ;; *) echo "unexpected: $msg" >&2; exit 1 ;; esac
+echo "trimtab --help runs from a fresh virtualenv; the dev kit and pipeline commands say where to get them"

@@ -22,6 +22,8 @@ fixture                scope     what it gives
                                  unique to the test (``channel_topic``, ``snapshot_topic``, ``topic(x)``)
 ``procs``              function  :class:`tests.support.procs.Procs`: CLI/helper subprocesses, all killed
                                  (whole process groups) at teardown
+``spark``              session   a local Spark session (``local[2]``, 4 shuffle partitions, no UI) for the
+                                 pipeline tests; started on first use only (docs/pipeline.md)
 =====================  ========  ==========================================================================
 
 Synchronise with ``tests.support.waiting.wait_for`` (a condition and a deadline), never with sleeps.
@@ -180,6 +182,23 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         yield p
     finally:
         p.close()
+
+
+# ---------------------------------------------------------------------------------------------- Spark
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One Spark session for every pipeline test: starting a JVM costs ~10 s, so it is shared (and only
+    started when a test asks for it). Its Python workers run this interpreter (PYSPARK_PYTHON)."""
+    from trimtab.pipeline.common import Progress
+    from trimtab.pipeline.session import spark_session
+
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2"}
+    with spark_session(
+        "trimtab-tests", master="local[2]", conf=conf, progress=Progress("tests", quiet=True)
+    ) as s:
+        yield s
 
 
 # ---------------------------------------------------------------------------------------------- failure reports

@@ -1,0 +1,175 @@
+"""``trimtab bench pipeline``: channel compaction on Spark, ``local[1]`` vs ``local[2]``, beside the in-process
+replay of the same data (docs/benchmarks.md).
+
+The data: the channel benchmark's seeded generator (``bench.channel.generate_log``: assignments,
+transfers, unloads, ~5 % racing writers that must be rejected, ~0.1 % garbage that must be skipped),
+written once as a channel export -- the file ``trimtab channel replay`` and ``trimtab pipeline compact
+--input`` both read -- and kept in the work directory for later runs (it is deterministic per seed).
+
+The measurements, each from the same file:
+
+* **in-process**: ``channel.replayfile.replay_lines`` -- what ``trimtab channel replay FILE`` does: parse
+  every line, replay it through one ``TableView`` -- on one core, in this process;
+* **Spark**, once per master, each in a fresh process (a JVM of its own; ``pipeline_worker``): a warm-up
+  compaction of a small prefix (starts the Python workers), then ``pipeline.compact.compact_export`` of the
+  whole file, timed from the job's start to the table and counts collected on the driver. Its
+  ``{"table", "stats"}`` must equal the in-process replay's byte for byte, or no figure is reported.
+
+records/s = records in the file / wall seconds. The scaling figure is local[2] / local[1]; its target is
+1.7. The machine's cores are shared (see ``loadavg``); CPU seconds of each run's process tree are reported
+beside the wall time.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trimtab.devkit.bench.common import BenchError, Progress, environment, loadavg
+
+TARGET_SCALING = 1.7
+
+
+def _export(path: Path, records: int, bundles: int, seed: int, progress: Progress) -> dict[str, Any]:
+    """Write the seeded log as an export (unless it is there already); returns what the generator intended."""
+    from trimtab.channel.replayfile import export_lines
+    from trimtab.devkit.bench.channel import generate_log
+
+    meta = path.with_suffix(".expected.json")
+    if path.exists() and meta.exists():
+        progress(f"reusing {path} ({path.stat().st_size / 1e9:.2f} GB)")
+        expected: dict[str, Any] = json.loads(meta.read_text())
+        return expected
+    progress(f"generating {records} records over {bundles} bundles (seed {seed})")
+    t0 = time.monotonic()
+    log = generate_log(records, bundles, seed=seed)
+    progress(f"generated in {time.monotonic() - t0:.1f} s; writing {path}")
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        for line in export_lines(
+            ((m.key, m.value, m.partition, m.offset) for m in log.messages),
+            topic="bench",
+            partitions=log.partitions,
+        ):
+            f.write(line)
+    os.replace(tmp, path)
+    expected = {"stats": log.expected_stats(), "bundles_in_table": len(log.final)}
+    meta.write_text(json.dumps(expected))
+    del log
+    gc.collect()
+    return expected
+
+
+def _digest(report_bytes: bytes) -> str:
+    return hashlib.sha256(report_bytes).hexdigest()
+
+
+def run(
+    *,
+    records: int,
+    bundles: int,
+    seed: int,
+    masters: list[str],
+    tasks: int,
+    split_bytes: int,
+    workdir: Path,
+    driver_memory: str,
+    progress: Progress,
+) -> dict[str, Any]:
+    from trimtab.channel.replayfile import replay_lines, report_json, table_report
+
+    load_start = loadavg()
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = workdir / f"channel-{records}-{bundles}-{seed}.jsonl"
+    expected = _export(data, records, bundles, seed, progress)
+    lines = records + 1  # the header
+
+    progress("in-process replay (one core)")
+    gc.collect()
+    t0, c0 = time.perf_counter(), time.process_time()
+    with open(data, "rb") as f:
+        view = replay_lines(f)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    reference = report_json(table_report(view))
+    stats = view.stats.as_dict()
+    del view
+    gc.collect()
+    if stats != {k: expected["stats"][k] for k in ("accepted", "rejected", "skipped")}:
+        raise BenchError(f"in-process replay gave {stats}, the generator intended {expected['stats']}")
+    inproc = {"seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "records_per_s": round(records / wall)}
+    progress(f"in-process: {inproc['records_per_s']} records/s ({wall:.1f} s)")
+
+    warm = workdir / "warmup.jsonl"
+    with open(data, "rb") as src, open(warm, "wb") as dst:
+        for i, line in enumerate(src):
+            if i > 20_000:
+                break
+            dst.write(line)
+
+    spark: dict[str, Any] = {}
+    for master in masters:
+        out = workdir / f"result-{master.replace('[', '-').replace(']', '')}.json"
+        table = workdir / f"table-{master.replace('[', '-').replace(']', '')}.json"
+        progress(f"Spark {master}: a fresh JVM, a warm-up, then the whole file")
+        cmd = [
+            sys.executable,
+            "-m",
+            "trimtab.devkit.bench.pipeline_worker",
+            "--master",
+            master,
+            "--input",
+            str(data),
+            "--warmup",
+            str(warm),
+            "--tasks",
+            str(tasks),
+            "--split-bytes",
+            str(split_bytes),
+            "--driver-memory",
+            driver_memory,
+            "--result",
+            str(out),
+            "--table",
+            str(table),
+        ]
+        proc = subprocess.run(cmd, check=False)
+        if proc.returncode != 0:
+            raise BenchError(f"the Spark run on {master} failed (exit {proc.returncode})")
+        got = json.loads(out.read_text())
+        if _digest(table.read_bytes()) != _digest(reference):
+            raise BenchError(
+                f"Spark on {master} resolved a different table or counts than the in-process replay"
+            )
+        table.unlink()
+        got["records_per_s"] = round(records / got["seconds"])
+        spark[master] = got
+        progress(f"Spark {master}: {got['records_per_s']} records/s ({got['seconds']:.1f} s)")
+    warm.unlink(missing_ok=True)
+
+    result: dict[str, Any] = {
+        "benchmark": "pipeline compact",
+        "records": records,
+        "lines": lines,
+        "bundles": bundles,
+        "seed": seed,
+        "file_bytes": data.stat().st_size,
+        "tasks": tasks,
+        "split_bytes": split_bytes,
+        "in_process_replay": inproc,
+        "spark": spark,
+        "equal_to_in_process": True,
+    }
+    if "local[1]" in spark and "local[2]" in spark:
+        scaling = spark["local[2]"]["records_per_s"] / spark["local[1]"]["records_per_s"]
+        result["scaling_local2_over_local1"] = round(scaling, 3)
+        result["target_scaling"] = TARGET_SCALING
+        result["meets_target"] = scaling >= TARGET_SCALING
+    result["environment"] = environment(load_start, "pyspark", "pyarrow", "msgspec")
+    return result
