@@ -21,6 +21,7 @@ from trimtab.admin_cli import admin
 from trimtab.config.loader import load_settings, parse_assignments, set_path
 from trimtab.config.settings import Settings
 from trimtab.errors import ConfigError
+from trimtab.pipeline.cli import pipeline
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -411,6 +412,7 @@ def _export_channel(transport: Transport, topic: str, export_to: str, timeout: f
 
 # ---------------------------------------------------------------------------------------------- admin
 main.add_command(admin)  # trimtab/admin_cli.py (docs/admin-cli.md): imports only click until it is run
+main.add_command(pipeline)  # pipeline/cli.py (docs/pipeline.md): PySpark is imported only when a job runs
 
 
 # ---------------------------------------------------------------------------------------------- dev
@@ -452,6 +454,12 @@ def dev() -> None:
     help="Run each simulated broker as its own process (trimtab sim-broker) behind the webhook adapter, so "
     "pausing or killing an agent leaves its broker running, as beside a real broker.",
 )
+@click.option(
+    "--prometheus/--no-prometheus",
+    default=None,
+    help="Run a Prometheus server scraping every node, with trimtab's alert rules (deploy/prometheus); "
+    "its URL is printed and the live view shows its alerts. Default: when the prometheus binary is installed.",
+)
 @config_option
 @set_option
 def dev_up(
@@ -466,6 +474,7 @@ def dev_up(
     no_view: bool,
     production_timers: bool,
     broker_processes: bool,
+    prometheus: bool | None,
     config_file: str | None,
     sets: tuple[str, ...],
 ) -> None:
@@ -475,6 +484,9 @@ def dev_up(
     import shutil
 
     run = _devkit("trimtab.devkit.devup").dev_up
+    prom = _devkit("trimtab.devkit.prometheus")
+    if prometheus and prom.find_prometheus() is None:
+        raise click.ClickException(f"--prometheus: no prometheus binary found: {prom.INSTALL_HINT}")
 
     if brokers < 1 or controllers < 0:
         raise click.BadParameter("need at least one broker")
@@ -503,6 +515,7 @@ def dev_up(
         fast=not production_timers,
         settings=overrides,
         broker_processes=broker_processes,
+        prometheus=prometheus,
     )
     _emit_json(summary)
 
@@ -522,6 +535,78 @@ def placement_solve(file: str) -> None:
     from trimtab.placement_solve import solve_main
 
     sys.exit(solve_main(file))
+
+
+@main.command("sim")
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write report.json, series.json and PNG plots (load, std, moves) into this directory.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    type=click.Choice(
+        ["transfer", "threshold", "legacy-overload", "legacy-threshold", "legacy-uniform", "none"]
+    ),
+    help="Run only these policies (repeatable; default: the scenario's).",
+)
+@click.option("--seed", type=int, default=None, help="Override the scenario's seed.")
+def sim_cmd(
+    scenario: Path, as_json: bool, out: Path | None, policies: tuple[str, ...], seed: int | None
+) -> None:
+    """Run SCENARIO.yaml in virtual time with the production decision code, each policy side by side
+    (docs/simulator.md). Deterministic: the same scenario and seed give byte-identical JSON.
+
+    Exit codes: 0 ran (whatever the figures), 2 the scenario is invalid (the message names the field)."""
+    from trimtab.sim.run import main_json, simulate, write_outputs
+    from trimtab.sim.scenario import load_scenario
+
+    try:
+        sc = load_scenario(scenario)
+        if seed is not None:
+            sc = sc.model_copy(update={"seed": seed})
+    except ConfigError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    except ImportError as e:
+        click.echo(f"trimtab sim needs the simulator extra: pip install 'trimtab[sim]' ({e})", err=True)
+        sys.exit(2)
+    report, runs = simulate(sc, list(policies) or None, progress=lambda m: click.echo(m, err=True))
+    data = main_json(report)
+    if out is not None:
+        for p in write_outputs(out, report, runs, data):
+            click.echo(f"wrote {p}", err=True)
+    if as_json:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        _print_sim_table(report)
+
+
+def _print_sim_table(report: dict[str, Any]) -> None:
+    click.echo(
+        f"{report['scenario']}: balance target std {report['balance_target_std']:g}, measured from "
+        f"{report['measure_from_s']:g} s"
+    )
+    click.echo(
+        f"{'policy':18} {'balanced after':>15} {'moves':>6} {'unserved b*s':>13} {'peak':>6} {'osc':>4} {'viol':>5}"
+    )
+    for name, r in report["policies"].items():
+        ttb = "never" if r["time_to_balance_s"] is None else f"{r['time_to_balance_s']:g} s"
+        click.echo(
+            f"{name:18} {ttb:>15} {r['moves']:>6} {r['unserved_bundle_s']:>13.1f} "
+            f"{r['peak_broker_load']:>6.2f} {r['oscillations']:>4} {r['violations_total']:>5}"
+        )
+    opt = report.get("optimum")
+    if opt:
+        click.echo(
+            f"exact minimum moves to bring every broker within +-{opt['band']:g}: {opt['moves']} ({opt['status']})"
+        )
 
 
 @main.command("docs")

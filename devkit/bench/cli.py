@@ -176,3 +176,88 @@ def placement_cmd(bundles: int, seed: int, output: str | None) -> None:
     result = run(bundles, seed=seed)
     result["meets_targets"] = {"candidates_s": result["candidates_cold_s"] <= result["target_candidates_s"]}
     _emit(result, output)
+
+
+@bench.command("pipeline")
+@click.option("--records", type=click.IntRange(min=1000), default=10_000_000, show_default=True)
+@click.option("--bundles", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option(
+    "--masters",
+    default="local[1],local[2]",
+    show_default=True,
+    help="Spark masters to measure, comma-separated.",
+)
+@click.option(
+    "--tasks", type=click.IntRange(min=1), default=8, show_default=True, help="Reading and fold tasks."
+)
+@click.option("--split-bytes", type=click.IntRange(min=1), default=64 << 20, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--driver-memory", default="4g", show_default=True)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".trimtab/bench-pipeline"),
+    show_default=True,
+    help="Where the generated export is kept (reused by later runs with the same records, bundles and seed).",
+)
+@click.option("--output", type=click.Path(dir_okay=False), help="Also write the JSON to this file.")
+def pipeline_cmd(
+    records: int,
+    bundles: int,
+    masters: str,
+    tasks: int,
+    split_bytes: int,
+    seed: int,
+    driver_memory: str,
+    workdir: Path,
+    output: str | None,
+) -> None:
+    """Channel compaction on Spark, local[1] vs local[2], beside the in-process replay of the same export
+    (target: local[2]/local[1] >= 1.7). Needs the spark extra."""
+    from trimtab.devkit.bench.common import BenchError, progress_printer
+    from trimtab.devkit.bench.pipeline import run as run_pipeline
+    from trimtab.pipeline.common import spark_missing
+
+    missing = spark_missing()
+    if missing is not None:
+        raise click.ClickException(missing)
+    if records < 2 * bundles:
+        raise click.BadParameter(
+            f"need at least 2 records per bundle ({2 * bundles})", param_hint="--records"
+        )
+    try:
+        result = run_pipeline(
+            records=records,
+            bundles=bundles,
+            seed=seed,
+            masters=[m.strip() for m in masters.split(",") if m.strip()],
+            tasks=tasks,
+            split_bytes=split_bytes,
+            workdir=workdir,
+            driver_memory=driver_memory,
+            progress=progress_printer("pipeline"),
+        )
+    except BenchError as e:
+        click.echo(f"bench pipeline FAILED (no figures reported): {e}", err=True)
+        sys.exit(1)
+    _emit(result, output)
+
+
+@bench.command("balance")
+@click.option(
+    "--scenario",
+    "scenarios",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Run these scenario files instead of the shipped suite (repeatable).",
+)
+@click.option("--no-tuned", is_flag=True, help="Skip the scale-out run with the tuned cadence settings.")
+@click.option("--output", type=click.Path(dir_okay=False), help="Also write the JSON to this file.")
+def balance_cmd(scenarios: tuple[Path, ...], no_tuned: bool, output: str | None) -> None:
+    """The scenario suite in the simulator: trimtab's shedders, Pulsar's legacy ones and the exact optimum."""
+    from trimtab.devkit.bench.balance import run as run_balance
+
+    result = run_balance(
+        list(scenarios) or None, tuned=not no_tuned, progress=lambda m: click.echo(m, err=True)
+    )
+    _emit(result, output)

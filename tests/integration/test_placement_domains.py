@@ -92,17 +92,22 @@ def test_a_group_spreads_over_domains_and_a_dead_domain_fails_over_to_the_standb
     assert sorted(domain_of[o] for o in owners.values()) == ["d1", "d1", "d2", "d2"]
 
     # Warm standbys: each bundle pre-warmed by a broker of the other zone.
-    def standbys() -> dict[str, str] | None:
-        found: dict[str, str] = {}
+    # A bundle's standby can move between the two brokers of the other zone as their loads change (the
+    # leader recomputes standbys every placement.standby_interval_s); both then hold it pre-warmed.
+    def standbys() -> dict[str, set[str]] | None:
+        found: dict[str, set[str]] = {}
         for n in c.agents:
             for b in c.get(n, "/v1/sim/state").get("prewarmed", []):
                 if b in owners:
-                    found[b] = n.broker
+                    found.setdefault(b, set()).add(n.broker)
         return found if len(found) == len(bundles) else None
 
-    standby = wait_for(standbys, timeout=30, message="every bundle of the group has a pre-warmed standby")
-    for b, s in standby.items():
-        assert domain_of[s] != domain_of[owners[b]], (b, s, owners[b])
+    wait_for(standbys, timeout=30, message="every bundle of the group has a pre-warmed standby")
+
+    standby = standbys()
+    assert standby is not None
+    for b, ss in standby.items():
+        assert all(domain_of[x] != domain_of[owners[b]] for x in ss), (b, ss, owners[b])
 
     # Kill domain d1 at once.
     for name, domain in DOMAINS.items():
@@ -119,6 +124,6 @@ def test_a_group_spreads_over_domains_and_a_dead_domain_fails_over_to_the_standb
     final = wait_for(moved, timeout=60, message="the group's bundles are owned by the surviving domain")
     for b in bundles:
         if domain_of[owners[b]] == "d1":
-            assert final[b] == standby[b], f"{b} should have failed over to its standby {standby[b]}: {final}"
+            assert final[b] in standby[b], f"{b} should have failed over to a standby {standby[b]}: {final}"
         else:
             assert final[b] == owners[b]

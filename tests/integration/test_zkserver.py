@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -182,6 +183,9 @@ def test_classpath_falls_back_to_the_pyspark_wheel_jars(
     monkeypatch.delenv("TRIMTAB_ZK_CLASSPATH", raising=False)
     monkeypatch.setattr(zkserver, "DEBIAN_JAVA_DIR", tmp_path / "no-debian")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    # The real pyspark (the spark extra) may already be imported by earlier tests: look it up afresh.
+    for name in [m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")]:
+        monkeypatch.delitem(sys.modules, name)
 
     chosen = {Path(p).name for p in find_classpath().split(os.pathsep)}
     assert chosen == set(wanted)
