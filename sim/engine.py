@@ -308,7 +308,6 @@ class Engine:
         b = Broker(spec.id, info, spec.capacity_msg_rate or self.m.capacity_msg_rate, Served(self.load))
         self.brokers[spec.id] = b
         self.failed.pop(spec.id, None)
-        self.rng_phase.uniform(0, self.s.load.report_interval_s)
         self._start_agent(b)
         return b
 
