@@ -136,11 +136,8 @@ def _pct(u: Any) -> float:
     return float(u.percent)
 
 
-def channel_rows(batch: pa.RecordBatch, partitions: int | None) -> list[dict[str, Any]]:
-    """The channel's records, decoded as a node decodes them (key, home partition, value); a record a
-    node would skip has its reason in ``skip_reason``. Acceptance is not decided here: that needs the
-    bundle's history (``pipeline compact``, ``pipeline.report``)."""
-    out: list[dict[str, Any]] = []
+def _messages(batch: pa.RecordBatch) -> Iterator[tuple[dict[str, Any], bytes | None, bytes | None]]:
+    """Each message of a Kafka batch: its Kafka columns (the start of its row), its key and its value."""
     cols = batch.to_pydict()
     for topic, p, off, ts, key, value in zip(
         cols["topic"],
@@ -151,19 +148,20 @@ def channel_rows(batch: pa.RecordBatch, partitions: int | None) -> list[dict[str
         cols["value"],
         strict=True,
     ):
-        row: dict[str, Any] = {
-            "topic": topic,
-            "partition": p,
-            "offset": off,
-            "timestamp": ts,
-            "key": key,
-            "value": value,
-            "tombstone": value is None,
-        }
+        yield {"topic": topic, "partition": p, "offset": off, "timestamp": ts}, key, value
+
+
+def channel_rows(batch: pa.RecordBatch, partitions: int | None) -> list[dict[str, Any]]:
+    """The channel's records, decoded as a node decodes them (key, home partition, value); a record a
+    node would skip has its reason in ``skip_reason``. Acceptance is not decided here: that needs the
+    bundle's history (``pipeline compact``, ``pipeline.report``)."""
+    out: list[dict[str, Any]] = []
+    for kafka, key, value in _messages(batch):
+        row: dict[str, Any] = {**kafka, "key": key, "value": value, "tombstone": value is None}
         name = _text(key)
         if name is None or not is_bundle_name(name):
             row["skip_reason"] = "bad_key"
-        elif partitions is not None and zlib.crc32(key or b"") % partitions != p:
+        elif partitions is not None and zlib.crc32(key or b"") % partitions != kafka["partition"]:
             row["bundle"] = name
             row["skip_reason"] = "wrong_partition"
         else:
@@ -195,19 +193,8 @@ def _record_fields(row: dict[str, Any], rec: Record) -> None:
 
 def broker_load_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    cols = batch.to_pydict()
-    for topic, p, off, ts, key, value in zip(
-        cols["topic"],
-        cols["partition"],
-        cols["offset"],
-        cols["timestamp"],
-        cols["key"],
-        cols["value"],
-        strict=True,
-    ):
-        row: dict[str, Any] = {"topic": topic, "partition": p, "offset": off, "timestamp": ts}
-        row["broker"] = _text(key)
-        row["tombstone"] = value is None
+    for kafka, key, value in _messages(batch):
+        row: dict[str, Any] = {**kafka, "broker": _text(key), "tombstone": value is None}
         if value is not None:
             load = _load_dec.decode(value)
             if isinstance(load, Refused):
@@ -238,19 +225,8 @@ def broker_load_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
 def top_bundles_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     """One row per reported bundle (``rank`` 0 is the busiest); a tombstone or a refused value is one row."""
     out: list[dict[str, Any]] = []
-    cols = batch.to_pydict()
-    for topic, p, off, ts, key, value in zip(
-        cols["topic"],
-        cols["partition"],
-        cols["offset"],
-        cols["timestamp"],
-        cols["key"],
-        cols["value"],
-        strict=True,
-    ):
-        base: dict[str, Any] = {"topic": topic, "partition": p, "offset": off, "timestamp": ts}
-        base["broker"] = _text(key)
-        base["tombstone"] = value is None
+    for kafka, key, value in _messages(batch):
+        base: dict[str, Any] = {**kafka, "broker": _text(key), "tombstone": value is None}
         if value is None:
             out.append(base)
             continue
@@ -314,23 +290,8 @@ def event_fields(value: bytes) -> dict[str, Any] | str:
 
 def events_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    cols = batch.to_pydict()
-    for topic, p, off, ts, key, value in zip(
-        cols["topic"],
-        cols["partition"],
-        cols["offset"],
-        cols["timestamp"],
-        cols["key"],
-        cols["value"],
-        strict=True,
-    ):
-        row: dict[str, Any] = {
-            "topic": topic,
-            "partition": p,
-            "offset": off,
-            "timestamp": ts,
-            "key": _text(key),
-        }
+    for kafka, key, value in _messages(batch):
+        row: dict[str, Any] = {**kafka, "key": _text(key)}
         if value is None:
             row["skip_reason"] = "tombstone"
         else:
