@@ -66,6 +66,16 @@ def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def load_with_flags(path: str | None, sets: list[str], flags: Mapping[str, Any]) -> Settings:
+    """The settings of a command line: the file, then ``--set`` assignments, then named flags (dotted path ->
+    value, None = not given); :class:`ConfigError` when invalid. Every command (daemons, pipeline) uses it."""
+    overrides = parse_assignments(sets)
+    for dotted, value in flags.items():
+        if value is not None:
+            set_path(overrides, dotted, value)
+    return load_settings(path, overrides)
+
+
 def parse_assignments(items: list[str]) -> dict[str, Any]:
     """``["a.b=1", "c.d=[\\"x\\"]"]`` -> nested dict; values are parsed as TOML when they can be."""
     out: dict[str, Any] = {}

@@ -75,14 +75,10 @@ def spark_options(fn: F) -> F:
 
 
 def load(config_file: str | None, sets: tuple[str, ...], **flags: Any) -> Settings:
-    from trimtab.config.loader import load_settings, parse_assignments, set_path
+    from trimtab.config.loader import load_with_flags
 
     try:
-        overrides = parse_assignments(list(sets))
-        for dotted, value in flags.items():
-            if value is not None:
-                set_path(overrides, dotted, value)
-        return load_settings(config_file, overrides)
+        return load_with_flags(config_file, list(sets), flags)
     except ConfigError as e:
         click.echo(str(e), err=True)
         sys.exit(2)

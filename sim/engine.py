@@ -653,6 +653,11 @@ class Engine:
         r = self.table.get(bundle)
         return r.dst if r is not None and r.state is State.OWNED else None
 
+    def _owned_by(self, bundle: str, broker: str) -> Record | None:
+        """The bundle's record if ``broker`` owns it (the check before building on an earlier decision)."""
+        r = self.table.get(bundle)
+        return r if r is not None and r.state is State.OWNED and r.dst == broker else None
+
     def _shed(self) -> None:
         if self.shedder is None or not self.s.shedding.enabled:
             return
@@ -669,9 +674,9 @@ class Engine:
         )
         self.shed_cycles[f"{res.result}:{res.reason}"] += 1
         for u in res.decisions:
-            cur = self.table.get(u.bundle)
-            if cur is None or cur.state is not State.OWNED or cur.dst != u.src:
-                continue
+            cur = self._owned_by(u.bundle, u.src)
+            if cur is None:
+                continue  # moved since the decision's inputs were read
             self.publish(
                 u.bundle,
                 make(
@@ -780,8 +785,8 @@ class Engine:
         cycle = decide_splits(stats, b.split_hits, self.split_limits, namespace_bundles=counts, owned=owned)
         b.split_hits = cycle.hits
         for d in cycle.decisions:
-            cur = self.table.get(d.bundle)
-            if cur is None or cur.state is not State.OWNED or cur.dst != b.id:
+            cur = self._owned_by(d.bundle, b.id)
+            if cur is None:
                 continue
             self.publish(
                 d.bundle,

@@ -18,7 +18,7 @@ import click
 import orjson
 
 from trimtab.admin_cli import admin
-from trimtab.config.loader import load_settings, parse_assignments, set_path
+from trimtab.config.loader import load_with_flags, parse_assignments
 from trimtab.config.settings import Settings
 from trimtab.errors import ConfigError
 from trimtab.pipeline.cli import pipeline
@@ -37,11 +37,7 @@ def _emit_json(obj: Any) -> None:
 def settings_from(config: str | None, sets: tuple[str, ...], **flags: Any) -> Settings:
     """Effective settings for a command; ``flags`` maps dotted paths to values (None = not given)."""
     try:
-        overrides = parse_assignments(list(sets))
-        for dotted, value in flags.items():
-            if value is not None:
-                set_path(overrides, dotted, value)
-        return load_settings(config, overrides)
+        return load_with_flags(config, list(sets), flags)
     except ConfigError as e:
         click.echo(str(e), err=True)
         sys.exit(2)
