@@ -15,7 +15,7 @@ falls back to the ``broker.failure_domain`` it registered with. Draining brokers
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -146,14 +146,16 @@ class LivePlacement:
         """The shedder's guard: an unload (``dst`` None) or a transfer that keeps the rules."""
         return self.may_unload(bundle) if dst is None else self.may_transfer(bundle, dst)
 
-    def standbys(self, spec: StandbySpec) -> dict[str, list[str]]:
+    def standbys(
+        self, spec: StandbySpec, keep: Mapping[str, Sequence[str]] | None = None
+    ) -> dict[str, list[str]]:
         """Warm standbys for every ``Owned`` bundle, under the current rules (a pass over all bundles:
         call it from a worker thread). It works on a copy of the ownership index, so the lock is held only
         for the copy -- lookups and healing do not wait seconds behind a pass over 100 000 bundles."""
         with self._lock:
             p = self._current()
             copy = Placement(p.policy, dict(p.owned))
-        return copy.standbys(sorted(copy.owned), spec)
+        return copy.standbys(sorted(copy.owned), spec, keep=keep)
 
     def explain(self, bundle: str) -> str:
         """Why ``bundle`` has the candidates it has, for refusals and dry runs."""

@@ -57,15 +57,16 @@ class StandbyJob:
         """Recompute and publish what changed; returns the number of records written."""
         if not self.leadership.is_leader:
             return 0
+        published = self.index.snapshot()
         if self.spec.replicas > 0:
-            sets = await asyncio.to_thread(self.placement.standbys, self.spec)
+            # a dead owner's bundles keep the standbys that pre-warmed them until healing moves them
+            sets = await asyncio.to_thread(self.placement.standbys, self.spec, published)
         else:
             sets = {}
         self._observe(sets)
         if not self.view_ready():
             log.info("standbys_not_published", reason="the standby topic has not been read yet")
             return 0
-        published = self.index.snapshot()
         term = self.leadership.term()
         writes: list[tuple[str, bytes | None]] = [
             (b, _enc.encode(StandbySet(brokers=brokers, term=term)))

@@ -247,12 +247,15 @@ class Placement:
         replicas: int | None = None,
         awareness: Sequence[str] = (),
         forced: Mapping[str, Iterable[str]] | None = None,
+        keep: Mapping[str, Sequence[str]] | None = None,
     ) -> dict[str, list[str]]:
         """Warm standbys for ``bundles`` (see :mod:`~trimtab.balance.placement.standby`).
 
         Give a prebuilt ``spec``, or ``replicas``/``awareness``/``forced``. Standbys come from the bundle's
         isolation candidates (a standby is a broker that could take the bundle over), never the owner;
         anti-affinity does not apply (a standby owns nothing). Loads are the owned counts of this index.
+        ``keep``: the standbys last published, kept for bundles whose owner has gone (see
+        :func:`~trimtab.balance.placement.standby.place_standbys`).
         """
         if spec is None:
             if replicas is None:
@@ -269,4 +272,5 @@ class Placement:
             tags=self.policy.tags,
             load=self._totals,
             spec=spec,
+            keep=keep,
         )

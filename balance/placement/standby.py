@@ -99,6 +99,7 @@ def place_standbys(
     tags: Mapping[str, Mapping[str, str]],
     load: Mapping[str, int],
     spec: StandbySpec,
+    keep: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, list[str]]:
     """Standbys for each bundle (name order in the result), each list in pick order.
 
@@ -107,6 +108,12 @@ def place_standbys(
     candidates); the owner is never among the picks and a broker holds at most one copy. ``tags`` holds
     every live broker's tags (distinct-value counts and forced caps are taken over all of them, as
     KIP-708 and Elasticsearch do). ``load`` is each broker's owned bundles; standbys given here add to it.
+
+    ``keep`` holds the standbys last published, by bundle. A bundle whose owner is no longer live keeps
+    those of them that still are (and are still candidates), in their order: they are the brokers that
+    pre-warmed it, and healing is about to hand it to one of them. Recomputed instead, with the dead
+    owner's zone no longer counting and the loads shifted, a set can land on a broker that never warmed
+    the bundle -- or stack two orphans on one survivor that their standbys had spread.
     """
     live_load = dict(load)
     keys = spec.awareness
@@ -147,6 +154,10 @@ def place_standbys(
             continue
         cands = sorted({b for b in candidates_of(bundle) if b != owner})
         holders = [owner]
+        if keep and owner not in tags:
+            for b in keep.get(bundle, ()):
+                if len(picks) < spec.replicas and b in tags and b in cands and b not in holders:
+                    take(b, picks, holders)
         while len(picks) < spec.replicas:
             # a key with no more distinct values than copies already placed is dropped for this bundle
             active = {k for k in keys if distinct[k] > len(holders)}

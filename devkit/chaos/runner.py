@@ -13,7 +13,7 @@ Faults (one round applies each once, in a seeded order; the run repeats rounds u
 kill_agent          SIGKILL an agent (its broker keeps running), restart it on the same id after its
                     session expired
 kill_leader         SIGKILL the leading controller, start a replacement
-pause_agent         SIGSTOP an agent past its ZooKeeper session timeout, then SIGCONT
+pause_agent         SIGSTOP an agent past its session timeout until its bundles are owned elsewhere
 pause_broker        SIGSTOP a broker process for a lease and a half, then SIGCONT
 zk_restart          stop the ZooKeeper server for a few seconds, start it again (same data)
 kafka_pause         SIGSTOP the Kafka cluster's process for a few seconds, then SIGCONT
@@ -170,8 +170,12 @@ class ChaosRun:
         assert self.s is not None
         return self.s
 
-    def _note(self, kind: str, target: str, detail: str | None = None) -> None:
-        fault = Fault(round(time.monotonic() - self.t0, 3), kind, target, detail)
+    def _note(
+        self, kind: str, target: str, detail: str | None = None, *, started: float | None = None
+    ) -> None:
+        """Record a fault; ``started`` (monotonic) when it is noted after it began."""
+        at = time.monotonic() if started is None else started
+        fault = Fault(round(at - self.t0, 3), kind, target, detail)
         self.faults.append(fault)
         log.info("fault", kind=kind, target=target, detail=detail, at_s=fault.at_s)
 
@@ -218,15 +222,42 @@ class ChaosRun:
         self._leader()
 
     def pause_agent(self) -> None:
-        victim = self.rng.choice(self.cluster.agents)
-        seconds = self._session_s() + 2
+        """SIGSTOP the agent owning the most bundles until the leader has given every one of them to
+        another broker (at least its session timeout + 2 s, at most + 30 s), then SIGCONT: the widest window
+        in which its broker, unfenced by a frozen agent, could still be serving beside the new owners. A
+        fixed pause raced the reassignment on a slow machine and sometimes ended before it."""
+        leader = self._leader()
+        owned = self.cluster.ownership(leader)
+        agents = self.cluster.agents
+        counts = {n.name: sum(1 for r in owned.values() if r.get("dst") == str(n.broker)) for n in agents}
+        victim = max(agents, key=lambda n: (counts[n.name], self.rng.random()))
+        mine = [b for b, r in owned.items() if r.get("dst") == str(victim.broker)]
+        least, most = self._session_s() + 2, self._session_s() + 30
+        start = time.monotonic()
+        os.killpg(victim.pid, signal.SIGSTOP)
+        try:
+            while (elapsed := time.monotonic() - start) < most:
+                if elapsed >= least and self._moved_off(leader, str(victim.broker), mine):
+                    break
+                time.sleep(0.2)
+        finally:
+            os.killpg(victim.pid, signal.SIGCONT)
         self._note(
             "pause_agent",
             str(victim.broker),
-            f"SIGSTOP {seconds:g}s (session timeout {self._session_s():g}s)",
+            f"SIGSTOP {time.monotonic() - start:.1f}s (session timeout {self._session_s():g}s,"
+            f" {len(mine)} bundles reassigned meanwhile)",
+            started=start,
         )
-        self._pause(victim.pid, seconds)
         self.cluster.wait_node(victim, 60)
+
+    def _moved_off(self, leader: Node, broker: str, bundles: Sequence[str]) -> bool:
+        """Every one of ``bundles`` owned by a broker other than ``broker`` (per the leader)."""
+        try:
+            own = self.cluster.ownership(leader)
+        except (httpx.HTTPError, ClusterError):
+            return False
+        return all(own.get(b, {}).get("state") == "owned" and own[b].get("dst") != broker for b in bundles)
 
     def pause_broker(self) -> None:
         victim = self.rng.choice(self.cluster.broker_nodes)

@@ -308,7 +308,9 @@ specs = st.builds(
 )
 
 
-def ref_standbys(w: World, bundles: list[str], spec: StandbySpec) -> dict[str, list[str]]:
+def ref_standbys(
+    w: World, bundles: list[str], spec: StandbySpec, keep: dict[str, list[str]] | None = None
+) -> dict[str, list[str]]:
     """The spec, literally, with lists and loops."""
     tags = {b.id: dict(b.tags) for b in w.brokers}
     load = Counter(w.owned.values())
@@ -344,6 +346,12 @@ def ref_standbys(w: World, bundles: list[str], spec: StandbySpec) -> dict[str, l
             continue
         cands = sorted(ref_isolation(w, ref_namespace(bundle)) - {owner})
         holders = [owner]
+        if owner not in tags:  # a dead owner's bundle keeps its live published standbys first
+            for b in (keep or {}).get(bundle, []):
+                if len(out[bundle]) < spec.replicas and b in cands and b not in holders:
+                    out[bundle].append(b)
+                    holders.append(b)
+                    load[b] += 1
         while len(out[bundle]) < spec.replicas:
             ok = [b for b in cands if b not in holders and not shares(b, holders) and forced_fine(b, holders)]
             if not ok:
@@ -369,6 +377,34 @@ def ref_standbys(w: World, bundles: list[str], spec: StandbySpec) -> dict[str, l
 @given(worlds(), specs, st.lists(st.sampled_from(ALL_BUNDLES), max_size=10))
 def test_standbys_match_the_reference(w: World, spec: StandbySpec, bundles: list[str]) -> None:
     assert w.placement().standbys(bundles, spec) == ref_standbys(w, bundles, spec)
+
+
+@SETTINGS
+@given(
+    worlds(),
+    specs,
+    st.dictionaries(
+        st.sampled_from(ALL_BUNDLES), st.lists(st.sampled_from([*BROKER_IDS, DEAD]), max_size=4), max_size=12
+    ),
+)
+def test_a_dead_owners_bundles_keep_their_published_standbys(
+    w: World, spec: StandbySpec, keep: dict[str, list[str]]
+) -> None:
+    got = w.placement().standbys(ALL_BUNDLES, spec, keep=keep)
+    assert got == ref_standbys(w, ALL_BUNDLES, spec, keep)
+    live = {b.id for b in w.brokers}
+    for bundle, picks in got.items():
+        owner = w.owned.get(bundle)
+        if owner is not None and owner not in live:
+            # every published standby still live and allowed stays, in its order, ahead of any new one
+            iso = ref_isolation(w, ref_namespace(bundle))
+            kept = list(dict.fromkeys(b for b in keep.get(bundle, []) if b in iso))[: spec.replicas]
+            assert picks[: len(kept)] == kept
+    # a world where every owner is live ignores keep altogether
+    alive = World(w.brokers, w.fd, w.groups, w.policies, {k: v for k, v in w.owned.items() if v in live})
+    assert alive.placement().standbys(ALL_BUNDLES, spec, keep=keep) == alive.placement().standbys(
+        ALL_BUNDLES, spec
+    )
 
 
 @SETTINGS

@@ -421,6 +421,24 @@ def test_ties_go_to_the_fewest_bundles_then_the_lowest_id_and_loads_are_live() -
     assert got == {bundle("t/x", 0): ["c"], bundle("t/x", 1): ["d"], bundle("t/x", 2): ["b"]}
 
 
+def test_a_dead_owners_bundles_keep_the_standbys_that_prewarmed_them() -> None:
+    # Two zones of two; a group of four bundles, one per broker; then zone z1 dies. Recomputed, b2's standby
+    # would move from d2 to d1 (z1's zone no longer counts and d1 is lowest of equal loads), stacking both
+    # orphans on d1 -- and on a broker that never pre-warmed b2. Kept, each orphan stays with its warm one.
+    owned = {bundle("t/g", 0): "a1", bundle("t/g", 1): "d1", bundle("t/g", 2): "a2", bundle("t/g", 3): "d2"}
+    before = Placement(PlacementPolicy(zoned("a1=z1", "a2=z1", "d1=z2", "d2=z2")), owned)
+    published = before.standbys(owned, replicas=1, awareness=["zone"])
+    assert published[bundle("t/g", 0)] == ["d1"] and published[bundle("t/g", 2)] == ["d2"]
+    after = Placement(PlacementPolicy(zoned("d1=z2", "d2=z2")), owned)
+    assert after.standbys(owned, replicas=1, awareness=["zone"])[bundle("t/g", 2)] == ["d1"]
+    kept = after.standbys(owned, replicas=1, awareness=["zone"], keep=published)
+    assert kept[bundle("t/g", 0)] == ["d1"] and kept[bundle("t/g", 2)] == ["d2"]
+    # a live owner's bundle is recomputed as usual; a kept standby that died is replaced
+    assert kept[bundle("t/g", 1)] == after.standbys(owned, replicas=1, awareness=["zone"])[bundle("t/g", 1)]
+    gone = Placement(PlacementPolicy(zoned("d1=z2")), owned)
+    assert gone.standbys(owned, replicas=1, awareness=["zone"], keep=published)[bundle("t/g", 2)] == ["d1"]
+
+
 def test_standbys_respect_isolation() -> None:
     pol = iso("p", ["t/.*"], ["p[0-9]"], min_limit=1)
     bs = [
