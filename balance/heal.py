@@ -106,6 +106,7 @@ def plan_destinations(
     candidates: Mapping[str, float],
     existing: Mapping[str, int] | None = None,
     allowed: Callable[[str], Collection[str]] | None = None,
+    placed: Callable[[str, str], None] | None = None,
 ) -> dict[str, str | None]:
     """Spread many orphaned bundles over ``candidates`` (broker -> load EMA, a fraction).
 
@@ -113,6 +114,8 @@ def plan_destinations(
     headroom, so 10 000 bundles of a dead broker do not all land on the single least loaded one.
     ``existing`` adds bundles each broker already owns, in the same currency. ``allowed(bundle)`` (the
     placement rules) narrows each bundle's choice; a bundle nobody may take is planned nowhere (None).
+    ``placed(bundle, broker)`` is told each pick before the next bundle is asked about, so rules that
+    count placements (anti-affinity) see the plan so far -- not only the ownership it started from.
     """
     if not candidates:
         return {b: None for b in bundles}
@@ -130,6 +133,8 @@ def plan_destinations(
         dst = min(pool, key=lambda c: ((planned[c] + 1) / room[c], c))
         out[b] = dst
         planned[dst] += 1
+        if placed is not None:
+            placed(b, dst)
     return out
 
 

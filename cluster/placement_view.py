@@ -152,10 +152,17 @@ class LivePlacement:
         """Warm standbys for every ``Owned`` bundle, under the current rules (a pass over all bundles:
         call it from a worker thread). It works on a copy of the ownership index, so the lock is held only
         for the copy -- lookups and healing do not wait seconds behind a pass over 100 000 bundles."""
+        copy = self.planning()
+        return copy.standbys(sorted(copy.owned), spec, keep=keep)
+
+    def planning(self) -> Placement:
+        """A private copy of the index to plan many placements on: ``set_owner`` each planned one and the
+        next question counts it (a healing plan spreads an anti-affinity group instead of stacking it on
+        the broker that was emptiest before the plan). O(bundles) to build; the lock is held for the copy
+        only."""
         with self._lock:
             p = self._current()
-            copy = Placement(p.policy, dict(p.owned))
-        return copy.standbys(sorted(copy.owned), spec, keep=keep)
+            return Placement(p.policy, dict(p.owned))
 
     def explain(self, bundle: str) -> str:
         """Why ``bundle`` has the candidates it has, for refusals and dry runs."""

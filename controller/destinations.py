@@ -41,6 +41,18 @@ class Destinations:
         self.clock = clock
         self.diff = settings.assignment.average_usage_diff_threshold_pct / 100
 
+    def plan_rules(self) -> tuple[Callable[[str], frozenset[str]], Callable[[str, str], None]]:
+        """``allowed`` and ``placed`` for one healing plan (:func:`~trimtab.balance.heal.plan_destinations`):
+        the same preference as :attr:`allowed`, over a private copy of the placement index that records
+        each planned pick -- so two orphans of one anti-affinity group do not both go to the broker that
+        had the fewest of the group when the plan began."""
+        copy = self.placement.planning()
+
+        def rules(bundle: str) -> frozenset[str]:
+            return frozenset(copy.candidates(bundle))
+
+        return prefer_standby_set(self.standbys.of, rules), copy.set_owner
+
     def live(self) -> dict[str, BrokerInfo]:
         """A copy of the registered brokers (the registry's cache changes under ZooKeeper's thread)."""
         return dict(self.registry.brokers)

@@ -46,6 +46,9 @@ from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokers, Reassignments
 from trimtab.controller.writes import ChannelWrites
 
+#: Makes (allowed, placed) for one round's new plans: see :meth:`Healer.round`.
+PlanRules = Callable[[], tuple[Callable[[str], Collection[str]], Callable[[str, str], None]]]
+
 log = structlog.get_logger("trimtab.healing")
 #: The reasons of ``trimtab_healing_paused`` (every one is set on each round: 1 for the current one).
 HEALING_PAUSE_REASONS = ("mass_failure", "disabled")
@@ -120,9 +123,13 @@ class Healer:
         choose: Callable[[str, frozenset[str]], str | None],
         now_ms: int,
         allowed: Callable[[str], Collection[str]] | None = None,
+        plan_rules: PlanRules | None = None,
     ) -> tuple[list[Override], dict[str, Any]]:
         """The overrides to publish now. ``live`` maps live, non-draining broker -> load EMA; ``allowed``
-        (the placement rules) restricts each bundle's destination, in new plans and persisted ones."""
+        (the placement rules) restricts each bundle's destination, in new plans and persisted ones.
+        ``plan_rules``, when given, makes the rules for new plans instead: called at most once per round
+        (it may copy the placement index), its ``placed`` callback sees every pick of every plan of the
+        round, so the plans of two dead brokers spread one anti-affinity group together."""
         info: dict[str, Any] = {"failed": sorted(self.failed), "due": [], "deferred": 0}
         self.paused_reason = None
         if self.cfg.grace_s < 0:
@@ -141,13 +148,16 @@ class Healer:
             return [], info
         in_flight = in_flight_by_broker(items)
         out: list[Override] = []
+        rules: tuple[Callable[[str], Collection[str]] | None, Callable[[str, str], None] | None] | None = None
         for dead in ripe:
             chunks = self._chunks.get(dead) or {}
             if not chunks:
                 mine = sorted(b for b, r in needing if needs_healing(r, frozenset({dead})))
                 if not mine:
                     continue
-                dests = plan_destinations(mine, dict(live), dict(in_flight), allowed)
+                if rules is None:
+                    rules = plan_rules() if plan_rules is not None else (allowed, None)
+                dests = plan_destinations(mine, dict(live), dict(in_flight), *rules)
                 parts = [mine[i : i + self.chunk_size] for i in range(0, len(mine), self.chunk_size)]
                 self.plans.write_plan(dead, [{b: dests[b] for b in p} for p in parts], self._term())
                 chunks = self._chunks[dead] = self.plans.read(dead)
@@ -279,9 +289,15 @@ class HealingJob:
         candidates = {
             b: (loads[b].weighted_max_ema if b in loads else 0.5) for b, i in live.items() if not i.draining
         }
-        allowed = self.destinations.allowed
         overrides, info = await asyncio.to_thread(
-            self.healer.round, candidates, self.table.get, items, self.destinations.choose, now, allowed
+            self.healer.round,
+            candidates,
+            self.table.get,
+            items,
+            self.destinations.choose,
+            now,
+            self.destinations.allowed,
+            self.destinations.plan_rules,
         )
         self._observe(info)
         if overrides:

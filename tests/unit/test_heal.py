@@ -26,6 +26,7 @@ from trimtab.balance.heal import (
     plan_destinations,
     throttle,
 )
+from trimtab.balance.placement import Broker, Placement, PlacementPolicy
 from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.records import Record, State, make
 from trimtab.channel.resolve import ACCEPT, resolve
@@ -394,6 +395,24 @@ def test_plan_destinations_follows_headroom() -> None:
 def test_plan_destinations_counts_existing_bundles() -> None:
     out = plan_destinations([f"x{i}" for i in range(4)], {A: 0.5, B: 0.5}, {A: 4})
     assert Counter(out.values()) == Counter({B: 4})
+
+
+def test_plan_destinations_counts_its_own_picks_for_anti_affinity() -> None:
+    # A group of four, one bundle on each of A and B, two orphaned by a dead broker. Asked against the
+    # ownership the plan started from, both orphans may go to either and both go to A (more headroom);
+    # told each pick, the rules see A holding two after the first and send the second to B.
+    group = [f"t/g/0x{i:08x}_0x{i + 1:08x}" for i in range(4)]
+    owned = {group[0]: A, group[1]: B, group[2]: DEAD, group[3]: DEAD}
+    policy = PlacementPolicy([Broker(A), Broker(B)], anti_affinity_groups={"t/g": "G"})
+    loads = {A: 0.1, B: 0.6}
+
+    blind = Placement(policy, owned)
+    assert plan_destinations(group[2:], loads, None, blind.candidates) == {group[2]: A, group[3]: A}
+
+    plan = Placement(policy, owned)
+    out = plan_destinations(group[2:], loads, None, plan.candidates, plan.set_owner)
+    assert out == {group[2]: A, group[3]: B}
+    assert Counter(plan.owned[b] for b in group) == Counter({A: 2, B: 2})
 
 
 def test_plan_destinations_without_candidates() -> None:
