@@ -8,18 +8,18 @@ Every case builds real :class:`BrokerLoadData` reports from cpu / memory / bandw
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import msgspec
 import pytest
 
+from tests.support.shed_world import ShedWorld
 from trimtab.balance.legacy import (
     LegacyConfig,
     legacy_threshold_shedder,
     overload_shedder,
     uniform_load_shedder,
 )
-from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, Usage, Weights, with_ema
+from trimtab.balance.load import BrokerLoadData, BundleStats, Usage, Weights, with_ema
 from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, transfer_shedder
 
 M = 1024 * 1024
@@ -30,13 +30,7 @@ CFG = ShedConfig()  # trimtab's defaults: 30 min grace, 30 min report TTL
 Shedder = Callable[..., ShedResult]
 
 
-@dataclass
-class World:
-    brokers: dict[str, bool] = field(default_factory=dict)
-    loads: dict[str, BrokerLoadData] = field(default_factory=dict)
-    top: dict[str, TopBundles] = field(default_factory=dict)
-    owners: dict[str, str] = field(default_factory=dict)
-
+class World(ShedWorld):
     def add(
         self,
         b: str,
@@ -68,16 +62,8 @@ class World:
             bundles=len(stats) if n_bundles is None else n_bundles,
             updated_at=updated_at,
         )
-        self.brokers[b] = True
-        self.loads[b] = with_ema(sample, None, Weights(), 0.9)
-        if stats:
-            self.top[b] = TopBundles(broker=b, bundles=stats)
-        for s in stats:
-            self.owners[s.bundle] = b
+        self.put(with_ema(sample, None, Weights(), 0.9), stats)
         return self
-
-    def owner(self, bundle: str) -> str | None:
-        return self.owners.get(bundle)
 
     def shed(
         self,
@@ -89,9 +75,8 @@ class World:
         legacy: LegacyConfig | None = None,
         transferable: Callable[[str, str, str | None], bool] | None = None,
     ) -> ShedResult:
-        args = (self.brokers, self.loads, self.top, self.owner, state or ShedState(), cfg, now)
         kw = {} if legacy is None else {"legacy": legacy}
-        return fn(*args, **kw) if transferable is None else fn(*args, transferable, **kw)
+        return self.run(fn, state, cfg, now, transferable, **kw)
 
 
 def bundles(res: ShedResult) -> list[str]:

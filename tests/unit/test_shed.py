@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
 
-from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
+from tests.support.shed_world import ShedWorld
+from trimtab.balance.load import BrokerLoadData, BundleStats
 from trimtab.balance.shed import (
     ShedConfig,
     ShedResult,
@@ -22,13 +23,7 @@ NOW = 10_000_000_000
 CFG = ShedConfig(hit_count_threshold=0)  # act on the first triggered cycle
 
 
-@dataclass
-class World:
-    brokers: dict[str, bool] = field(default_factory=dict)
-    loads: dict[str, BrokerLoadData] = field(default_factory=dict)
-    top: dict[str, TopBundles] = field(default_factory=dict)
-    owners: dict[str, str] = field(default_factory=dict)
-
+class World(ShedWorld):
     def add(
         self,
         b: str,
@@ -42,23 +37,19 @@ class World:
     ) -> World:
         """Broker ``b`` with EMA ``load`` and top bundles ``b/0``, ``b/1``, ... of the given throughputs."""
         t = sum(bundles) if tput is None else tput
-        self.brokers[b] = live
-        self.loads[b] = BrokerLoadData(
+        report = BrokerLoadData(
             broker=b,
             weighted_max_ema=load,
             msg_throughput_in=t,
             msg_throughput_ema=t if tput_ema is None else tput_ema,
             updated_at=updated_at,
         )
-        stats = [BundleStats(bundle=f"{b}/{i}", msg_throughput_in=x) for i, x in enumerate(bundles)]
-        if bundles:
-            self.top[b] = TopBundles(broker=b, bundles=stats)
-        for s in stats:
-            self.owners[s.bundle] = b
+        self.put(
+            report,
+            [BundleStats(bundle=f"{b}/{i}", msg_throughput_in=x) for i, x in enumerate(bundles)],
+            live=live,
+        )
         return self
-
-    def owner(self, bundle: str) -> str | None:
-        return self.owners.get(bundle)
 
     def shed(
         self,
@@ -68,8 +59,7 @@ class World:
         transferable: Callable[[str, str, str | None], bool] | None = None,
         fn: Callable[..., ShedResult] = transfer_shedder,
     ) -> ShedResult:
-        args = (self.brokers, self.loads, self.top, self.owner, state or ShedState(), cfg, now)
-        return fn(*args) if transferable is None else fn(*args, transferable)
+        return self.run(fn, state, cfg, now, transferable)
 
 
 def moved(res: ShedResult) -> list[tuple[str, str, str | None]]:
