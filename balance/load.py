@@ -160,6 +160,9 @@ def publish_reason(
         return "interval"
     change = max(
         100.0 * abs(current.max_resource_usage - last.max_resource_usage),
+        # The EMA is what decisions compare; it keeps moving for several samples after a step in load, and a
+        # rule on raw figures alone would leave the published EMA stale until the maximum interval.
+        100.0 * abs(current.weighted_max_ema - last.weighted_max_ema),
         _pct_change(last.msg_rate, current.msg_rate),
         _pct_change(last.throughput, current.throughput),
         _pct_change(float(last.bundles), float(current.bundles)),

@@ -11,11 +11,17 @@
 2. Trigger: ``std > target`` or the least loaded broker is under-loaded or the most loaded is over the
    overload threshold and above ``avg + target``. The trigger must hold for more than ``hit_count_threshold``
    consecutive cycles.
-3. Pair the most with the least loaded brokers (at most ``max_broker_pairs`` per cycle); from the most
-   loaded one's top-k bundles move about half the load gap as whole bundles -- always leaving it one
-   bundle, skipping bundles moved within the grace period, bundles it does not own (per the channel) and
-   bundles the destination may not take -- as transfers to the least loaded (or plain unloads).
-4. After each pair the statistics are recomputed as if the load had moved.
+3. Plan the moves, as whole bundles from the sources' top-k lists -- always leaving a source one bundle,
+   skipping bundles moved within the grace period, bundles it does not own (per the channel) and bundles
+   the destination may not take -- as transfers (or plain unloads), at most ``max_broker_pairs`` sources:
+
+   * ``plan = "to_target"`` (the default, trimtab's): one bundle at a time to the least loaded broker, from
+     the source whose move lowers the variance most, until the trigger no longer holds. The fewest moves
+     that meet the target: every move leaves a bundle unserved for a moment, and the simulator showed the
+     half-gap pairs moving twice the exact minimum after a scale-out (docs/benchmarks.md).
+   * ``plan = "half_gap"`` (Pulsar's): pair the most with the least loaded brokers and move about half of
+     each pair's gap. A more even result for more moves.
+4. Every move is projected (loads, throughputs) before the next decision.
 
 Every cycle ends with decisions (``success``) or a ``skip`` reason; the caller turns that into a metric,
 a log line and an event.
@@ -27,11 +33,12 @@ broker with the least *projected* load (less loaded than the source), so one cyc
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from trimtab.balance.load import BrokerLoadData, TopBundles, is_fresh
+from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, is_fresh
 from trimtab.config.settings import Settings
 
 
@@ -44,6 +51,7 @@ class ShedConfig:
     bundle_grace_s: float = 1800.0
     broker_cooldown_s: float = 180.0
     transfer: bool = True
+    plan: str = "to_target"  # to_target | half_gap (Pulsar's pairs)
     load_ttl_s: float = 1800.0
     threshold: float = 0.10  # ThresholdShedder margin, fraction
     min_unload_throughput: float = 10 * 1024 * 1024
@@ -59,6 +67,7 @@ class ShedConfig:
             bundle_grace_s=sh.bundle_grace_s,
             broker_cooldown_s=sh.broker_cooldown_s,
             transfer=sh.transfer_enabled,
+            plan=sh.plan,
             load_ttl_s=s.load.ttl_s,
             threshold=sh.threshold_pct / 100,
             min_unload_throughput=sh.min_unload_throughput_bytes,
@@ -234,9 +243,15 @@ def transfer_shedder(
         result.reason = "hit_count"
         return result
 
-    last_skip = _shed_pairs(
-        order, load, tput, tput_ema, m, brokers, cooling, top, owner, state, cfg, transferable, result
-    )
+    if cfg.plan == "half_gap":
+        last_skip = _shed_pairs(
+            order, load, tput, tput_ema, m, brokers, cooling, top, owner, state, cfg, transferable, result
+        )
+    else:
+        plan = _TargetPlan(
+            load, tput, dict(tput_ema), m, brokers, cooling, top, owner, state, cfg, transferable
+        )
+        last_skip = plan.run(result)
     return _finish(result, state, now_ms, last_skip)
 
 
@@ -312,6 +327,152 @@ def _shed_pairs(
     return last_skip
 
 
+@dataclass
+class _TargetPlan:
+    """Move one bundle at a time until the trigger no longer holds: the fewest moves, not an even spread.
+
+    Each step moves load to the least loaded broker from whichever source reduces the load variance most:
+    moving ``d`` across a gap ``g`` lowers it by ``2 d (g - d) / n``, so per source the heaviest bundle that
+    fits within half the gap (no move may turn a pair around), and among sources the best of those. When
+    the most loaded broker is overloaded, it is the source. The moves are projected (load, throughput and
+    its EMA) before the next step. A broker is a source or a destination within a cycle, never both, a
+    source always keeps one bundle, and at most ``max_broker_pairs`` brokers shed per cycle."""
+
+    load: dict[str, float]
+    tput: dict[str, float]
+    ema: dict[str, float]  # projected too: a destination that received load is no longer idle
+    m: float
+    brokers: Mapping[str, bool]
+    cooling: set[str]
+    top: Mapping[str, TopBundles]
+    owner: Owner
+    state: ShedState
+    cfg: ShedConfig
+    transferable: Transferable
+    sources: set[str] = field(default_factory=set)
+    received: set[str] = field(default_factory=set)
+    exhausted: set[str] = field(default_factory=set)  # nothing of theirs fits any more: gaps only shrink
+    picked: set[str] = field(default_factory=set)
+    noted: set[str] = field(default_factory=set)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def run(self, result: ShedResult) -> str:
+        """Appends the moves to ``result``; returns why the last step moved nothing."""
+        last_skip = "no_bundles"
+        load, cfg = self.load, self.cfg
+        while True:
+            avg, std = _stats(list(load.values()))
+            taken = self.cooling | self.sources
+            dests = [b for b in load if self.brokers.get(b, False) and b not in taken]
+            srcs = [b for b in load if self._may_shed(b)]
+            if not dests or not srcs:
+                last_skip = "cool_down" if self.cooling else last_skip
+                break
+            lo = min(dests, key=lambda b: (load[b], b))
+            hi = max(srcs, key=lambda b: (load[b], b))
+            if std > cfg.target_std:
+                reason = "overloaded"
+            elif load[lo] < avg * self.m or self.ema[lo] < max(self.ema.values()) * self.m:
+                reason = "underloaded"
+            elif load[hi] > cfg.overload_threshold and load[hi] > avg + cfg.target_std:
+                reason = "overloaded"
+                srcs = [hi]  # the overloaded broker itself must shed
+            else:
+                break
+            choice, why = self._choose(srcs, lo)
+            if choice is None:
+                # Every source with a gap was tried against the least loaded broker; gaps only shrink.
+                cooler = any(load[b] > load[lo] for b in self.cooling)
+                last_skip = why or ("cool_down" if cooler else "no_gap")
+                break
+            result.decisions.append(self._move(choice, lo, reason))
+        result.skipped_bundles.extend(self.skipped)
+        return last_skip
+
+    def _may_shed(self, b: str) -> bool:
+        return (
+            b not in self.cooling
+            and b not in self.exhausted
+            and b not in self.received
+            and (b in self.sources or len(self.sources) < self.cfg.max_broker_pairs)
+        )
+
+    def _choose(self, srcs: list[str], lo: str) -> tuple[tuple[float, str, BundleStats] | None, str]:
+        """The move that lowers the variance most, as (load it moves, source, bundle); else why none."""
+        choice: tuple[float, str, BundleStats] | None = None
+        top_gain = 0.0
+        why = ""
+        for src in sorted(srcs, key=lambda b: (-self.load[b], b)):
+            gap = self.load[src] - self.load[lo]
+            if gap <= 0 or (choice is not None and gap * gap / 4 <= top_gain):
+                break  # by load, descending: no later source can do better (d (g - d) <= g^2 / 4)
+            found = self._heaviest_fitting(src, lo)
+            if isinstance(found, str):
+                why = why or found  # the most loaded source's reason is the cycle's
+                self.exhausted.add(src)
+                continue
+            gain = found[0] * (gap - found[0])
+            if choice is None or gain > top_gain:
+                choice, top_gain = (found[0], src, found[1]), gain
+        return choice, why
+
+    def _heaviest_fitting(self, src: str, lo: str) -> tuple[float, BundleStats] | str:
+        """(load it moves, bundle): ``src``'s heaviest bundle that fits half the gap to ``lo``; else why not."""
+        load, tput, ema = self.load, self.tput, self.ema
+        report = self.top.get(src)
+        if report is None or not report.bundles or load[src] <= 0 or tput[src] <= 0:
+            return "no_load_data"
+        if len(report.bundles) == 1:
+            self._skip(report.bundles[0].bundle, "sole_bundle")  # the overload itself: it needs a split
+            return "no_bundles"
+        if len(report.bundles) - sum(1 for b in report.bundles if b.bundle in self.picked) <= 1:
+            return "no_bundles"
+        # Load per byte/s from the two EMAs, which lag alike: the bundles' rates are current.
+        per_byte = load[src] / (ema[src] if ema[src] > 0 else tput[src])
+        half_gap = (load[src] - load[lo]) / 2
+        for b in sorted(report.bundles, key=lambda x: (-x.throughput, x.bundle)):
+            if b.bundle in self.picked or b.throughput <= 0:
+                continue
+            if b.bundle in self.state.recent_bundles:
+                self._skip(b.bundle, "grace_period")
+            elif self.owner(b.bundle) != src:
+                self._skip(b.bundle, "not_owner")
+            elif b.throughput * per_byte > half_gap:
+                continue  # would overshoot this pair; a lighter one may fit
+            elif not self.transferable(b.bundle, src, lo if self.cfg.transfer else None):
+                self._skip(b.bundle, "not_transferable")
+            else:
+                return b.throughput * per_byte, b
+        return "no_bundles"
+
+    def _move(self, choice: tuple[float, str, BundleStats], lo: str, reason: str) -> Unload:
+        shift, src, bundle = choice
+        load = self.load
+        u = Unload(
+            bundle.bundle,
+            src,
+            lo if self.cfg.transfer else None,
+            reason,
+            bundle.throughput,
+            load[src],
+            load[lo],
+        )
+        load[src] -= shift
+        load[lo] += shift
+        for proj in (self.tput, self.ema):
+            proj[src] -= bundle.throughput
+            proj[lo] += bundle.throughput
+        self.picked.add(bundle.bundle)
+        self.sources.add(src)
+        self.received.add(lo)
+        return u
+
+    def _skip(self, bundle: str, why: str) -> None:
+        if bundle not in self.noted:
+            self.noted.add(bundle)
+            self.skipped.append((bundle, why))
+
+
 def _finish(result: ShedResult, state: ShedState, now_ms: int, last_skip: str) -> ShedResult:
     """Remember the moves (grace periods, broker cool-downs) and say what the cycle did."""
     if result.decisions:
@@ -325,6 +486,36 @@ def _finish(result: ShedResult, state: ShedState, now_ms: int, last_skip: str) -
     else:
         result.reason = last_skip
     return result
+
+
+class _Coldest:
+    """Destinations by projected load for ThresholdShedder: a heap, so a cycle of many moves over many brokers
+    stays fast. Sources come in descending load, so a broker not less loaded than the current source never
+    qualifies again; the chosen one is popped and pushed back with its new projection."""
+
+    def __init__(self, load: Mapping[str, float], candidates: list[str]) -> None:
+        self.load = load
+        self.heap = [(load[x], x) for x in candidates]
+        heapq.heapify(self.heap)
+
+    def pop_for(self, src: str) -> str | None:
+        aside: list[tuple[float, str]] = []
+        found: str | None = None
+        while self.heap:
+            x = self.heap[0][1]
+            if x == src:
+                aside.append(heapq.heappop(self.heap))
+            elif self.load[x] >= self.load[src]:
+                heapq.heappop(self.heap)  # for good: every later source is at most as loaded
+            else:
+                found = heapq.heappop(self.heap)[1]
+                break
+        for item in aside:
+            heapq.heappush(self.heap, item)
+        return found
+
+    def push(self, broker: str, projected: float) -> None:
+        heapq.heappush(self.heap, (projected, broker))
 
 
 def threshold_shedder(
@@ -348,15 +539,7 @@ def threshold_shedder(
     # pile every hot broker's bundles onto the single coldest one (the simulator showed a 5 -> 10 scale-out
     # putting one new broker at 149 % that way).
     projected = dict(load)
-
-    def coldest_for(src: str) -> str | None:
-        ok = [
-            x
-            for x in projected
-            if x != src and brokers.get(x, False) and x not in cooling and load[x] < load[src]
-        ]
-        return min(ok, key=lambda x: (projected[x], x)) if ok else None
-
+    coldest = _Coldest(load, [x for x in load if brokers.get(x, False) and x not in cooling])
     for b in sorted(load, key=lambda x: (-load[x], x)):
         if load[b] < avg + cfg.threshold:
             break
@@ -379,13 +562,16 @@ def threshold_shedder(
                 break
             if owner(s.bundle) != b or s.bundle in state.recent_bundles or s.throughput <= 0:
                 continue
-            dst = coldest_for(b) if cfg.transfer else None
-            if not transferable(s.bundle, b, dst):
-                continue
-            if dst is not None and pop[b].throughput > 0:
+            dst = coldest.pop_for(b) if cfg.transfer else None
+            ok = transferable(s.bundle, b, dst)
+            if ok and dst is not None and pop[b].throughput > 0:
                 shift = s.throughput * load[b] / pop[b].throughput
                 projected[dst] += shift
                 projected[b] -= shift
+            if dst is not None:
+                coldest.push(dst, projected[dst])
+            if not ok:
+                continue
             result.decisions.append(
                 Unload(s.bundle, b, dst, "overloaded", s.throughput, load[b], load.get(dst or ""))
             )

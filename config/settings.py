@@ -353,6 +353,11 @@ class SheddingSettings(Section):
         True,
         description="Transfer to a chosen broker instead of a plain unload. [loadBalancerTransferEnabled]",
     )
+    plan: Literal["to_target", "half_gap"] = Field(
+        "to_target",
+        description="TransferShedder's plan. to_target: bundle by bundle, only until the trigger no longer "
+        "holds (fewest moves). half_gap: Pulsar's pairs, half of each gap (more even, more moves).",
+    )
     threshold_pct: float = Field(
         10.0,
         gt=0,

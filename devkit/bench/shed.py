@@ -332,9 +332,15 @@ def _common_checks(inp: ShedInputs, res: ShedResult, before: ShedState, what: st
 def check_transfer(inp: ShedInputs, res: ShedResult, before: ShedState) -> None:
     what = "transfer_shedder"
     _common_checks(inp, res, before, what)
-    pairs = {(u.src, u.dst) for u in res.decisions}
-    if len(pairs) > inp.cfg.max_broker_pairs:
-        raise BenchError(f"{what}: {len(pairs)} broker pairs > max_broker_pairs {inp.cfg.max_broker_pairs}")
+    # max_broker_pairs bounds the brokers that shed (Pulsar's MaxNumberOfBrokerSheddingPerCycle); the
+    # to_target plan may spread one source over several destinations, the half_gap plan pairs one each.
+    srcs = {u.src for u in res.decisions}
+    if len(srcs) > inp.cfg.max_broker_pairs:
+        raise BenchError(
+            f"{what}: {len(srcs)} shedding brokers > max_broker_pairs {inp.cfg.max_broker_pairs}"
+        )
+    if srcs & {u.dst for u in res.decisions}:
+        raise BenchError(f"{what}: a broker is both a source and a destination")
     if any(u.dst is None for u in res.decisions) and inp.cfg.transfer:
         raise BenchError(f"{what}: a plain unload although transfer is enabled")
     for src in {u.src for u in res.decisions}:
@@ -599,6 +605,7 @@ def run(
             "grace_and_cooldown_respected": True,
             "keeps_one_top_bundle": True,
             "max_broker_pairs": True,
+            "source_never_destination": True,
             "note": "any failed check aborts the bench with a non-zero exit before this JSON is printed",
         },
         "env": environment(load_start, "msgspec"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,12 @@ def cases(draw: Any) -> Case:
         tput = sum(s.throughput for s in bundles[b])
         loads[b] = BrokerLoadData(
             broker=b,
-            weighted_max_ema=draw(st.sampled_from([0.0, 0.05, 0.1, 0.3, 0.5, 0.7, 0.86, 0.95, 1.2])),
+            weighted_max_ema=draw(
+                st.one_of(
+                    st.sampled_from([0.0, 0.05, 0.1, 0.3, 0.5, 0.7, 0.86, 0.95, 1.2]),
+                    st.floats(0.0, 1.2, allow_nan=False).map(lambda x: round(x, 3)),
+                )
+            ),
             msg_throughput_in=tput if draw(st.booleans()) else float(draw(st.integers(0, 5000))),
             msg_throughput_ema=float(draw(st.integers(0, 5000))),
             updated_at=NOW - draw(st.sampled_from([0, 1_000, 100_000, 170_000, 1_800_000, 1_800_001])),
@@ -118,6 +124,7 @@ def cases(draw: Any) -> Case:
         hit_count_threshold=draw(st.integers(0, 2)),
         max_broker_pairs=draw(st.integers(1, 3)),
         transfer=draw(st.booleans()),
+        plan=draw(st.sampled_from(["to_target", "half_gap"])),
         threshold=draw(st.sampled_from([0.05, 0.1])),
         min_unload_throughput=draw(st.sampled_from([0.0, 100.0])),
     )
@@ -159,10 +166,12 @@ def test_transfer_shedder_invariants(c: Case) -> None:
     c.state, after = before, c.state  # check against the memory the cycle started from
     common_checks(c, res)
     us = res.decisions
-    # at most max_broker_pairs sources, each paired with one destination
     srcs = {u.src for u in us}
     assert len(srcs) <= c.cfg.max_broker_pairs
-    for src in srcs:
+    if c.cfg.plan == "to_target":
+        to_target_checks(c, res)
+    for src in srcs if c.cfg.plan == "half_gap" else ():
+        # Pulsar's pairs: each source paired with one destination
         mine = [u for u in us if u.src == src]
         assert len({u.dst_load for u in mine}) == 1
         if c.cfg.transfer:
@@ -184,6 +193,37 @@ def test_transfer_shedder_invariants(c: Case) -> None:
         assert after.hit_count == res.hit_count
         if res.reason in ("no_brokers", "no_load_data", "stale_load_data") and not res.loads:
             assert after.hit_count == before.hit_count  # a cycle that never looked neither counts nor resets
+
+
+def to_target_checks(c: Case, res: ShedResult) -> None:
+    """Replays the cycle's projection: every move was needed, went to the least loaded broker that may
+    take load, and fitted within half that pair's gap."""
+    load = dict(res.loads)
+    tput = {b: c.loads[b].throughput for b in load}
+    ema = {b: c.loads[b].msg_throughput_ema for b in load}
+    cooling = c.cooling()
+    m = min(0.5, max(0.0, c.cfg.target_std / 2))
+    sources: set[str] = set()
+    for u in res.decisions:
+        n = len(load)
+        avg = sum(load.values()) / n
+        std = math.sqrt(max(0.0, sum(v * v for v in load.values()) / n - avg * avg))
+        dests = [b for b in load if c.brokers.get(b) and b not in cooling and b not in sources]
+        lo = min(dests, key=lambda b: (load[b], b))
+        underloaded = load[lo] < avg * m or ema[lo] < max(ema.values()) * m
+        overloaded = any(v > c.cfg.overload_threshold and v > avg + c.cfg.target_std for v in load.values())
+        assert std > c.cfg.target_std or underloaded or overloaded, "a move after the target was met"
+        assert u.dst == (lo if c.cfg.transfer else None)
+        assert u.src_load == load[u.src] and u.dst_load == load[lo]
+        per_byte = load[u.src] / (ema[u.src] if ema[u.src] > 0 else tput[u.src])
+        shift = u.throughput * per_byte
+        assert shift <= (load[u.src] - load[lo]) / 2 * (1 + 1e-9) + 1e-12, "a move that overshoots its pair"
+        load[u.src] -= shift
+        load[lo] += shift
+        for proj in (tput, ema):
+            proj[u.src] -= u.throughput
+            proj[lo] += u.throughput
+        sources.add(u.src)
 
 
 @SETTINGS

@@ -367,11 +367,23 @@ def test_pip220_transfer_shedder_sheds_12_2_1_1_after_its_hit_count() -> None:
 
 
 def test_pip220_transfer_shedder_fills_the_new_broker_after_its_hit_count() -> None:
-    # std 18.6% (< 25%) but b5 (0) < avg x .125: under-loaded. Cycle 4 pairs b4 (last by name among the
-    # 50% ones) with b5: half the gap (.25) -> 400 x .25 / .5 = 200 MiB/s: b4/0 and b4/1 go to b5
+    # std 18.6% (< 25%) but b5 (0) < avg x .125: under-loaded. Cycle 4 acts.
+    # Planned to the target (the default): one bundle (100 MiB/s of b0, the first of the tied sources) lifts
+    # b5 to .125 >= avg x .125 = .052, and the trigger no longer holds.
     results = run_cycles(pip220_new_broker, transfer_shedder, 4)
     assert [r.reason for r in results[:3]] == ["hit_count"] * 3
     last = results[3]
+    assert (last.result, last.reason) == ("success", "underloaded")
+    assert [(u.bundle, u.dst) for u in last.decisions] == [("b0/0", "b5")]
+    # Pulsar's half-gap pairs: b4 (last by name among the 50% ones) with b5: half the gap (.25) ->
+    # 400 x .25 / .5 = 200 MiB/s: b4/0 and b4/1 go to b5
+    pulsar = ShedConfig(plan="half_gap")
+    st = ShedState()
+    for k in range(4):
+        w = pip220_new_broker()
+        now = NOW + k * MINUTE
+        w.loads = {b: msgspec.structs.replace(d, updated_at=now - 1000) for b, d in w.loads.items()}
+        last = w.shed(transfer_shedder, st, now=now, cfg=pulsar)
     assert (last.result, last.reason) == ("success", "underloaded")
     assert [(u.bundle, u.dst) for u in last.decisions] == [("b4/0", "b5"), ("b4/1", "b5")]
 

@@ -184,6 +184,31 @@ def test_publish_after_max_interval() -> None:
     assert publish_reason(last, base(), NOW, **RULE) is None
 
 
+def test_publish_follows_the_ema_after_a_step_in_load() -> None:
+    # Raw figures jump once, then hold. The first sample after the step is published with an EMA only a
+    # tenth of the way there (h = .9); the raw figures do not change again, but the EMA keeps moving, and
+    # each time it has moved more than 10 points since the last publication the report goes out again.
+    w = Weights()
+    low, high = step(0.2), step(0.9)
+    cur = with_ema(low, None, w, 0.9)
+    published = msgspec.structs.replace(cur, reported_at=NOW - 5000)
+    reasons = []
+    for i in range(60):
+        cur = with_ema(high, cur, w, 0.9)
+        why = publish_reason(published, cur, NOW + i * 5000, **RULE)
+        reasons.append(why)
+        if why is not None:
+            published = msgspec.structs.replace(cur, reported_at=NOW + i * 5000)
+    assert reasons[0] == "changed"  # the raw step
+    assert reasons.count("changed") >= 4  # and the EMA's climb after it
+    assert abs(published.weighted_max_ema - 0.9) <= 0.1  # the published EMA ends within the threshold
+
+
+def step(usage: float) -> BrokerLoadData:
+    """A broker whose CPU use is ``usage`` (a fraction), every other figure constant."""
+    return msgspec.structs.replace(base(), cpu=Usage(usage * 100, 100.0))
+
+
 def test_publish_unchanged_is_skipped() -> None:
     assert publish_reason(base(), base(), NOW, **RULE) is None
 
@@ -203,6 +228,9 @@ def test_publish_unchanged_is_skipped() -> None:
         ({"msg_throughput_out": 700.0}, "changed"),  # -15%
         ({"bundles": 12}, "changed"),  # +20%
         ({"bundles": 9}, None),  # -10%: not *more* than the threshold
+        # the EMA, what decisions compare, in percentage points
+        ({"weighted_max_ema": 0.11}, "changed"),  # +11 points
+        ({"weighted_max_ema": 0.09}, None),  # +9 points
     ],
 )
 def test_publish_each_changed_figure(changes: dict[str, float], expected: str | None) -> None:

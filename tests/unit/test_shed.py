@@ -21,6 +21,7 @@ from trimtab.balance.shed import (
 
 NOW = 10_000_000_000
 CFG = ShedConfig(hit_count_threshold=0)  # act on the first triggered cycle
+HALF = ShedConfig(hit_count_threshold=0, plan="half_gap")  # Pulsar's pairs
 
 
 class World(ShedWorld):
@@ -231,10 +232,10 @@ def test_trigger_overloaded_max() -> None:
 # ---------------------------------------------------------------------------------------------- moves
 
 
-def test_about_half_the_gap_is_moved_largest_first() -> None:
+def test_half_gap_plan_moves_about_half_the_gap_largest_first() -> None:
     # gap (.9 - .1) / 2 = .4 of load = 650 * .4 / .9 = 288.9 bytes/s of budget
     w = World().add("cold", 0.1, [10]).add("hot", 0.9, [300, 200, 100, 50])
-    res = w.shed()
+    res = w.shed(cfg=HALF)
     assert moved(res) == [("hot/1", "hot", "cold"), ("hot/3", "hot", "cold")]  # 200 + 50
     assert sum(u.throughput for u in res.decisions) <= 650 * (0.9 - 0.1) / 2 / 0.9
     assert ("hot/0", "overshoot") in res.skipped_bundles  # 300 alone is more than the budget
@@ -242,8 +243,58 @@ def test_about_half_the_gap_is_moved_largest_first() -> None:
     u = res.decisions[0]
     assert (u.reason, u.src_load, u.dst_load, u.throughput) == ("overloaded", 0.9, 0.1, 200)
     # two brokers: the budget is T * (L_max - L_min) / 2 / L_max
-    res = two_brokers().shed()
+    res = two_brokers().shed(cfg=HALF)
     assert moved(res) == [("hot/0", "hot", "cold")]  # 1000 * .4 / .9 = 444: 400, then nothing fits
+
+
+def test_to_target_plan_stops_as_soon_as_the_trigger_no_longer_holds() -> None:
+    # std .4 > .25. Each bundle is worth .9 / 650 of load per byte/s. The heaviest that fits half the gap
+    # (.4 -> 288.9 bytes/s) is 200 (.277): .623 vs .377, std .123 <= .25 -- one move, where the half-gap
+    # plan moves 200 + 50.
+    w = World().add("cold", 0.1, [10]).add("hot", 0.9, [300, 200, 100, 50])
+    res = w.shed()
+    assert moved(res) == [("hot/1", "hot", "cold")]
+    u = res.decisions[0]
+    assert (u.reason, u.src_load, u.dst_load, u.throughput) == ("overloaded", 0.9, 0.1, 200)
+
+
+def test_to_target_plan_spreads_a_source_over_destinations_and_stops_at_the_target() -> None:
+    # Two hot brokers (.8, ten bundles of 100 each) and three empty ones: std .39. Each move goes to the
+    # least loaded broker at that moment, so the empty ones fill in turn; a hot broker never receives.
+    w = World()
+    for b in ("new1", "new2", "new3"):
+        w.add(b, 0.0, [1])
+    w.add("hot1", 0.8, [100] * 10).add("hot2", 0.8, [100] * 10)
+    res = w.shed(cfg=ShedConfig(hit_count_threshold=0, max_broker_pairs=2))
+    srcs = {u.src for u in res.decisions}
+    dsts = [u.dst for u in res.decisions]
+    assert srcs == {"hot1", "hot2"} and set(dsts) == {"new1", "new2", "new3"}
+    assert not srcs & set(dsts)
+    # Projected after the moves: every move was .08; std must be at or below the target, and one move fewer
+    # would not have been (the cycle stops at the first move that meets it).
+    load = {"new1": 0.0, "new2": 0.0, "new3": 0.0, "hot1": 0.8, "hot2": 0.8}
+
+    def std() -> float:
+        avg = sum(load.values()) / len(load)
+        return (sum((v - avg) ** 2 for v in load.values()) / len(load)) ** 0.5
+
+    for i, u in enumerate(res.decisions):
+        assert std() > 0.25, f"move {i} was not needed"
+        load[u.src] -= 0.08
+        assert u.dst is not None
+        load[u.dst] += 0.08
+    assert std() <= 0.25
+    assert len(res.decisions) == 5
+
+
+def test_to_target_plan_takes_the_source_that_helps_most() -> None:
+    # std .34 > .25 (nobody overloaded). a (.84, 900 bytes/s) has only bundles of 10 (.009 of load each);
+    # b (.8, 1000 bytes/s) has one of 300 (.24, within half its gap to c, .35). Moving d across a gap g
+    # lowers the variance by 2d(g - d)/n: b's .24 x .46 beats a's .009 x .73, and b/0 alone brings the std
+    # to .21 <= .25 -- while always taking from the most loaded broker would move a's small bundles one by one.
+    w = World().add("c", 0.1, [1]).add("a", 0.84, [10] * 9, tput=900).add("b", 0.8, [300, 100], tput=1000)
+    res = w.shed()
+    assert moved(res) == [("b/0", "b", "c")]
 
 
 def test_always_leaves_one_bundle_on_the_source() -> None:
@@ -262,8 +313,10 @@ def test_bundles_not_owned_by_the_source_are_skipped() -> None:
     assert "hot/0" not in {u.bundle for u in res.decisions}
     assert "hot/3" not in {u.bundle for u in res.decisions}
     assert ("hot/0", "not_owner") in res.skipped_bundles
-    assert ("hot/3", "not_owner") in res.skipped_bundles
     assert res.decisions  # hot/1 or hot/2 still move
+    res = w.shed(cfg=HALF)  # the pair plan reads the whole report
+    assert ("hot/3", "not_owner") in res.skipped_bundles
+    assert "hot/3" not in {u.bundle for u in res.decisions}
 
 
 def test_recently_moved_bundles_wait_out_the_grace_period() -> None:
