@@ -307,7 +307,11 @@ def pip220_new_broker() -> World:
 
 
 def run_cycles(
-    make: Callable[[], World], fn: Shedder, n: int, legacy: LegacyConfig | None = None
+    make: Callable[[], World],
+    fn: Shedder,
+    n: int,
+    legacy: LegacyConfig | None = None,
+    cfg: ShedConfig = CFG,
 ) -> list[ShedResult]:
     """``n`` shedding cycles a minute apart over the same usages, with fresh reports each time."""
     st = ShedState()
@@ -316,7 +320,7 @@ def run_cycles(
         w = make()
         now = NOW + k * MINUTE
         w.loads = {b: msgspec.structs.replace(d, updated_at=now - 1000) for b, d in w.loads.items()}
-        out.append(w.shed(fn, st, now=now, legacy=legacy))
+        out.append(w.shed(fn, st, now=now, cfg=cfg, legacy=legacy))
     return out
 
 
@@ -377,13 +381,7 @@ def test_pip220_transfer_shedder_fills_the_new_broker_after_its_hit_count() -> N
     assert [(u.bundle, u.dst) for u in last.decisions] == [("b0/0", "b5")]
     # Pulsar's half-gap pairs: b4 (last by name among the 50% ones) with b5: half the gap (.25) ->
     # 400 x .25 / .5 = 200 MiB/s: b4/0 and b4/1 go to b5
-    pulsar = ShedConfig(plan="half_gap")
-    st = ShedState()
-    for k in range(4):
-        w = pip220_new_broker()
-        now = NOW + k * MINUTE
-        w.loads = {b: msgspec.structs.replace(d, updated_at=now - 1000) for b, d in w.loads.items()}
-        last = w.shed(transfer_shedder, st, now=now, cfg=pulsar)
+    last = run_cycles(pip220_new_broker, transfer_shedder, 4, cfg=ShedConfig(plan="half_gap"))[3]
     assert (last.result, last.reason) == ("success", "underloaded")
     assert [(u.bundle, u.dst) for u in last.decisions] == [("b4/0", "b5"), ("b4/1", "b5")]
 
