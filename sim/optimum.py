@@ -11,18 +11,24 @@ assignment, so this is a linear problem: a MILP over binaries ``x[i, b]`` (bundl
 solved with SciPy's HiGHS (``scipy.optimize.milp``; SciPy is the ``sim`` extra and is imported only when
 :func:`min_moves` runs). A bundle whose owner is not among the brokers (a dead broker's) always counts as a
 move. :func:`brute_force_min_moves` answers the same question by enumeration, for tests on tiny instances.
+
+:func:`min_moves_std` asks what the simulator's report calls balanced -- the std of the utilisations at most
+a target, which a band of the same width implies but does not need -- by cutting planes over the same
+MILP (see its docstring); :func:`brute_force_min_moves_std` checks it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from typing import Any
 
 # Slack on each band bound, as a fraction of the total load: a utilisation exactly on the band's edge counts
 # as inside for both solvers despite rounding (HiGHS's own feasibility tolerance is 1e-7 on top of it).
@@ -66,6 +72,72 @@ def _moves(assignment: Mapping[str, str], owner: Mapping[str, str]) -> int:
     return sum(1 for i, b in assignment.items() if owner.get(i) != b)
 
 
+def _assignment_model(
+    bundles: list[str], brokers: list[str], owner: Mapping[str, str]
+) -> tuple[Any, list[int], list[int], list[float]]:
+    """The objective (bundles that leave their owner) and the rows "each bundle on exactly one broker" of the
+    model over binaries ``x[i * len(brokers) + k]`` (bundle ``i`` on broker ``k``)."""
+    import numpy as np
+
+    nk = len(brokers)
+    index = {b: k for k, b in enumerate(brokers)}
+    c = np.zeros(len(bundles) * nk)
+    for i, name in enumerate(bundles):
+        k = index.get(owner.get(name, ""))
+        if k is not None:
+            c[i * nk + k] = -1.0  # moves = owned - sum of x[i, owner(i)] + the orphans
+    rows, cols, vals = [], [], []
+    for i in range(len(bundles)):
+        for k in range(nk):
+            rows.append(i)
+            cols.append(i * nk + k)
+            vals.append(1.0)
+    return c, rows, cols, vals
+
+
+def _solve(c: Any, a: Any, lo: Any, hi: Any, time_limit_s: float) -> Any:
+    """HiGHS on the binary program ``min c.x, lo <= a.x <= hi``; its result (``status``: 0 optimal,
+    1 time limit, 2 infeasible)."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    res = None
+    for presolve in (True, False):
+        with _native_stdout_silenced():
+            res = milp(
+                c,
+                constraints=LinearConstraint(a, lo, hi),
+                integrality=np.ones(len(c)),
+                bounds=Bounds(0, 1),
+                options={"time_limit": time_limit_s, "mip_rel_gap": 0.0, "presolve": presolve, "disp": False},
+            )
+        if res.status != 4:
+            break
+        # "Solve error": HiGHS 1.x (SciPy 1.17) ends some tiny infeasible instances this way after presolve;
+        # the same model without presolve is answered (tests/unit/test_optimum.py keeps such cases).
+    if res is None or res.status not in (0, 1, 2):
+        raise RuntimeError(f"HiGHS: {getattr(res, 'message', '')} (status {getattr(res, 'status', None)})")
+    return res
+
+
+def _decode(res: Any, bundles: list[str], brokers: list[str]) -> dict[str, str]:
+    import numpy as np
+
+    if res.x is None:
+        return {}
+    x = np.asarray(res.x).reshape(len(bundles), len(brokers))
+    return {name: brokers[int(np.argmax(x[i]))] for i, name in enumerate(bundles)}
+
+
+def _outcome(res: Any, assignment: dict[str, str], owner: Mapping[str, str], seconds: float) -> Optimum:
+    if res.status == 0:
+        return Optimum(_moves(assignment, owner), "optimal", assignment, seconds)
+    if res.status == 2:
+        return Optimum(None, "infeasible", {}, seconds)
+    # time (or iteration) limit: the best assignment found so far, not proven minimal
+    return Optimum(_moves(assignment, owner) if assignment else None, "time_limit", assignment, seconds)
+
+
 def min_moves(
     bundle_load: Mapping[str, float],
     owner: Mapping[str, str],
@@ -82,7 +154,6 @@ def min_moves(
     (not proven minimal), or None.
     """
     import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
 
     start = time.perf_counter()
@@ -92,20 +163,7 @@ def min_moves(
         feasible = all(lo <= 0.0 <= hi for lo, hi in bounds.values())
         return Optimum(0 if feasible else None, "optimal" if feasible else "infeasible", {}, 0.0)
     scale = total if total > 0 else 1.0  # loads as fractions of the total: tolerances are absolute in HiGHS
-
-    # variable i * nk + k: bundle i on broker k
-    index = {b: k for k, b in enumerate(brokers)}
-    c = np.zeros(nb * nk)
-    for i, name in enumerate(bundles):
-        k = index.get(owner.get(name, ""))
-        if k is not None:
-            c[i * nk + k] = -1.0  # moves = owned - sum of x[i, owner(i)] + the orphans
-    rows, cols, vals = [], [], []
-    for i in range(nb):  # each bundle on exactly one broker
-        for k in range(nk):
-            rows.append(i)
-            cols.append(i * nk + k)
-            vals.append(1.0)
+    c, rows, cols, vals = _assignment_model(bundles, brokers, owner)
     for k in range(nk):  # the band, per broker
         for i, name in enumerate(bundles):
             rows.append(nb + k)
@@ -114,31 +172,92 @@ def min_moves(
     a = coo_array((vals, (rows, cols)), shape=(nb + nk, nb * nk)).tocsr()
     lo = np.concatenate([np.ones(nb), [bounds[b][0] / scale for b in brokers]])
     hi = np.concatenate([np.ones(nb), [bounds[b][1] / scale for b in brokers]])
-    for presolve in (True, False):
-        with _native_stdout_silenced():
-            res = milp(
-                c,
-                constraints=LinearConstraint(a, lo, hi),
-                integrality=np.ones(nb * nk),
-                bounds=Bounds(0, 1),
-                options={"time_limit": time_limit_s, "mip_rel_gap": 0.0, "presolve": presolve, "disp": False},
-            )
-        if res.status != 4:
-            break
-        # "Solve error": HiGHS 1.x (SciPy 1.17) ends some tiny infeasible instances this way after presolve;
-        # the same model without presolve is answered (tests/unit/test_optimum.py keeps such cases).
-    seconds = time.perf_counter() - start
-    assignment: dict[str, str] = {}
-    if res.x is not None:
-        x = np.asarray(res.x).reshape(nb, nk)
-        assignment = {name: brokers[int(np.argmax(x[i]))] for i, name in enumerate(bundles)}
-    if res.status == 0:
-        return Optimum(_moves(assignment, owner), "optimal", assignment, seconds)
-    if res.status == 2:
-        return Optimum(None, "infeasible", {}, seconds)
-    if res.status == 1:  # time (or iteration) limit
-        return Optimum(_moves(assignment, owner) if assignment else None, "time_limit", assignment, seconds)
-    raise RuntimeError(f"HiGHS: {res.message} (status {res.status})")
+    res = _solve(c, a, lo, hi, time_limit_s)
+    return _outcome(res, _decode(res, bundles, brokers), owner, time.perf_counter() - start)
+
+
+def utilisation_std(
+    assignment: Mapping[str, str], bundle_load: Mapping[str, float], capacity: Mapping[str, float]
+) -> float:
+    """Population standard deviation of the brokers' utilisation (load / capacity) -- the simulator's
+    balance measure (``Sample.std``) -- under ``assignment`` (bundles on unknown brokers are ignored)."""
+    load = dict.fromkeys(capacity, 0.0)
+    for i, b in assignment.items():
+        if b in load:
+            load[b] += bundle_load[i]
+    u = [load[b] / capacity[b] for b in sorted(capacity)]
+    avg = math.fsum(u) / len(u)
+    return math.sqrt(math.fsum((x - avg) ** 2 for x in u) / len(u))
+
+
+def min_moves_std(
+    bundle_load: Mapping[str, float],
+    owner: Mapping[str, str],
+    capacity: Mapping[str, float],
+    target_std: float,
+    *,
+    time_limit_s: float = 30.0,
+    max_cuts: int = 500,
+) -> Optimum:
+    """The fewest bundles to move so that the std of the brokers' utilisation is at most ``target_std`` --
+    the simulator's own "balanced" (:func:`min_moves` asks for a band, which is stricter).
+
+    The variance of the utilisations is a convex quadratic of the assignment, so HiGHS (a MILP solver) gets
+    it by outer approximation: solve without it, and while the answer's variance is above the target add
+    the tangent plane at that answer as a linear cut and solve again. A tangent never cuts off an assignment
+    that meets the target (convexity), and it always cuts off the answer it was made at, so the first answer
+    that meets the target is the minimum. ``status`` is ``time_limit`` after ``time_limit_s`` in all or
+    ``max_cuts`` cuts: ``moves`` is then None (no assignment meeting the target was proven minimal).
+    """
+    import numpy as np
+    from scipy.sparse import coo_array
+
+    start = time.perf_counter()
+    if target_std < 0:
+        raise ValueError("target_std must be >= 0")
+    bundles, brokers, _, _ = _bounds(bundle_load, capacity, 0.0)
+    nb, nk = len(bundles), len(brokers)
+    limit = target_std * target_std + _TOL
+    if nb == 0:
+        ok = utilisation_std({}, bundle_load, capacity) ** 2 <= limit
+        return Optimum(0 if ok else None, "optimal" if ok else "infeasible", {}, 0.0)
+    c, rows, cols, vals = _assignment_model(bundles, brokers, owner)
+    # u[k] = sum_i w[i, k] x[i, k]: broker k's utilisation
+    w = np.array([[bundle_load[name] / capacity[b] for b in brokers] for name in bundles])
+    cuts: list[np.ndarray] = []  # coefficients over x
+    bounds: list[float] = []
+    while True:
+        elapsed = time.perf_counter() - start
+        if elapsed > time_limit_s or len(cuts) > max_cuts:
+            return Optimum(None, "time_limit", {}, elapsed)
+        r, cl, v = list(rows), list(cols), list(vals)
+        for j, coef in enumerate(cuts):
+            nz = np.nonzero(coef)[0]
+            r.extend([nb + j] * len(nz))
+            cl.extend(nz.tolist())
+            v.extend(coef[nz].tolist())
+        a = coo_array((v, (r, cl)), shape=(nb + len(cuts), nb * nk)).tocsr()
+        lo = np.concatenate([np.ones(nb), np.full(len(cuts), -np.inf)])
+        hi = np.concatenate([np.ones(nb), np.asarray(bounds, dtype=float)])
+        res = _solve(c, a, lo, hi, max(time_limit_s - elapsed, 0.1))
+        if res.status == 2:
+            return Optimum(None, "infeasible", {}, time.perf_counter() - start)
+        if res.status != 0:
+            return Optimum(None, "time_limit", {}, time.perf_counter() - start)
+        assignment = _decode(res, bundles, brokers)
+        x = np.zeros((nb, nk))
+        for i, name in enumerate(bundles):
+            x[i, brokers.index(assignment[name])] = 1.0
+        u = (w * x).sum(axis=0)
+        dev = u - u.mean()
+        var = float(dev @ dev) / nk
+        if var <= limit:
+            return Optimum(_moves(assignment, owner), "optimal", assignment, time.perf_counter() - start)
+        # Tangent of var(u) = |u - mean(u)|^2 / n at u*: var(u*) + (2/n) dev* . (u - u*) <= target^2,
+        # i.e. (2/n) dev* . u <= target^2 - var(u*) + (2/n) dev* . u*, with u linear in x.
+        g = 2.0 * dev / nk
+        cuts.append((w * g).ravel())
+        bounds.append(limit - var + float(g @ u))
 
 
 @contextmanager
@@ -180,12 +299,7 @@ def brute_force_min_moves(
 ) -> Optimum:
     """:func:`min_moves` by enumeration, fewest moves first: for tests on tiny instances only (it refuses
     more than a million assignments; 7 bundles on 3 brokers are 2187)."""
-    start = time.perf_counter()
-    bundles, brokers, _, bounds = _bounds(bundle_load, capacity, band)
-    if len(brokers) ** len(bundles) > _BRUTE_FORCE_LIMIT:
-        raise ValueError(f"{len(bundles)} bundles on {len(brokers)} brokers: too many to enumerate")
-    forced = [i for i in bundles if owner.get(i) not in capacity]  # owner gone: they move whatever we do
-    free = [i for i in bundles if owner.get(i) in capacity]
+    _, brokers, _, bounds = _bounds(bundle_load, capacity, band)
 
     def fits(assignment: Mapping[str, str]) -> bool:
         load = dict.fromkeys(brokers, 0.0)
@@ -193,6 +307,34 @@ def brute_force_min_moves(
             load[b] += bundle_load[i]
         return all(bounds[b][0] <= load[b] <= bounds[b][1] for b in brokers)
 
+    return _brute_force(bundle_load, owner, capacity, fits)
+
+
+def brute_force_min_moves_std(
+    bundle_load: Mapping[str, float],
+    owner: Mapping[str, str],
+    capacity: Mapping[str, float],
+    target_std: float,
+) -> Optimum:
+    """:func:`min_moves_std` by enumeration, for tests on tiny instances only."""
+    limit = target_std * target_std + _TOL
+    return _brute_force(
+        bundle_load, owner, capacity, lambda a: utilisation_std(a, bundle_load, capacity) ** 2 <= limit
+    )
+
+
+def _brute_force(
+    bundle_load: Mapping[str, float],
+    owner: Mapping[str, str],
+    capacity: Mapping[str, float],
+    fits: Callable[[Mapping[str, str]], bool],
+) -> Optimum:
+    start = time.perf_counter()
+    bundles, brokers = sorted(bundle_load), sorted(capacity)
+    if len(brokers) ** len(bundles) > _BRUTE_FORCE_LIMIT:
+        raise ValueError(f"{len(bundles)} bundles on {len(brokers)} brokers: too many to enumerate")
+    forced = [i for i in bundles if owner.get(i) not in capacity]  # owner gone: they move whatever we do
+    free = [i for i in bundles if owner.get(i) in capacity]
     for k in range(len(free) + 1):
         for movers in itertools.combinations(free, k):
             stay = {i: owner[i] for i in free if i not in movers}

@@ -7,7 +7,10 @@ Targets (docs/simulator.md, docs/benchmarks.md):
   (a policy that never reaches it loses; a scenario where no legacy shedder reaches it is won by reaching it;
   a scenario that is balanced from the measure point on, for everyone, is a tie and counts as met);
 * on the small instances (those with the exact optimum), TransferShedder's moves to balance are at most
-  1.2x the exact minimum;
+  1.2x the exact minimum -- for the band (every broker within the target of the average, the issue's
+  definition) and, reported beside it, for the std target itself (what "balanced" means in the report,
+  sim/optimum.py ``min_moves_std``); where TransferShedder needs exactly that minimum, a legacy shedder
+  that ties it cannot be beaten, and ``transfer_at_exact_minimum_std_target`` says so;
 * after scaling 5 -> 10 brokers, balanced within 150 simulated seconds at the default cadence settings --
   and, when the defaults cannot, the same scenario with ``TUNED`` settings, reported beside them;
 * 100 brokers x 10 000 bundles simulate at least 100x faster than real time (restart-100-brokers).
@@ -80,6 +83,8 @@ def run(
     wins_tight: dict[str, bool | None] = {}
     ratios: dict[str, float | None] = {}
     ratios_tight: dict[str, float | None] = {}
+    ratios_std: dict[str, float | None] = {}
+    at_minimum: dict[str, bool] = {}
     speed: dict[str, Any] = {}
     for path in paths:
         sc = load_scenario(path)
@@ -90,6 +95,15 @@ def run(
         if entry["optimum"] is not None and sc.name.startswith("small-"):
             ratios[sc.name] = entry["optimum"]["ratio"].get("transfer")
             ratios_tight[sc.name] = entry["optimum_tight"]["ratio_transfer"]
+            std_min = entry["optimum"].get("std_target")
+            if std_min is not None:
+                ratios_std[sc.name] = std_min["ratio"].get("transfer")
+                # Where TransferShedder needs exactly the proven minimum, no policy can need fewer: a legacy
+                # shedder that ties it there makes "fewer than every legacy shedder" impossible, not missed.
+                at_minimum[sc.name] = (
+                    std_min["moves"] is not None
+                    and entry["policies"]["transfer"]["moves_to_balance"] == std_min["moves"]
+                )
         if entry["brokers"]["initial"] >= 100 and entry["bundles"]["initial"] >= 10_000:
             speed[sc.name] = entry["speedup"]
     scale = out["scenarios"].get(SCALE_OUT)
@@ -100,6 +114,8 @@ def run(
         "transfer_fewer_moves_than_legacy_tight_target": wins_tight,
         "transfer_vs_exact_minimum": ratios,
         "transfer_vs_exact_minimum_tight_band": ratios_tight,
+        "transfer_vs_exact_minimum_std_target": ratios_std,
+        "transfer_at_exact_minimum_std_target": at_minimum,
         "scale_out_balanced_s": {"default": default_ttb, "tuned": tuned_ttb, "target": SCALE_OUT_TARGET_S},
         "speedup_100_brokers_10k_bundles": speed,
     }

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trimtab.sim.optimum import Optimum, brute_force_min_moves, min_moves
+from trimtab.sim.optimum import (
+    Optimum,
+    brute_force_min_moves,
+    brute_force_min_moves_std,
+    min_moves,
+    min_moves_std,
+    utilisation_std,
+)
 
 
 def assert_valid(
@@ -181,9 +188,10 @@ def test_milp_equals_brute_force(inst: Instance) -> None:
     agree(inst)
 
 
-def test_milp_equals_brute_force_on_a_fixed_mix_of_feasible_and_infeasible() -> None:
-    # The same check over 150 seeded instances, counting both outcomes so the mix is not left to chance.
-    rng = random.Random(11)
+def fixed_mix(agree_with_brute_force: Callable[[Instance], Optimum], seed: int) -> dict[str, int]:
+    """150 seeded instances through ``agree_with_brute_force``: how many came out optimal and infeasible,
+    checked to include both and several move counts, so the mix is not left to chance."""
+    rng = random.Random(seed)
     seen: dict[str, int] = {}
     moves: set[int] = set()
     for _ in range(150):
@@ -191,9 +199,85 @@ def test_milp_equals_brute_force_on_a_fixed_mix_of_feasible_and_infeasible() -> 
         cap = {b: float(rng.randint(1, 3)) for b in brokers}
         load = {f"u{i}": float(rng.randint(1, 12)) for i in range(rng.randint(3, 7))}
         owner = {i: rng.choice(brokers) for i in load}
-        opt = agree((load, owner, cap, rng.choice([0.1, 0.25, 0.5, 1.0])))
+        opt = agree_with_brute_force((load, owner, cap, rng.choice([0.1, 0.25, 0.5, 1.0])))
         seen[opt.status] = seen.get(opt.status, 0) + 1
         if opt.moves is not None:
             moves.add(opt.moves)
-    assert seen.get("optimal", 0) >= 30 and seen.get("infeasible", 0) >= 30, seen
     assert len(moves) >= 3, moves  # instances that need 0, 1, 2, ... moves
+    return seen
+
+
+def test_milp_equals_brute_force_on_a_fixed_mix_of_feasible_and_infeasible() -> None:
+    seen = fixed_mix(agree, 11)
+    assert seen.get("optimal", 0) >= 30 and seen.get("infeasible", 0) >= 30, seen
+
+
+# ------------------------------------------------------------------------------- the std target (cutting planes)
+
+
+def test_std_target_by_hand() -> None:
+    # Utilisations 0.9 / 0.1 / 0.5 (std 0.327): one move of 0.4 from k0 to k1 leaves 0.5 / 0.5 / 0.5.
+    load = {"a": 0.4, "b": 0.5, "c": 0.1, "d": 0.5}
+    owner = {"a": "k0", "b": "k0", "c": "k1", "d": "k2"}
+    cap = {"k0": 1.0, "k1": 1.0, "k2": 1.0}
+    assert utilisation_std(owner, load, cap) == pytest.approx(0.3266, abs=1e-4)
+    for solve in (min_moves_std, brute_force_min_moves_std):
+        assert solve(load, owner, cap, 0.5).moves == 0
+        opt = solve(load, owner, cap, 0.01)
+        assert (opt.status, opt.moves) == ("optimal", 1)
+        assert opt.assignment["a"] == "k1"
+        assert utilisation_std(opt.assignment, load, cap) <= 0.01
+
+
+def test_std_target_asks_less_than_the_band() -> None:
+    # Two brokers far apart can be within the std target while a third sits outside the band: the band
+    # needs a move here, the std target does not.
+    load = {"a": 0.7, "b": 0.5, "c": 0.3}
+    owner = {"a": "k0", "b": "k1", "c": "k2"}
+    cap = {"k0": 1.0, "k1": 1.0, "k2": 1.0}
+    assert min_moves_std(load, owner, cap, 0.2).moves == 0  # std 0.163
+    assert min_moves(load, owner, cap, 0.1).moves is None  # no assignment keeps all three within +-0.1
+
+
+def test_std_target_infeasible_and_orphans() -> None:
+    # One bundle carries everything: no assignment of it balances three brokers.
+    load, cap = {"a": 3.0}, {"k0": 1.0, "k1": 1.0, "k2": 1.0}
+    assert min_moves_std(load, {"a": "k0"}, cap, 0.1).status == "infeasible"
+    # An orphan (its owner is gone) moves whatever we do.
+    opt = min_moves_std({"a": 1.0, "b": 1.0}, {"a": "gone", "b": "k0"}, {"k0": 1.0, "k1": 1.0}, 0.0)
+    assert (opt.moves, opt.assignment["a"]) == (1, "k1")
+
+
+def test_std_target_gives_up_after_its_time_limit() -> None:
+    rng = random.Random(3)
+    brokers = [f"k{j}" for j in range(6)]
+    load = {f"u{i}": rng.uniform(0.5, 1.5) for i in range(60)}
+    owner = {i: brokers[0] if n < 40 else rng.choice(brokers) for n, i in enumerate(load)}
+    cap = dict.fromkeys(brokers, 10.0)
+    opt = min_moves_std(load, owner, cap, 0.001, max_cuts=2)
+    assert (opt.status, opt.moves) == ("time_limit", None)
+
+
+def std_agree(inst: Instance) -> Optimum:
+    load, owner, cap, band = inst
+    target = band / 2  # the same draws, read as a std target
+    exact, brute = (
+        min_moves_std(load, owner, cap, target),
+        brute_force_min_moves_std(load, owner, cap, target),
+    )
+    assert (exact.status, exact.moves) == (brute.status, brute.moves)
+    if exact.status == "optimal":
+        assert utilisation_std(exact.assignment, load, cap) <= target + 1e-6
+        assert sum(1 for i, b in exact.assignment.items() if owner.get(i) != b) == exact.moves
+    return exact
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_std_cutting_planes_equal_brute_force(inst: Instance) -> None:
+    std_agree(inst)
+
+
+def test_std_cutting_planes_equal_brute_force_on_a_fixed_mix() -> None:
+    seen = fixed_mix(std_agree, 12)
+    assert seen.get("optimal", 0) >= 30 and seen.get("infeasible", 0) >= 10, seen
