@@ -109,7 +109,7 @@ class KafkaTransport:
         *,
         client_config: Mapping[str, Any] | None = None,
         client_id: str = "trimtab",
-        linger_ms: float = 1.0,
+        linger_ms: float = 5.0,
         fetch_wait_max_ms: int = 5,
         delivery_timeout_ms: int = 30_000,
         compacted_topics: frozenset[str] = frozenset(),

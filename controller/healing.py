@@ -124,12 +124,15 @@ class Healer:
         now_ms: int,
         allowed: Callable[[str], Collection[str]] | None = None,
         plan_rules: PlanRules | None = None,
+        emit: Callable[[list[Override]], None] | None = None,
     ) -> tuple[list[Override], dict[str, Any]]:
         """The overrides to publish now. ``live`` maps live, non-draining broker -> load EMA; ``allowed``
         (the placement rules) restricts each bundle's destination, in new plans and persisted ones.
         ``plan_rules``, when given, makes the rules for new plans instead: called at most once per round
         (it may copy the placement index), its ``placed`` callback sees every pick of every plan of the
-        round, so the plans of two dead brokers spread one anti-affinity group together."""
+        round, so the plans of two dead brokers spread one anti-affinity group together. ``emit``, when
+        given, receives each chunk's overrides as soon as they are decided (to publish them while the round
+        goes on); they are returned all the same."""
         info: dict[str, Any] = {"failed": sorted(self.failed), "due": [], "deferred": 0}
         self.paused_reason = None
         if self.cfg.grace_s < 0:
@@ -151,6 +154,7 @@ class Healer:
         rules: tuple[Callable[[str], Collection[str]] | None, Callable[[str, str], None] | None] | None = None
         for dead in ripe:
             chunks = self._chunks.get(dead) or {}
+            fresh = False  # a plan made this round already obeys this round's rules
             if not chunks:
                 mine = sorted(b for b, r in needing if needs_healing(r, frozenset({dead})))
                 if not mine:
@@ -159,8 +163,9 @@ class Healer:
                     rules = plan_rules() if plan_rules is not None else (allowed, None)
                 dests = plan_destinations(mine, dict(live), dict(in_flight), *rules)
                 parts = [mine[i : i + self.chunk_size] for i in range(0, len(mine), self.chunk_size)]
-                self.plans.write_plan(dead, [{b: dests[b] for b in p} for p in parts], self._term())
-                chunks = self._chunks[dead] = self.plans.read(dead)
+                plan = self.plans.write_plan(dead, [{b: dests[b] for b in p} for p in parts], self._term())
+                chunks = self._chunks[dead] = plan
+                fresh = True
             for seq, chunk in list(chunks.items()):
                 todo = [
                     (b, cur)
@@ -182,10 +187,12 @@ class Healer:
                     "failed_broker",
                     dead,
                     planned=chunk.bundles
-                    if allowed is None
+                    if allowed is None or fresh
                     else _still_allowed(chunk.bundles, todo, allowed),
                     live=live,
                 )
+                if emit is not None:
+                    emit(got)
                 out.extend(got)
                 info["deferred"] += deferred
         return out, info
@@ -289,19 +296,25 @@ class HealingJob:
         candidates = {
             b: (loads[b].weighted_max_ema if b in loads else 0.5) for b, i in live.items() if not i.draining
         }
-        overrides, info = await asyncio.to_thread(
-            self.healer.round,
-            candidates,
-            self.table.get,
-            items,
-            self.destinations.choose,
-            now,
-            self.destinations.allowed,
-            self.destinations.plan_rules,
-        )
+        batch = self.writes.override_round()
+        try:
+            overrides, info = await asyncio.to_thread(
+                self.healer.round,
+                candidates,
+                self.table.get,
+                items,
+                self.destinations.choose,
+                now,
+                self.destinations.allowed,
+                self.destinations.plan_rules,
+                batch.add,
+            )
+        except Exception:
+            await batch.finish()  # the chunks published before the failure are acknowledged and counted
+            raise
         self._observe(info)
         if overrides:
-            await self._publish(overrides, info)
+            await self._report(overrides, await batch.finish(), info)
         return overrides
 
     async def _bookkeeping(self, live: set[str], items: list[tuple[str, Record]], now: int) -> None:
@@ -330,8 +343,7 @@ class HealingJob:
                 failed=sorted(healer.failed),
             )
 
-    async def _publish(self, overrides: list[Override], info: dict[str, Any]) -> None:
-        n = await self.writes.overrides(overrides)
+    async def _report(self, overrides: list[Override], n: int, info: dict[str, Any]) -> None:
         by_broker: dict[str, int] = {}
         for o in overrides:
             by_broker[o.broker or "?"] = by_broker.get(o.broker or "?", 0) + 1

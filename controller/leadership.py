@@ -69,7 +69,11 @@ class Leadership:
 
     async def confirm(self) -> bool:
         """Confirm leadership with ZooKeeper before destructive writes (see LeaderElection.confirm)."""
-        if await asyncio.to_thread(self.election.confirm):
+        return await asyncio.to_thread(self.confirm_blocking)
+
+    def confirm_blocking(self) -> bool:
+        """:meth:`confirm` on the calling thread (a worker thread: it waits for a ZooKeeper round trip)."""
+        if self.election.confirm():
             return True
         log.warning("leadership_not_confirmed", action="skipping this round of writes")
         return False

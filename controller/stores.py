@@ -124,15 +124,15 @@ class Reassignments:
         except NoNodeError:
             return []
 
-    def write_plan(self, broker: str, chunks: list[dict[str, str | None]], term: int) -> None:
+    def write_plan(self, broker: str, chunks: list[dict[str, str | None]], term: int) -> dict[int, Chunk]:
+        """Persist a plan in one transaction; returns it as :meth:`read` would (no need to read it back)."""
         now = int(time.time() * 1000)
         tx = self.zk.transaction()
         with contextlib.suppress(NodeExistsError):
             self.zk.ensure_path(self._dir(broker))
-        for seq, bundles in enumerate(chunks):
-            tx.create(
-                f"{self._dir(broker)}/{seq:06d}", _enc.encode(Chunk(bundles=bundles, created=now, term=term))
-            )
+        plan = {seq: Chunk(bundles=bundles, created=now, term=term) for seq, bundles in enumerate(chunks)}
+        for seq, chunk in plan.items():
+            tx.create(f"{self._dir(broker)}/{seq:06d}", _enc.encode(chunk))
         results = tx.commit()
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
@@ -140,6 +140,7 @@ class Reassignments:
         log.info(
             "reassignment_planned", broker=broker, chunks=len(chunks), bundles=sum(len(c) for c in chunks)
         )
+        return plan
 
     def done(self, broker: str, seq: int) -> None:
         with contextlib.suppress(NoNodeError):

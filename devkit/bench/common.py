@@ -118,7 +118,7 @@ class ChannelWatch:
         topic: str,
         *,
         fetch_wait_max_ms: int,
-        linger_ms: float = 1.0,
+        linger_ms: float = 5.0,
         client_config: dict[str, str] | None = None,
     ) -> None:
         from trimtab.channel.client import ChannelClient

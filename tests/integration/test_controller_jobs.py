@@ -280,6 +280,83 @@ def test_healing_moves_a_failed_broker_s_bundles_to_live_brokers(
     assert c.healing.healer.failed.keys() == {"gone:1"}
 
 
+def test_healing_publishes_each_chunk_as_it_is_decided_and_persists_the_plan_it_published(
+    leader: Node, settings: Settings, zk: KazooClient
+) -> None:
+    c = leader.ctl
+    healer = c.healing.healer
+    healer.chunk_size = 2
+    register(zk, settings, "b1:1", "b2:1")
+    wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+    own(leader, {bundle(i): "gone:1" for i in range(5)})
+    written: list[dict[int, Any]] = []
+    write_plan = healer.plans.write_plan
+
+    def spy_write(*args: Any) -> Any:
+        written.append(write_plan(*args))
+        return written[-1]
+
+    healer.plans.write_plan = spy_write  # type: ignore[method-assign,assignment]
+    batches: list[list[str]] = []
+    make_round = c.healing.writes.override_round
+
+    def spy_round() -> Any:
+        batch = make_round()
+        add = batch.add
+
+        def spy_add(overrides: list[Any]) -> None:
+            # Called once per chunk, from inside the round: each reaches the producer before the next is decided.
+            batches.append([o.bundle for o in overrides])
+            add(overrides)
+
+        batch.add = spy_add  # type: ignore[method-assign]
+        return batch
+
+    c.healing.writes.override_round = spy_round  # type: ignore[method-assign]
+    asyncio.run(c.healing.on_lead())
+    moved = asyncio.run(c.healing.run_once())
+    assert [len(b) for b in batches] == [2, 2, 1]
+    assert (
+        sorted(b for chunk in batches for b in chunk)
+        == sorted(o.bundle for o in moved)
+        == [bundle(i) for i in range(5)]
+    )
+    assert leader.metric("trimtab_overrides_total", reason="failed_broker", result="published") == 5
+    # The plan the round used is the one in ZooKeeper (it is no longer read back after the write).
+    assert len(written) == 1 and healer.plans.read("gone:1") == written[0]
+
+
+def test_a_healing_round_that_fails_midway_still_counts_what_it_published(
+    leader: Node, settings: Settings, zk: KazooClient
+) -> None:
+    c = leader.ctl
+    c.healing.healer.chunk_size = 2
+    register(zk, settings, "b1:1", "b2:1")
+    wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+    own(leader, {bundle(i): "gone:1" for i in range(5)})
+    make_round = c.healing.writes.override_round
+
+    def failing_round() -> Any:
+        batch = make_round()
+        add = batch.add
+        calls = [0]
+
+        def add_then_fail(overrides: list[Any]) -> None:
+            add(overrides)
+            calls[0] += 1
+            if calls[0] == 2:
+                raise RuntimeError("the round broke after its second chunk")
+
+        batch.add = add_then_fail  # type: ignore[method-assign]
+        return batch
+
+    c.healing.writes.override_round = failing_round  # type: ignore[method-assign]
+    asyncio.run(c.healing.on_lead())
+    with pytest.raises(RuntimeError, match="second chunk"):
+        asyncio.run(c.healing.run_once())
+    assert leader.metric("trimtab_overrides_total", reason="failed_broker", result="published") == 4
+
+
 def test_mass_failure_pauses_healing_and_moves_nothing(
     leader: Node, settings: Settings, zk: KazooClient
 ) -> None:
