@@ -18,7 +18,7 @@ import structlog
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reconciler import Reconciler
-from trimtab.balance.assign import AssignContext, Placement, Selection, select_broker
+from trimtab.balance.assign import AssignContext, BurstPicks, Placement, Selection, select_broker
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
 from trimtab.cluster.zk import BrokerRegistry
@@ -63,17 +63,29 @@ class Drainer:
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if r.state is State.OWNED and r.dst == self.me}
 
-    def destination(self, bundle: str) -> Selection:
+    def picks(self, bundles: int) -> BurstPicks:
+        """The ledger of one drain of ``bundles`` bundles (see :class:`BurstPicks`)."""
+        return BurstPicks.for_drain(self._assign_context(frozenset()).loads, self.me, bundles)
+
+    def destination(self, bundle: str, picks: BurstPicks | None = None) -> Selection:
         """Where the drain sends ``bundle`` now: a live, non-draining broker other than this one, chosen
-        by the placement rules (warm standbys first) and then load; ``broker`` None -- a plain unload --
-        when the rules allow nobody. The drain and its dry run both ask this."""
+        by the placement rules (warm standbys first) and then load -- counting what ``picks`` already sent
+        each broker in this drain; ``broker`` None -- a plain unload -- when the rules allow nobody. The
+        drain and its dry run both ask this."""
         others = {k: v for k, v in self.registry.brokers.items() if k != self.me and not v.draining}
         ctx = self._assign_context(frozenset({self.me}))
-        return select_broker(bundle, others, ctx, self.rng, placement=self._placement)
+        if picks is not None:
+            ctx = picks.context(ctx)
+        sel = select_broker(bundle, others, ctx, self.rng, placement=self._placement)
+        if picks is not None:
+            picks.record(sel.broker)
+        return sel
 
     def plan(self) -> dict[str, Selection]:
         """A dry run: each owned bundle and where :meth:`destination` would send it now."""
-        return {bundle: self.destination(bundle) for bundle in sorted(self.owned())}
+        owned = sorted(self.owned())
+        picks = self.picks(len(owned))
+        return {bundle: self.destination(bundle, picks) for bundle in owned}
 
     def _naming_me(self) -> dict[str, Record]:
         return {
@@ -92,7 +104,9 @@ class Drainer:
             await asyncio.to_thread(self.registry.update, self.identity.info(draining=True))
         deadline = self._monotonic() + self.timeout_s
         requested: dict[str, int] = {}  # bundle -> version we asked to release
-        log.info("drain_started", owned=len(self.owned()), timeout_s=self.timeout_s)
+        owned = len(self.owned())
+        picks = self.picks(owned)
+        log.info("drain_started", owned=owned, timeout_s=self.timeout_s)
         while True:
             mine = self._naming_me()
             closing = self.reconciler.served | self.reconciler.fenced
@@ -106,7 +120,7 @@ class Drainer:
             for bundle, rec in mine.items():
                 if rec.state is not State.OWNED or requested.get(bundle) == rec.version:
                     continue
-                sel = self.destination(bundle)
+                sel = self.destination(bundle, picks)
                 nxt = make(
                     State.RELEASING,
                     src=self.me,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import msgspec
@@ -195,3 +195,40 @@ def select_broker(
             skipped.append(f.name)
     choice = least_resource_usage(list(candidates), ctx.loads, diff, rng, ctx.now_ms, ctx.load_ttl_s)
     return Selection(choice, len(candidates), skipped, "selected")
+
+
+@dataclass
+class BurstPicks:
+    """The picks one burst of selections (a drain) has made, so each later pick sees the earlier ones.
+
+    Load reports lag: while an agent drains 100 bundles, every broker's EMA stays what it last reported,
+    so :func:`least_resource_usage` would choose among the same few "best" brokers a hundred times and
+    pile the whole drain onto them (the simulator's rolling restart left one broker at 178 %). Each pick
+    adds ``share`` -- the drained broker's load per bundle, the best estimate without per-bundle reports
+    -- to its destination in the loads the next pick reads; a destination drops out of the best set once
+    it is no longer ``diff`` below the average. Pulsar's modular load manager keeps the same kind of
+    ledger (``preallocatedBundleData``) between reports."""
+
+    share: float
+    picked: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def for_drain(cls, loads: Mapping[str, BrokerLoadData], me: str, bundles: int) -> BurstPicks:
+        """``me`` is draining ``bundles`` bundles: each carries about its report's EMA over their number
+        (nothing is added when ``me`` has no report)."""
+        mine = loads.get(me)
+        return cls(share=mine.weighted_max_ema / max(bundles, 1) if mine is not None else 0.0)
+
+    def context(self, ctx: AssignContext) -> AssignContext:
+        """``ctx`` with every destination's EMA raised by what this burst has sent it so far."""
+        if not self.picked or self.share <= 0:
+            return ctx
+        loads = dict(ctx.loads)
+        for broker, added in self.picked.items():
+            if (data := loads.get(broker)) is not None:
+                loads[broker] = msgspec.structs.replace(data, weighted_max_ema=data.weighted_max_ema + added)
+        return replace(ctx, loads=loads)
+
+    def record(self, broker: str | None) -> None:
+        if broker is not None:
+            self.picked[broker] = self.picked.get(broker, 0.0) + self.share

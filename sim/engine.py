@@ -47,7 +47,7 @@ from trimtab.agent.roles import (
     UpdateLayout,
     plan,
 )
-from trimtab.balance.assign import AssignContext, BrokerInfo, select_broker
+from trimtab.balance.assign import AssignContext, BrokerInfo, BurstPicks, select_broker
 from trimtab.balance.heal import (
     HealConfig,
     in_flight_by_broker,
@@ -558,14 +558,19 @@ class Engine:
     def _ctx(self, exclude: frozenset[str] = frozenset()) -> AssignContext:
         return AssignContext.from_settings(self.s, self.loads_view, self.now_ms, exclude)
 
-    def _choose(self, bundle: str, exclude: frozenset[str] = frozenset()) -> str | None:
+    def _choose(
+        self, bundle: str, exclude: frozenset[str] = frozenset(), picks: BurstPicks | None = None
+    ) -> str | None:
+        ctx = self._ctx(exclude)
         sel = select_broker(
             bundle,
             self._live(),
-            self._ctx(exclude),
+            ctx if picks is None else picks.context(ctx),
             self.rng_assign,
             diff=self.s.assignment.average_usage_diff_threshold_pct / 100,
         )
+        if picks is not None:
+            picks.record(sel.broker)
         return sel.broker
 
     def _assign(self, agent: Broker, bundle: str, cur: Record | None) -> None:
@@ -886,10 +891,17 @@ class Engine:
             return
         b.draining = True
         b.leaving = True
-        self._drain_round(b, back_after, self.now + self.s.agent.drain_timeout_s, {})
+        owned = sum(1 for _, r in self.table.items() if r.state is State.OWNED and r.dst == b.id)
+        picks = BurstPicks.for_drain(self.loads_view, b.id, owned)
+        self._drain_round(b, back_after, self.now + self.s.agent.drain_timeout_s, {}, picks)
 
     def _drain_round(
-        self, b: Broker, back_after: float | None, deadline: float, requested: dict[str, int]
+        self,
+        b: Broker,
+        back_after: float | None,
+        deadline: float,
+        requested: dict[str, int],
+        picks: BurstPicks,
     ) -> None:
         """One pass of the drainer (agent.drain): transfer what the channel still gives this broker -- a
         bundle can arrive while draining (another broker's drain chose it before it was marked) -- and leave
@@ -902,7 +914,7 @@ class Engine:
                 named = True
             if rec.state is State.OWNED and rec.dst == b.id and requested.get(bundle) != rec.version:
                 requested[bundle] = rec.version
-                dst = self._choose(bundle, frozenset({b.id}))
+                dst = self._choose(bundle, frozenset({b.id}), picks)
                 self.publish(
                     bundle,
                     make(
@@ -916,7 +928,7 @@ class Engine:
                 )
                 self.moves.append(Move(self.now, bundle, b.id, dst, "drain", 0.0))
         if (named or b.serving or b.fenced) and self.now < deadline:
-            self.at(self.now + 0.5, lambda: self._drain_round(b, back_after, deadline, requested))
+            self.at(self.now + 0.5, lambda: self._drain_round(b, back_after, deadline, requested, picks))
             return
         self._leave(b, back_after)
 

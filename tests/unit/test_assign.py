@@ -5,12 +5,16 @@ from __future__ import annotations
 import itertools
 import random
 
+import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trimtab.balance.assign import (
     DEFAULT_FILTERS,
     AssignContext,
     BrokerInfo,
+    BurstPicks,
     MaxTopicsFilter,
     VersionFilter,
     least_resource_usage,
@@ -262,3 +266,69 @@ def test_select_is_deterministic_for_a_seeded_random() -> None:
     b = [select_broker(BUNDLE, brokers, c, random.Random(seed)).broker for seed in range(40)]
     assert a == b
     assert len(set(a)) > 1  # and it is random across seeds
+
+
+# ------------------------------------------------------------------------------ a burst counts its picks
+
+
+def test_a_drain_burst_spreads_where_a_stale_view_piles_onto_the_idle_broker() -> None:
+    # One idle broker among nine at 80 %: without a ledger every one of 50 drained bundles goes to it
+    # (it stays "best" until its next report); with one, it takes what brings it near the others.
+    loads = (
+        {"me": ld("me", 0.80)} | {f"b{i}": ld(f"b{i}", 0.80) for i in range(9)} | {"idle": ld("idle", 0.0)}
+    )
+    brokers = {b: info(b) for b in loads if b != "me"}
+    c = ctx(loads, exclude=frozenset({"me"}))
+    blind = [select_broker(f"x{i}", brokers, c, random.Random(i)).broker for i in range(50)]
+    assert set(blind) == {"idle"}
+    burst = BurstPicks.for_drain(loads, "me", 50)
+    assert burst.share == pytest.approx(0.80 / 50)
+    rng = random.Random(7)
+    counted = []
+    for i in range(50):
+        sel = select_broker(f"x{i}", brokers, burst.context(c), rng)
+        burst.record(sel.broker)
+        counted.append(sel.broker)
+    # idle takes bundles while it is 10 points below the average of the raised loads (44 of 50 here),
+    # then the rest spread over everyone.
+    assert 30 <= counted.count("idle") < 50
+    assert len(set(counted)) > 2
+    assert sum(burst.picked.values()) == pytest.approx(0.80)
+
+
+def test_a_burst_without_an_own_report_or_picks_changes_nothing() -> None:
+    loads = {"a": ld("a", 0.2)}
+    c = ctx(loads)
+    assert BurstPicks.for_drain(loads, "me", 10).share == 0.0
+    burst = BurstPicks.for_drain(loads | {"me": ld("me", 0.5)}, "me", 10)
+    assert burst.context(c) is c  # nothing picked yet
+    burst.record(None)  # a plain unload goes nowhere
+    assert burst.picked == {}
+    burst.record("a")
+    burst.record("gone")  # picked, but without a report: nothing to raise
+    raised = burst.context(c)
+    assert raised.loads["a"].weighted_max_ema == pytest.approx(0.25)
+    assert "gone" not in raised.loads and c.loads["a"].weighted_max_ema == 0.2  # the input is not mutated
+
+
+@given(
+    emas=st.dictionaries(st.sampled_from("abcdef"), st.floats(0, 2), min_size=1),
+    picks_made=st.lists(st.sampled_from("abcdefg"), max_size=30),
+    own=st.floats(0, 2),
+    bundles=st.integers(0, 500),
+)
+def test_a_burst_only_ever_raises_the_loads_it_was_told_about(
+    emas: dict[str, float], picks_made: list[str], own: float, bundles: int
+) -> None:
+    loads = {b: ld(b, e) for b, e in emas.items()} | {"me": ld("me", own)}
+    burst = BurstPicks.for_drain(loads, "me", bundles)
+    for p in picks_made:
+        burst.record(p)
+    raised = burst.context(ctx(loads)).loads
+    assert raised.keys() == loads.keys()
+    for b, data in raised.items():
+        expected = loads[b].weighted_max_ema + picks_made.count(b) * burst.share
+        assert data.weighted_max_ema == pytest.approx(expected)
+        assert msgspec.structs.replace(data, weighted_max_ema=0) == msgspec.structs.replace(
+            loads[b], weighted_max_ema=0
+        )
