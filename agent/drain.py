@@ -74,12 +74,8 @@ class Drainer:
         drain and its dry run both ask this."""
         others = {k: v for k, v in self.registry.brokers.items() if k != self.me and not v.draining}
         ctx = self._assign_context(frozenset({self.me}))
-        if picks is not None:
-            ctx = picks.context(ctx)
-        sel = select_broker(bundle, others, ctx, self.rng, placement=self._placement)
-        if picks is not None:
-            picks.record(sel.broker)
-        return sel
+        select = select_broker if picks is None else picks.select
+        return select(bundle, others, ctx, self.rng, placement=self._placement)
 
     def plan(self) -> dict[str, Selection]:
         """A dry run: each owned bundle and where :meth:`destination` would send it now."""

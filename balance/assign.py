@@ -15,7 +15,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -203,7 +203,7 @@ class BurstPicks:
 
     Load reports lag: while an agent drains 100 bundles, every broker's EMA stays what it last reported,
     so :func:`least_resource_usage` would choose among the same few "best" brokers a hundred times and
-    pile the whole drain onto them (the simulator's rolling restart left one broker at 178 %). Each pick
+    pile the whole drain onto them (the simulator's rolling restart left one broker at 179 %). Each pick
     adds ``share`` -- the drained broker's load per bundle, the best estimate without per-bundle reports
     -- to its destination in the loads the next pick reads; a destination drops out of the best set once
     it is no longer ``diff`` below the average. Pulsar's modular load manager keeps the same kind of
@@ -232,3 +232,17 @@ class BurstPicks:
     def record(self, broker: str | None) -> None:
         if broker is not None:
             self.picked[broker] = self.picked.get(broker, 0.0) + self.share
+
+    def select(
+        self,
+        bundle: str,
+        brokers: Mapping[str, BrokerInfo],
+        ctx: AssignContext,
+        rng: random.Random,
+        **kw: Any,
+    ) -> Selection:
+        """:func:`select_broker` on the loads this burst has raised so far (keywords pass through), and
+        the pick recorded for the next one."""
+        sel = select_broker(bundle, brokers, self.context(ctx), rng, **kw)
+        self.record(sel.broker)
+        return sel

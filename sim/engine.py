@@ -561,16 +561,14 @@ class Engine:
     def _choose(
         self, bundle: str, exclude: frozenset[str] = frozenset(), picks: BurstPicks | None = None
     ) -> str | None:
-        ctx = self._ctx(exclude)
-        sel = select_broker(
+        select = select_broker if picks is None else picks.select
+        sel = select(
             bundle,
             self._live(),
-            ctx if picks is None else picks.context(ctx),
+            self._ctx(exclude),
             self.rng_assign,
             diff=self.s.assignment.average_usage_diff_threshold_pct / 100,
         )
-        if picks is not None:
-            picks.record(sel.broker)
         return sel.broker
 
     def _assign(self, agent: Broker, bundle: str, cur: Record | None) -> None:

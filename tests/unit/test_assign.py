@@ -286,9 +286,7 @@ def test_a_drain_burst_spreads_where_a_stale_view_piles_onto_the_idle_broker() -
     rng = random.Random(7)
     counted = []
     for i in range(50):
-        sel = select_broker(f"x{i}", brokers, burst.context(c), rng)
-        burst.record(sel.broker)
-        counted.append(sel.broker)
+        counted.append(burst.select(f"x{i}", brokers, c, rng).broker)
     # idle takes bundles while it is 10 points below the average of the raised loads (44 of 50 here),
     # then the rest spread over everyone.
     assert 30 <= counted.count("idle") < 50
