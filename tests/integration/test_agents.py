@@ -225,6 +225,18 @@ def sims_match_channel(cluster: LocalCluster) -> bool:
     return True
 
 
+def settled(cluster: LocalCluster, owner: Mapping[str, str]) -> bool:
+    """Every bundle in ``owner`` Owned by its broker in every agent's table, and the simulated brokers
+    serving what the table says. (:func:`sims_match_channel` alone also holds just after an assignment
+    is published: every agent then agrees on ``assigning`` and nobody serves yet.)"""
+    table = converged_ownership(cluster)
+    return (
+        table is not None
+        and all(owned_by(table.get(b), o) for b, o in owner.items())
+        and sims_match_channel(cluster)
+    )
+
+
 def mismatch_report(cluster: LocalCluster) -> str:
     table = cluster.ownership(via=cluster.agents[0])
     lines = []
@@ -820,10 +832,10 @@ def test_kill_9_leaves_the_other_agents_serving(tmp_path: Path) -> None:
         agents = list(cluster.agents)
         victim, survivors = agents[2], agents[:2]
         bundles = [b for i in range(3) for b in bundles_of(f"kill/ns-{i}")]
-        owner = {b: agents[i % 3].broker for i, b in enumerate(bundles)}
+        owner = {b: str(agents[i % 3].broker) for i, b in enumerate(bundles)}
         for b in bundles:
             ch.publish(b, assigning(str(owner[b])))
-        wait_for(lambda: sims_match_channel(cluster), 15, message=lambda: mismatch_report(cluster))
+        wait_for(lambda: settled(cluster, owner), 15, message=lambda: mismatch_report(cluster))
         table = cluster.ownership(via=survivors[0])
         assert all(owned_by(table[b], str(owner[b]), 2) for b in bundles)
         before = cluster.timelines()
@@ -890,7 +902,11 @@ def test_restarted_agent_finishes_in_flight_states_naming_it(tmp_path: Path) -> 
         owned_before, stuck, others_bundle = bundles_of("restart/ns")[:3]
         ch.publish(owned_before, assigning(me))
         ch.publish(others_bundle, assigning(str(other.broker)))
-        wait_for(lambda: sims_match_channel(cluster), 15, message=lambda: mismatch_report(cluster))
+        wait_for(
+            lambda: settled(cluster, {owned_before: me, others_bundle: str(other.broker)}),
+            15,
+            message=lambda: mismatch_report(cluster),
+        )
         old_timeline = sim_state(cluster, victim)["timeline"]
 
         cluster.kill(victim.name)
