@@ -18,7 +18,7 @@ import structlog
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reconciler import Reconciler
-from trimtab.balance.assign import AssignContext, BurstPicks, Placement, Selection, select_broker
+from trimtab.balance.assign import AssignContext, BurstPicks, Placement, Selection, headed_to, select_broker
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
 from trimtab.cluster.zk import BrokerRegistry
@@ -64,8 +64,10 @@ class Drainer:
         return {k for k, r in self.channel.table.items() if r.state is State.OWNED and r.dst == self.me}
 
     def picks(self, bundles: int) -> BurstPicks:
-        """The ledger of one drain of ``bundles`` bundles (see :class:`BurstPicks`)."""
-        return BurstPicks.for_drain(self._assign_context(frozenset()).loads, self.me, bundles)
+        """The ledger of one drain of ``bundles`` bundles, starting from what the channel already gives
+        each broker beyond its last report (see :class:`BurstPicks`)."""
+        headed = headed_to(r for _, r in self.channel.table.items())
+        return BurstPicks.for_drain(self._assign_context(frozenset()).loads, self.me, bundles, headed)
 
     def destination(self, bundle: str, picks: BurstPicks | None = None) -> Selection:
         """Where the drain sends ``bundle`` now: a live, non-draining broker other than this one, chosen

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import msgspec
 
 from trimtab.balance.load import BrokerLoadData, is_fresh
+from trimtab.channel.records import Record, State
 from trimtab.config.settings import Settings
 
 
@@ -197,6 +199,28 @@ def select_broker(
     return Selection(choice, len(candidates), skipped, "selected")
 
 
+def headed_to(records: Iterable[Record]) -> Counter[str]:
+    """How many bundles the channel gives each broker right now: those it owns, those on their way to it
+    (``Assigning`` or ``Releasing`` with it as destination), and a splitting parent at its source.
+
+    Compared with a broker's last report (:attr:`BrokerLoadData.bundles`) this says what the report has
+    not seen yet: the picks of every drain and assignment since it was sampled."""
+    counts: Counter[str] = Counter()
+    for rec in records:
+        broker = rec.src if rec.state is State.SPLITTING else rec.dst
+        if broker is not None and rec.state is not State.FREE and rec.state is not State.DELETED:
+            counts[broker] += 1
+    return counts
+
+
+def per_bundle_load(loads: Mapping[str, BrokerLoadData]) -> float:
+    """The cluster's mean load per bundle by the last reports (0 when no report counts a bundle)."""
+    bundles = sum(d.bundles for d in loads.values() if d.bundles > 0)
+    if bundles <= 0:
+        return 0.0
+    return math.fsum(d.weighted_max_ema for d in loads.values() if d.bundles > 0) / bundles
+
+
 @dataclass
 class BurstPicks:
     """The picks one burst of selections (a drain) has made, so each later pick sees the earlier ones.
@@ -207,30 +231,50 @@ class BurstPicks:
     adds ``share`` -- the drained broker's load per bundle, the best estimate without per-bundle reports
     -- to its destination in the loads the next pick reads; a destination drops out of the best set once
     it is no longer ``diff`` below the average. Pulsar's modular load manager keeps the same kind of
-    ledger (``preallocatedBundleData``) between reports."""
+    ledger (``preallocatedBundleData``) between reports.
+
+    Several brokers drain at once in a rolling restart, and each ledger alone sees only its own picks:
+    :meth:`for_drain` therefore starts from what the channel already gives each broker beyond its last
+    report (:func:`headed_to`) -- the other drains' picks and any bundle moved since -- at the cluster's
+    mean load per bundle, and from what a broker has lost since, which makes it look lighter."""
 
     share: float
     picked: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def for_drain(cls, loads: Mapping[str, BrokerLoadData], me: str, bundles: int) -> BurstPicks:
+    def for_drain(
+        cls,
+        loads: Mapping[str, BrokerLoadData],
+        me: str,
+        bundles: int,
+        headed: Mapping[str, int] | None = None,
+    ) -> BurstPicks:
         """``me`` is draining ``bundles`` bundles: each carries about its report's EMA over their number
-        (nothing is added when ``me`` has no report)."""
+        (nothing is added when ``me`` has no report). ``headed`` (:func:`headed_to` of the channel) seeds
+        the ledger with every other broker's unreported gains and losses."""
         mine = loads.get(me)
-        return cls(share=mine.weighted_max_ema / max(bundles, 1) if mine is not None else 0.0)
+        share = mine.weighted_max_ema / max(bundles, 1) if mine is not None else 0.0
+        picked: dict[str, float] = {}
+        if headed is not None and (per := per_bundle_load(loads)) > 0:
+            for broker, data in loads.items():
+                if broker != me and (delta := headed.get(broker, 0) - data.bundles):
+                    picked[broker] = delta * per
+        return cls(share=share, picked=picked)
 
     def context(self, ctx: AssignContext) -> AssignContext:
-        """``ctx`` with every destination's EMA raised by what this burst has sent it so far."""
-        if not self.picked or self.share <= 0:
+        """``ctx`` with every destination's EMA raised by what this burst has sent it so far (and lowered,
+        never below 0, by what the channel says it lost since its report)."""
+        if not self.picked:
             return ctx
         loads = dict(ctx.loads)
         for broker, added in self.picked.items():
-            if (data := loads.get(broker)) is not None:
-                loads[broker] = msgspec.structs.replace(data, weighted_max_ema=data.weighted_max_ema + added)
+            if added and (data := loads.get(broker)) is not None:
+                ema = max(0.0, data.weighted_max_ema + added)
+                loads[broker] = msgspec.structs.replace(data, weighted_max_ema=ema)
         return replace(ctx, loads=loads)
 
     def record(self, broker: str | None) -> None:
-        if broker is not None:
+        if broker is not None and self.share > 0:
             self.picked[broker] = self.picked.get(broker, 0.0) + self.share
 
     def select(

@@ -47,7 +47,7 @@ from trimtab.agent.roles import (
     UpdateLayout,
     plan,
 )
-from trimtab.balance.assign import AssignContext, BrokerInfo, BurstPicks, select_broker
+from trimtab.balance.assign import AssignContext, BrokerInfo, BurstPicks, headed_to, select_broker
 from trimtab.balance.heal import (
     HealConfig,
     in_flight_by_broker,
@@ -889,8 +889,9 @@ class Engine:
             return
         b.draining = True
         b.leaving = True
-        owned = sum(1 for _, r in self.table.items() if r.state is State.OWNED and r.dst == b.id)
-        picks = BurstPicks.for_drain(self.loads_view, b.id, owned)
+        records = [r for _, r in self.table.items()]
+        owned = sum(1 for r in records if r.state is State.OWNED and r.dst == b.id)
+        picks = BurstPicks.for_drain(self.loads_view, b.id, owned, headed_to(records))
         self._drain_round(b, back_after, self.now + self.s.agent.drain_timeout_s, {}, picks)
 
     def _drain_round(
