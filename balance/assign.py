@@ -258,7 +258,9 @@ class BurstPicks:
         if headed is not None and (per := per_bundle_load(loads)) > 0:
             for broker, data in loads.items():
                 if broker != me and (delta := headed.get(broker, 0) - data.bundles):
-                    picked[broker] = delta * per
+                    # A loss takes a broker down to 0 at most, so later picks always raise it: a report
+                    # counting bundles the channel does not know cannot make it absorb a whole drain.
+                    picked[broker] = max(-data.weighted_max_ema, delta * per)
         return cls(share=share, picked=picked)
 
     def context(self, ctx: AssignContext) -> AssignContext:

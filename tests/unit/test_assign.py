@@ -388,13 +388,20 @@ def test_a_second_drain_sees_the_first_drains_picks_through_the_channel() -> Non
     ),
     headed=st.dictionaries(st.sampled_from("abcdefgme"), st.integers(0, 300)),
     own=st.tuples(st.floats(0, 2), st.integers(0, 200)),
+    picks_made=st.lists(st.sampled_from("abcdef"), max_size=20),
 )
 def test_a_seeded_burst_moves_each_load_by_its_unreported_bundles(
-    reported: dict[str, tuple[float, int]], headed: dict[str, int], own: tuple[float, int]
+    reported: dict[str, tuple[float, int]],
+    headed: dict[str, int],
+    own: tuple[float, int],
+    picks_made: list[str],
 ) -> None:
     loads = {b: bundles_ld(b, e, n) for b, (e, n) in reported.items()} | {"me": bundles_ld("me", *own)}
     per = per_bundle_load(loads)
     burst = BurstPicks.for_drain(loads, "me", own[1], headed)
+    seeded = burst.context(ctx(loads)).loads
+    for p in picks_made:
+        burst.record(p)
     raised = burst.context(ctx(loads)).loads
     assert raised.keys() == loads.keys()
     assert raised["me"] == loads["me"]  # the drained broker is never a destination
@@ -402,7 +409,10 @@ def test_a_seeded_burst_moves_each_load_by_its_unreported_bundles(
         if b == "me":
             continue
         expected = max(0.0, loads[b].weighted_max_ema + (headed.get(b, 0) - loads[b].bundles) * per)
-        assert data.weighted_max_ema == pytest.approx(expected)
+        assert seeded[b].weighted_max_ema == pytest.approx(expected)
+        # Every pick raises by exactly the share, even on a broker the channel says lost everything.
+        after = expected + picks_made.count(b) * burst.share
+        assert data.weighted_max_ema == pytest.approx(after)
         assert data.weighted_max_ema >= 0
     # The channel agreeing with every report changes nothing at all.
     agreed = BurstPicks.for_drain(loads, "me", own[1], {b: d.bundles for b, d in loads.items()})
