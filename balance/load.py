@@ -7,15 +7,25 @@ format is JSON (msgspec structs) on compacted topics keyed by broker id, readabl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 
 from trimtab.config.settings import Settings
 
+#: A figure on the wire (a rate, a usage, a load fraction): non-negative and finite. JSON has no NaN, but
+#: ``1e400`` decodes to infinity, and one infinite or negative report would turn every average, standard
+#: deviation and "least loaded" comparison of the cluster into nonsense. 1e18 is far above any real rate
+#: and keeps sums over thousands of brokers finite. Decoders refuse a value outside it (reason
+#: ``invalid``); constructing a struct in code does not check.
+Figure = Annotated[float, msgspec.Meta(ge=0, le=1e18)]
+#: A count (bundles, topics, sessions) or a time in unix ms: a non-negative integer.
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
 
 class Usage(msgspec.Struct, frozen=True):
-    usage: float
-    limit: float
+    usage: Figure
+    limit: Figure
 
     @property
     def percent(self) -> float:
@@ -28,10 +38,10 @@ ZERO = Usage(0.0, 1.0)
 class Rates(msgspec.Struct, frozen=True, kw_only=True):
     """Message rates (msg/s) and throughputs (bytes/s), of a broker or of one bundle."""
 
-    msg_rate_in: float = 0.0
-    msg_rate_out: float = 0.0
-    msg_throughput_in: float = 0.0
-    msg_throughput_out: float = 0.0
+    msg_rate_in: Figure = 0.0
+    msg_rate_out: Figure = 0.0
+    msg_throughput_in: Figure = 0.0
+    msg_throughput_out: Figure = 0.0
 
     @property
     def throughput(self) -> float:
@@ -51,25 +61,25 @@ class BrokerLoadData(Rates, frozen=True, kw_only=True):
     memory: Usage = ZERO
     bandwidth_in: Usage = ZERO  # bytes/s
     bandwidth_out: Usage = ZERO
-    bundles: int = 0
-    topics: int = 0
-    max_resource_usage: float = 0.0
-    weighted_max: float = 0.0
-    weighted_max_ema: float = 0.0
-    msg_throughput_ema: float = 0.0
-    updated_at: int = 0  # ms, when the sample was taken
-    reported_at: int = 0  # ms, when it was published
+    bundles: Count = 0
+    topics: Count = 0
+    max_resource_usage: Figure = 0.0
+    weighted_max: Figure = 0.0
+    weighted_max_ema: Figure = 0.0
+    msg_throughput_ema: Figure = 0.0
+    updated_at: Count = 0  # ms, when the sample was taken
+    reported_at: Count = 0  # ms, when it was published
 
 
 class BundleStats(Rates, frozen=True, kw_only=True):
     """Per-bundle figures as a broker reports them (the adapter's sample, the top-k report, splits)."""
 
     bundle: str
-    topics: int = 0
-    producers: int = 0
-    consumers: int = 0
+    topics: Count = 0
+    producers: Count = 0
+    consumers: Count = 0
     # topic hash -> (msg rate, throughput): feeds topic_count / flow_or_qps split algorithms.
-    topic_loads: dict[int, tuple[float, float]] = msgspec.field(default_factory=dict)
+    topic_loads: dict[int, tuple[Figure, Figure]] = msgspec.field(default_factory=dict)
 
     @property
     def sessions(self) -> int:
@@ -80,7 +90,7 @@ class TopBundles(msgspec.Struct, frozen=True, kw_only=True):
     schema: int = 1
     broker: str
     bundles: list[BundleStats]
-    reported_at: int = 0
+    reported_at: Count = 0
 
 
 @dataclass(frozen=True, slots=True)

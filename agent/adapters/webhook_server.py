@@ -7,7 +7,7 @@ docs/webhook-openapi.json -- so the documented contract is exactly what is teste
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
@@ -68,21 +68,27 @@ class SplitRequest(BundleRequest):
     children: list[str] = Field(description="Child bundle names that tile the parent's range.")
 
 
+#: Every figure non-negative and finite, every count non-negative: the agent refuses a sample that breaks
+#: this (balance.load.Figure, docs/broker-adapter.md).
+Figure = Annotated[float, Field(ge=0, le=1e18)]
+Count = Annotated[int, Field(ge=0)]
+
+
 class UsageModel(BaseModel):
-    usage: float
-    limit: float
+    usage: Figure
+    limit: Figure
 
 
 class BundleStatsModel(BaseModel):
     bundle: str
-    msg_rate_in: float = 0
-    msg_rate_out: float = 0
-    msg_throughput_in: float = Field(0, description="bytes/s")
-    msg_throughput_out: float = Field(0, description="bytes/s")
-    topics: int = 0
-    producers: int = 0
-    consumers: int = 0
-    topic_loads: dict[int, tuple[float, float]] = Field(
+    msg_rate_in: Figure = 0
+    msg_rate_out: Figure = 0
+    msg_throughput_in: Figure = Field(0, description="bytes/s")
+    msg_throughput_out: Figure = Field(0, description="bytes/s")
+    topics: Count = 0
+    producers: Count = 0
+    consumers: Count = 0
+    topic_loads: dict[int, tuple[Figure, Figure]] = Field(
         default_factory=dict,
         description="topic hash -> (msg rate, throughput); optional, enables load-aware splits",
     )

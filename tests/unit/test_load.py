@@ -6,14 +6,20 @@ weighted max, the EMA, the reporter's publish rule, freshness and the top-k bund
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from trimtab.agent.adapters.base import BrokerSample
 from trimtab.balance.load import (
     BrokerLoadData,
     BundleStats,
+    TopBundles,
     Usage,
     Weights,
     is_fresh,
@@ -23,6 +29,7 @@ from trimtab.balance.load import (
     weighted_max,
     with_ema,
 )
+from trimtab.channel.values import Refused, StrictDecoder
 
 HALF = Weights(cpu=0.5, memory=0.5, bandwidth_in=0.5, bandwidth_out=0.5)
 
@@ -316,3 +323,57 @@ def test_top_k_does_not_mutate_its_input() -> None:
 def test_ema_never_nan_for_zero_limits() -> None:
     d = with_ema(load(cpu=Usage(5, 0), memory=Usage(0, 0)), None, Weights(), 0.9)
     assert not math.isnan(d.weighted_max_ema) and d.weighted_max_ema == 0.0
+
+
+# ------------------------------------------------------------------------------------------ on the wire
+
+_FIGURES = [
+    ("weighted_max_ema",),
+    ("msg_throughput_ema",),
+    ("msg_rate_in",),
+    ("max_resource_usage",),
+    ("cpu", "usage"),
+    ("bandwidth_in", "limit"),
+]
+_COUNTS = [("bundles",), ("topics",), ("updated_at",), ("reported_at",)]
+
+
+def _set(d: dict[str, Any], path: tuple[str, ...], value: object) -> None:
+    for p in path[:-1]:
+        d = d[p]
+    d[path[-1]] = value
+
+
+@given(
+    path=st.sampled_from(_FIGURES + _COUNTS),
+    bad=st.sampled_from(["-1", "-1e-300", "1e400", "-1e400", "1e19"]),
+    ema=st.floats(0, 10),
+)
+def test_a_report_with_a_negative_or_infinite_figure_is_refused(
+    path: tuple[str, ...], bad: str, ema: float
+) -> None:
+    # 1e400 decodes to infinity: one such report would make every average and deviation of the cluster
+    # infinite or NaN. The view's decoder (cluster.kvview) refuses it, with the field in the detail.
+    dec = StrictDecoder(BrokerLoadData, 1 << 16)
+    good = load(weighted_max_ema=ema, cpu=Usage(1.0, 4.0), bundles=3, updated_at=5)
+    assert dec.decode(msgspec.json.encode(good)) == good
+    d = msgspec.to_builtins(good)
+    _set(d, path, "@")
+    out = dec.decode(json.dumps(d).replace('"@"', bad).encode())
+    assert isinstance(out, Refused) and out.reason == "invalid", out  # (a count is also no float)
+    assert path[-1] in out.detail
+
+
+def test_top_bundles_and_adapter_samples_refuse_negative_figures() -> None:
+    top = StrictDecoder(TopBundles, 1 << 16)
+    ok = b'{"broker":"a","bundles":[{"bundle":"x","topics":2,"topic_loads":{"1":[1.0,2.0]}}]}'
+    assert not isinstance(top.decode(ok), Refused)
+    for bad in (
+        b'{"broker":"a","bundles":[{"bundle":"x","topic_loads":{"1":[1.0,-2.0]}}]}',
+        b'{"broker":"a","bundles":[{"bundle":"x","consumers":-1}]}',
+        b'{"broker":"a","bundles":[{"bundle":"x","msg_throughput_out":1e400}]}',
+    ):
+        assert isinstance(top.decode(bad), Refused), bad
+    # What a broker answers to "sample" (webhook and command adapters) is held to the same rules.
+    with pytest.raises(msgspec.DecodeError, match="msg_rate_in"):
+        msgspec.json.decode(b'{"bundles":[{"bundle":"x","msg_rate_in":-5}]}', type=BrokerSample)
