@@ -82,7 +82,12 @@ def test_a_group_spreads_over_domains_and_a_dead_domain_fails_over_to_the_standb
     assert r.status_code == 200, r.text
     domain_of = {c.node(name).broker: d for name, d in DOMAINS.items()}
 
-    # One lookup at a time: each assignment sees the previous ones Owned.
+    # One lookup at a time, each seeing the previous ones Owned: the next lookup may go to another agent,
+    # so every agent's replica must have applied the Owned record first (else it counts the group without
+    # it and may put two of its bundles on one broker -- a race of concurrent assignments, not this test's).
+    def owned_everywhere(b: str) -> bool:
+        return all(c.ownership(via=c.node(n)).get(b, {}).get("state") == "owned" for n in DOMAINS)
+
     bundles = list(BundleLayout.default(NS, BUNDLES).bundles)
     for b in bundles:
         wait_for(
@@ -90,6 +95,7 @@ def test_a_group_spreads_over_domains_and_a_dead_domain_fails_over_to_the_standb
             timeout=30,
             message=f"{b} assigned and owned",
         )
+        wait_for(lambda b=b: owned_everywhere(b), timeout=30, message=f"every agent sees {b} owned")  # type: ignore[misc]
     owners = {b: c.ownership()[b]["dst"] for b in bundles}
     assert sorted(owners.values()) == sorted(domain_of), owners  # one bundle per broker
     assert sorted(domain_of[o] for o in owners.values()) == ["d1", "d1", "d2", "d2"]
