@@ -264,14 +264,14 @@ class BurstPicks:
         return cls(share=share, picked=picked)
 
     def context(self, ctx: AssignContext) -> AssignContext:
-        """``ctx`` with every destination's EMA raised by what this burst has sent it so far (and lowered,
-        never below 0, by what the channel says it lost since its report)."""
+        """``ctx`` with every destination's EMA raised by what this burst has sent it so far (and lowered
+        by what the channel says it lost since its report: to 0 at most, :meth:`for_drain` caps that)."""
         if not self.picked:
             return ctx
         loads = dict(ctx.loads)
         for broker, added in self.picked.items():
             if added and (data := loads.get(broker)) is not None:
-                ema = max(0.0, data.weighted_max_ema + added)
+                ema = data.weighted_max_ema + added
                 loads[broker] = msgspec.structs.replace(data, weighted_max_ema=ema)
         return replace(ctx, loads=loads)
 
