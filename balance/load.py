@@ -18,7 +18,8 @@ from trimtab.config.settings import Settings
 #: deviation and "least loaded" comparison of the cluster into nonsense. 1e18 is far above any real rate
 #: and keeps sums over thousands of brokers finite. Decoders refuse a value outside it (reason
 #: ``invalid``); constructing a struct in code does not check.
-Figure = Annotated[float, msgspec.Meta(ge=0, le=1e18)]
+FIGURE_MAX = 1e18
+Figure = Annotated[float, msgspec.Meta(ge=0, le=FIGURE_MAX)]
 #: A count (bundles, topics, sessions) or a time in unix ms: a non-negative integer.
 Count = Annotated[int, msgspec.Meta(ge=0)]
 

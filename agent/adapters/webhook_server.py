@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from trimtab.agent.adapters.base import Lease
 from trimtab.agent.adapters.signing import verify
 from trimtab.agent.adapters.simulated import SimulatedBroker
+from trimtab.balance.load import FIGURE_MAX
 from trimtab.channel.bundles import parse_bundle
 from trimtab.cluster.http import error_response, install_error_handlers
 from trimtab.errors import AdapterError, BundleError, LeaseRefused, RequestError
@@ -70,7 +71,7 @@ class SplitRequest(BundleRequest):
 
 #: Every figure non-negative and finite, every count non-negative: the agent refuses a sample that breaks
 #: this (balance.load.Figure, docs/broker-adapter.md).
-Figure = Annotated[float, Field(ge=0, le=1e18)]
+Figure = Annotated[float, Field(ge=0, le=FIGURE_MAX)]
 Count = Annotated[int, Field(ge=0)]
 
 
