@@ -13,6 +13,7 @@ snapshot published with the leader's snapshot writer (``channel.snapshot.Snapsho
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from trimtab.pipeline import kafka_io
 from trimtab.pipeline.common import PipelineError, Progress
 from trimtab.pipeline.exportfile import find_header
 from trimtab.pipeline.fold import Covered, Partial, fold, report, two_pass
+from trimtab.pipeline.packing import dest_values, pack_frame, unpack
 from trimtab.pipeline.sources import DEFAULT_SPLIT_BYTES, kafka_frame, register
 
 if TYPE_CHECKING:
@@ -123,27 +125,49 @@ def partial_from_table(t: Any) -> Partial:
 def fold_tasks(
     partitions: int | None, covered: Covered | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each fold task runs (mapInArrow): its messages, sorted, through one TableView."""
+    """The function each fold task runs (mapInArrow): its packed messages, in log order (``pipeline.packing``),
+    through one TableView."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        def messages() -> Iterator[tuple[Any, ...]]:
-            for b in batches:
-                yield from zip(*(b.column(i).to_pylist() for i in range(7)), strict=True)
-
-        yield partial_batch(fold(messages(), partitions, covered))
+        yield partial_batch(fold(unpack(batches), partitions, covered))
 
     return run
 
 
-def fold_frame(messages: DataFrame, partitions: int | None, covered: Covered | None, tasks: int) -> Partial:
-    """Run the fold over a DataFrame of channel messages (sources.MESSAGE_SCHEMA) and merge the tasks'
-    results on the driver."""
+#: Bytes of packed rows per Arrow batch the JVM hands a fold task. Spark's own bound is 10 000 rows a
+#: batch, which for packed rows (``packing``: up to 256 KiB each) would be a whole task's input -- gigabytes
+#: of a large channel -- in one buffer, grown by doubling in fresh memory: on a 10 M-record compaction the
+#: JVM spent ~4 CPU-seconds in the kernel zeroing those pages. A few MB a batch bounds the memory and ends
+#: that.
+FOLD_BATCH_BYTES = 4 << 20
+_MAX_BYTES_PER_BATCH = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+
+@contextlib.contextmanager
+def _session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """``key`` set to ``value`` in the session while the block runs, then as it was."""
+    old = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if old is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, old)
+
+
+def fold_frame(packed: DataFrame, partitions: int | None, covered: Covered | None, tasks: int) -> Partial:
+    """Run the fold over a DataFrame of packed messages (``packing.PACKED_SCHEMA``, its ``dest`` values
+    from ``packing.dest_values(spark, tasks)``) and merge the tasks' results on the driver."""
     out = (
-        messages.repartition(tasks, "key")
-        .sortWithinPartitions("order")
+        packed.repartition(tasks, "dest")
+        .sortWithinPartitions("first")
         .mapInArrow(fold_tasks(partitions, covered), FOLD_SCHEMA)
     )
-    return partial_from_table(out.toArrow())
+    with _session_setting(packed.sparkSession, _MAX_BYTES_PER_BATCH, str(FOLD_BATCH_BYTES)):
+        table = out.toArrow()
+    return partial_from_table(table)
 
 
 def default_tasks(spark: SparkSession) -> int:
@@ -167,15 +191,16 @@ def compact_export(
     register(spark)
     header = find_header(path)
     parts = partitions if partitions is not None else (header.partitions if header is not None else None)
+    n_tasks = tasks or default_tasks(spark)
     messages = (
         spark.read.format("trimtab_channel_export")
         .option("path", os.path.abspath(path))
         .option("headerPos", "" if header is None else str(header.pos))
         .option("splitBytes", str(split_bytes))
         .option("minSplits", str(min_splits or spark.sparkContext.defaultParallelism))
+        .option("dests", ",".join(map(str, dest_values(spark, n_tasks))))
         .load()
     )
-    n_tasks = tasks or default_tasks(spark)
     say(f"folding {path} ({os.path.getsize(path)} bytes) in {n_tasks} tasks")
 
     def run(covered: Covered | None) -> Partial:
@@ -238,7 +263,7 @@ def compact_kafka(
         sf.lit(0).alias("split"),
         sf.lit(False).alias("bad"),
     )
-    result = fold_frame(messages, len(bounds), None, n_tasks)
+    result = fold_frame(pack_frame(messages, dest_values(spark, n_tasks)), len(bounds), None, n_tasks)
     rep = report(result.table, result.stats)
     return CompactResult(
         rep,

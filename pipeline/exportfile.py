@@ -12,6 +12,7 @@ Everything here is pure Python over a file; the Spark data source (``pipeline.so
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,11 @@ from trimtab.errors import BadExportLine
 from trimtab.pipeline.fold import Message
 
 _CHUNK = 1 << 20
+#: How many bytes of lines a bucket gathers before it is handed out as one packed row (``pipeline.packing``
+#: says why rows stay well under half a megabyte).
+BLOB_BYTES = 256 << 10
+#: How many bytes of lines one reader holds at most, all buckets together.
+HELD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,10 @@ def plan_splits(size: int, *, split_bytes: int, min_splits: int = 1) -> list[tup
     return [(s, min(size, s + step)) for s in range(0, size, step)]
 
 
+#: A message as a reader holds it: (key, value, partition, offset, order, bad).
+_Row = tuple[bytes | None, bytes | None, int | None, int | None, int, bool]
+
+
 @dataclass
 class Columns:
     """A batch of messages as columns (what a Spark task hands to Arrow): see :class:`pipeline.fold.Message`."""
@@ -68,6 +78,14 @@ class Columns:
 
     def __len__(self) -> int:
         return len(self.order)
+
+    @classmethod
+    def of(cls, rows: list[_Row], split: int) -> Columns:
+        """Columns from rows of (key, value, partition, offset, order, bad)."""
+        key, value, partition, offset, order, bad = (
+            (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [], [], [], [])
+        )
+        return cls(key, value, partition, offset, order, split, bad)
 
     def messages(self) -> list[Message]:
         return [
@@ -88,6 +106,32 @@ def read_split(
     here (a node would ignore it); re-deliveries across ranges are the fold's second pass
     (``pipeline.fold``).
     """
+    for _, columns in read_split_buckets(
+        path, start, end, split, header_pos, 1, blob_lines=batch, blob_bytes=HELD_BYTES
+    ):
+        yield columns
+
+
+def read_split_buckets(
+    path: str | Path,
+    start: int,
+    end: int,
+    split: int,
+    header_pos: int | None,
+    buckets: int,
+    *,
+    blob_lines: int = 50_000,
+    blob_bytes: int = BLOB_BYTES,
+    held_bytes: int = HELD_BYTES,
+) -> Iterator[tuple[int, Columns]]:
+    """:func:`read_split`, cut into ``buckets`` by key (``pipeline.packing.bucket_of``; a bad line goes to
+    bucket 0): ``(bucket, columns)`` pairs, each bucket's successive columns successive stretches of it in
+    file order.
+
+    A bucket is handed out as soon as it holds ``blob_lines`` lines or ``blob_bytes`` bytes of them (so at
+    most ``blob_bytes`` plus one line): what one packed row carries. When all buckets together hold ``held_bytes``,
+    every non-empty one is handed out, which bounds a reader's memory whatever the number of buckets.
+    """
     data, pos = _read_range(path, start, end)
     if not data:
         return
@@ -95,8 +139,11 @@ def read_split(
     if data.endswith(b"\n"):
         lines.pop()  # the empty string after the last newline is not a line
     seen: dict[int, int] = {}  # partition -> next offset not yet applied (this range only)
-    out = Columns(split=split)
+    outs: list[list[_Row]] = [[] for _ in range(buckets)]
+    sizes = [0] * buckets
+    held = 0
     parse = parse_message_line
+    crc = zlib.crc32
     for line in lines:
         here = pos
         pos += len(line) + 1
@@ -115,17 +162,23 @@ def read_split(
                 if offset < seen.get(partition, 0):
                     continue  # re-delivered within this range
                 seen[partition] = offset + 1
-        out.key.append(key)
-        out.value.append(value)
-        out.partition.append(partition)
-        out.offset.append(offset)
-        out.order.append(here)
-        out.bad.append(bad)
-        if len(out.order) >= batch:
-            yield out
-            out = Columns(split=split)
-    if out.order:
-        yield out
+        b = 0 if key is None or buckets == 1 else crc(key) % buckets
+        out = outs[b]
+        out.append((key, value, partition, offset, here, bad))
+        n = len(line)
+        sizes[b] += n
+        held += n
+        if sizes[b] >= blob_bytes or len(out) >= blob_lines:
+            yield b, Columns.of(out, split)
+            outs[b] = []
+            held -= sizes[b]
+            sizes[b] = 0
+        elif held >= held_bytes:
+            yield from ((i, Columns.of(rows, split)) for i, rows in enumerate(outs) if rows)
+            outs = [[] for _ in range(buckets)]
+            sizes = [0] * buckets
+            held = 0
+    yield from ((i, Columns.of(rows, split)) for i, rows in enumerate(outs) if rows)
 
 
 def _read_range(path: str | Path, start: int, end: int) -> tuple[bytes, int]:

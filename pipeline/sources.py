@@ -37,7 +37,8 @@ from pyspark.sql.types import StructType
 
 from trimtab.pipeline import kafka_io
 from trimtab.pipeline.common import PipelineError
-from trimtab.pipeline.exportfile import find_header, plan_splits, read_split
+from trimtab.pipeline.exportfile import Columns, find_header, plan_splits, read_split, read_split_buckets
+from trimtab.pipeline.packing import MESSAGE_SCHEMA, PACKED_SCHEMA, messages_batch, pack_columns
 
 KAFKA_SCHEMA = "topic string, partition int, offset long, timestamp long, key binary, value binary"
 _KAFKA_ARROW = pa.schema(
@@ -50,21 +51,10 @@ _KAFKA_ARROW = pa.schema(
         ("value", pa.binary()),
     ]
 )
-#: A channel message as the compaction folds it (pipeline.fold.Message).
-MESSAGE_SCHEMA = "key binary, value binary, partition int, offset long, order long, split int, bad boolean"
-_MESSAGE_ARROW = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("order", pa.int64()),
-        ("split", pa.int32()),
-        ("bad", pa.bool_()),
-    ]
-)
 DEFAULT_MAX_RECORDS = 1_000_000
 DEFAULT_SPLIT_BYTES = 64 << 20
+#: Packed rows per Arrow batch an export reader hands Spark (a few MB: ``exportfile.BLOB_BYTES`` each).
+PACKED_ROWS_PER_BATCH = 16
 
 
 def kafka_client_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -144,6 +134,20 @@ class KafkaSource(DataSource):
         return KafkaReader(self.options)  # case-insensitive keys, as Spark's own sources
 
 
+def parse_dests(options: Mapping[str, str]) -> list[int] | None:
+    """The ``dests`` option of the export source: comma-separated ints, one per fold task
+    (``pipeline.packing.dest_values``). With it the source reads packed rows (``PACKED_SCHEMA``), without
+    it one row per message (``MESSAGE_SCHEMA``)."""
+    raw = options.get("dests")
+    if raw is None or raw == "":
+        return None
+    try:
+        dests = [int(v) for v in raw.split(",")]
+    except ValueError:
+        raise ValueError(f"trimtab_channel_export: dests must be comma-separated ints, not {raw!r}") from None
+    return dests
+
+
 class _SplitPartition(InputPartition):
     def __init__(self, index: int, start: int, end: int) -> None:
         super().__init__((index, start, end))
@@ -165,6 +169,7 @@ class ExportReader(DataSourceReader):
             self.header_pos = header.pos if header is not None else None
         else:
             self.header_pos = int(pos) if pos != "" else None
+        self.dests = parse_dests(options)
 
     def partitions(self) -> Sequence[InputPartition]:
         import os
@@ -175,19 +180,24 @@ class ExportReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _SplitPartition)
-        for c in read_split(self.path, partition.start, partition.end, partition.index, self.header_pos):
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array(c.key, pa.binary()),
-                    pa.array(c.value, pa.binary()),
-                    pa.array(c.partition, pa.int32()),
-                    pa.array(c.offset, pa.int64()),
-                    pa.array(c.order, pa.int64()),
-                    pa.array([c.split] * len(c), pa.int32()),
-                    pa.array(c.bad, pa.bool_()),
-                ],
-                schema=_MESSAGE_ARROW,
-            )
+        dests = self.dests
+        if dests is None:
+            for columns in read_split(
+                self.path, partition.start, partition.end, partition.index, self.header_pos
+            ):
+                yield messages_batch(columns)
+            return
+        blobs = read_split_buckets(
+            self.path, partition.start, partition.end, partition.index, self.header_pos, len(dests)
+        )
+        pending: list[tuple[int, Columns]] = []
+        for bucket, columns in blobs:
+            pending.append((dests[bucket], columns))
+            if len(pending) >= PACKED_ROWS_PER_BATCH:
+                yield pack_columns(pending)
+                pending = []
+        if pending:
+            yield pack_columns(pending)
 
 
 class ExportSource(DataSource):
@@ -196,7 +206,7 @@ class ExportSource(DataSource):
         return "trimtab_channel_export"
 
     def schema(self) -> str:
-        return MESSAGE_SCHEMA
+        return MESSAGE_SCHEMA if parse_dests(self.options) is None else PACKED_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return ExportReader(self.options)

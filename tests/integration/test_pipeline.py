@@ -37,6 +37,7 @@ from trimtab.devkit.localcluster import LocalCluster
 from trimtab.pipeline import kafka_io
 from trimtab.pipeline.compact import compact_kafka, publish_snapshot
 from trimtab.pipeline.ingest import SimulatedCrash, ingest, read_table
+from trimtab.pipeline.packing import dest_values
 from trimtab.pipeline.report import write_report
 from trimtab.pipeline.sources import kafka_frame, register, spark_connector_options
 
@@ -144,6 +145,52 @@ def test_compact_export_with_offsets_re_delivered_across_ranges_via_cli(spark: A
     # And the same through `channel replay --json`, the command whose output it must equal.
     replay = CliRunner().invoke(main, ["channel", "replay", str(export), "--json"])
     assert replay.exit_code == 0 and replay.stdout_bytes == out.read_bytes()
+
+
+def test_compact_bounds_fold_batches_only_while_it_runs(spark: Any, tmp_path: Path) -> None:
+    """The fold's Arrow batch bound (compact.FOLD_BATCH_BYTES) is set for the compaction's own job, and
+    the session's setting is as the caller left it afterwards -- set or not."""
+    from trimtab.pipeline.compact import compact_export
+
+    key = "spark.sql.execution.arrow.maxBytesPerBatch"
+    lines = [header_line("ch", 1)]
+    for i in range(40):
+        rec = make(State.ASSIGNING, version=1, ts=i, writer="w", dst="b1:1")
+        lines.append(export_line(f"t/ns/0x{i:08x}_0x{i + 1:08x}".encode(), encode(rec), 0, i))
+    export = tmp_path / "channel.jsonl"
+    export.write_bytes(b"".join(lines))
+    expected = report_json(table_report(replay_lines(io.BytesIO(b"".join(lines)))))
+    before = spark.conf.get(key, None)
+    got = compact_export(spark, str(export), tasks=2, split_bytes=500)
+    assert report_json(got.report) == expected
+    assert spark.conf.get(key, None) == before
+    spark.conf.set(key, "123456789")
+    try:
+        got = compact_export(spark, str(export), tasks=3, split_bytes=700)
+        assert report_json(got.report) == expected
+        assert spark.conf.get(key) == "123456789"
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def test_dest_values_give_each_bucket_a_task_of_its_own(spark: Any) -> None:
+    """Spark's own hash partitioning sends the packed rows of bucket i to fold task i: no two buckets
+    share a task (which would leave another idle) for any task count."""
+    from pyspark.sql.functions import spark_partition_id
+
+    for tasks in (1, 2, 3, 8, 13):
+        dests = dest_values(spark, tasks)
+        assert len(set(dests)) == tasks
+        rows = (
+            spark.createDataFrame([(d,) for d in dests], "dest int")
+            .repartition(tasks, "dest")
+            .select("dest", spark_partition_id().alias("task"))
+            .collect()
+        )
+        assert {r["dest"]: r["task"] for r in rows} == {d: i for i, d in enumerate(dests)}
 
 
 def test_compact_cli_refuses_what_it_cannot_do() -> None:

@@ -1,5 +1,6 @@
-"""The pipeline's compaction, without Spark: cut an export into byte ranges, read each range, hash-partition
-the messages by key into groups, fold each group with the nodes' replay, merge -- and get exactly what
+"""The pipeline's compaction, without Spark: cut an export into byte ranges, read each range packed into one
+bucket per fold task by key (pipeline.packing), bring each bucket's blobs together in their order, fold
+each group with the nodes' replay, merge -- and get exactly what
 ``trimtab channel replay --json`` prints for the same file (same bytes).
 
 The logs are the replay tests' (strategies.channel_logs: racing and stale writers, splits and child
@@ -20,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import ChannelLog, channel_logs, deliveries
 
 from trimtab.channel.replayfile import export_line, header_line, replay_lines, report_json, table_report
-from trimtab.pipeline.exportfile import find_header, plan_splits, read_split
+from trimtab.pipeline.exportfile import find_header, plan_splits, read_split, read_split_buckets
 from trimtab.pipeline.fold import (
     Covered,
-    Message,
     Partial,
     earlier_maxima,
     fold,
@@ -37,6 +38,7 @@ from trimtab.pipeline.fold import (
     report,
     two_pass,
 )
+from trimtab.pipeline.packing import PACKED_ARROW, pack_columns, unpack
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
 JUNK = (
@@ -87,28 +89,56 @@ def export_bytes(data: st.DataObject, log: ChannelLog) -> tuple[bytes, int | Non
 
 
 def distributed(path: Path, data: st.DataObject, override: int | None) -> tuple[bytes, int]:
-    """The pipeline's compaction, with lists instead of Spark: ranges -> groups by key -> folds."""
+    """The pipeline's compaction, with lists instead of Spark: ranges read into packed buckets -> rows
+    grouped by dest and sorted by first (what Spark's shuffle and sort do) -> unpacked -> folds."""
     size = path.stat().st_size
     header = find_header(path)
     partitions = override if override is not None else (header.partitions if header else None)
     split_bytes = data.draw(st.integers(1, max(1, size)))
     splits = plan_splits(size, split_bytes=split_bytes, min_splits=data.draw(st.integers(1, 6)))
-    messages: list[Message] = []
+    tasks = data.draw(st.integers(1, 5))
+    dests = data.draw(st.permutations(range(100, 100 + tasks)))  # any ints: Spark's hash places them
+    bounds = {
+        "blob_lines": data.draw(st.integers(1, 40)),
+        "blob_bytes": data.draw(st.integers(1, 2000)),
+        "held_bytes": data.draw(st.integers(1, 4000)),
+    }
+    rows: dict[int, list[tuple[int, bytes]]] = {d: [] for d in dests}
     for i, (start, end) in enumerate(splits):
-        for batch in read_split(path, start, end, i, header.pos if header else None):
-            messages.extend(batch.messages())
-    groups_n = data.draw(st.integers(1, 5))
-    salt = data.draw(st.integers(0, 1000))
-    groups: list[list[Message]] = [[] for _ in range(groups_n)]
-    for m in messages:
-        groups[zlib.crc32(m.key or b"", salt) % groups_n].append(m)
+        blobs = [
+            (dests[b], columns)
+            for b, columns in read_split_buckets(
+                path, start, end, i, header.pos if header else None, tasks, **bounds
+            )
+        ]
+        # A reader's rows reach Spark in batches of any size: cut them anywhere.
+        cut = data.draw(st.integers(0, len(blobs)))
+        for part in (blobs[:cut], blobs[cut:]):
+            packed = pack_columns(part).to_pydict()
+            for dest, first, blob in zip(packed["dest"], packed["first"], packed["blob"], strict=True):
+                rows[dest].append((first, blob))
+    groups = [
+        [tuple(m) for m in unpack([packed_batch_of(sorted(rows[d], key=lambda r: r[0]))])] for d in dests
+    ]
 
     def run(covered: Covered | None) -> Partial:
-        return merge_all(fold(sorted(g, key=lambda m: m.order), partitions, covered) for g in groups)
+        return merge_all(fold(g, partitions, covered) for g in groups)
 
     result, passes = two_pass(run)
     extra = {"bad_line": 1} if header is not None and header.problem is not None else {}
     return report_json(report(result.table, result.stats, extra)), passes
+
+
+def packed_batch_of(rows: list[tuple[int, bytes]]) -> pa.RecordBatch:
+    """Packed rows as the fold task receives them (dest is no longer needed there)."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([0] * len(rows), pa.int32()),
+            pa.array([f for f, _ in rows], pa.int64()),
+            pa.array([b for _, b in rows], pa.binary()),
+        ],
+        schema=PACKED_ARROW,
+    )
 
 
 @settings(
