@@ -191,6 +191,13 @@ def placement_cmd(bundles: int, seed: int, output: str | None) -> None:
     "--tasks", type=click.IntRange(min=1), default=8, show_default=True, help="Reading and fold tasks."
 )
 @click.option("--split-bytes", type=click.IntRange(min=1), default=64 << 20, show_default=True)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Measure every master this many times, interleaved; medians and the scaling of each round.",
+)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--driver-memory", default="4g", show_default=True)
 @click.option(
@@ -207,6 +214,7 @@ def pipeline_cmd(
     masters: str,
     tasks: int,
     split_bytes: int,
+    rounds: int,
     seed: int,
     driver_memory: str,
     workdir: Path,
@@ -233,6 +241,7 @@ def pipeline_cmd(
             masters=[m.strip() for m in masters.split(",") if m.strip()],
             tasks=tasks,
             split_bytes=split_bytes,
+            rounds=rounds,
             workdir=workdir,
             driver_memory=driver_memory,
             progress=progress_printer("pipeline"),

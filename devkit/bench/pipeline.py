@@ -18,6 +18,11 @@ The measurements, each from the same file:
 records/s = records in the file / wall seconds. The scaling figure is local[2] / local[1]; its target is
 1.7. The machine's cores are shared (see ``loadavg``); CPU seconds of each run's process tree are reported
 beside the wall time.
+
+``rounds`` > 1 measures every master once per round, the masters back to back within a round, and
+reports each run, the medians, and the scaling of each round (local[2] over the local[1] run next to it):
+on a shared VM the same work drifts by 10-20 % within minutes, and a median of adjacent pairs is what
+such a machine can tell.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import gc
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -82,6 +88,7 @@ def run(
     workdir: Path,
     driver_memory: str,
     progress: Progress,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     from trimtab.channel.replayfile import replay_lines, report_json, table_report
 
@@ -113,44 +120,25 @@ def run(
                 break
             dst.write(line)
 
-    spark: dict[str, Any] = {}
-    for master in masters:
-        out = workdir / f"result-{master.replace('[', '-').replace(']', '')}.json"
-        table = workdir / f"table-{master.replace('[', '-').replace(']', '')}.json"
-        progress(f"Spark {master}: a fresh JVM, a warm-up, then the whole file")
-        cmd = [
-            sys.executable,
-            "-m",
-            "trimtab.devkit.bench.pipeline_worker",
-            "--master",
-            master,
-            "--input",
-            str(data),
-            "--warmup",
-            str(warm),
-            "--tasks",
-            str(tasks),
-            "--split-bytes",
-            str(split_bytes),
-            "--driver-memory",
-            driver_memory,
-            "--result",
-            str(out),
-            "--table",
-            str(table),
-        ]
-        proc = subprocess.run(cmd, check=False)
-        if proc.returncode != 0:
-            raise BenchError(f"the Spark run on {master} failed (exit {proc.returncode})")
-        got = json.loads(out.read_text())
-        if _digest(table.read_bytes()) != _digest(reference):
-            raise BenchError(
-                f"Spark on {master} resolved a different table or counts than the in-process replay"
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in masters}
+    for r in range(rounds):
+        for master in masters:
+            got = _spark_run(
+                master, data, warm, reference, tasks, split_bytes, driver_memory, workdir, progress
             )
-        table.unlink()
-        got["records_per_s"] = round(records / got["seconds"])
-        spark[master] = got
-        progress(f"Spark {master}: {got['records_per_s']} records/s ({got['seconds']:.1f} s)")
+            got["records_per_s"] = round(records / got["seconds"])
+            runs[master].append(got)
+            progress(
+                f"Spark {master} (round {r + 1}/{rounds}): {got['records_per_s']} records/s "
+                f"({got['seconds']:.1f} s)"
+            )
+    spark: dict[str, Any] = {}
+    for master, got_runs in runs.items():
+        median = {
+            k: statistics.median(g[k] for g in got_runs)
+            for k in ("seconds", "records_per_s", "cpu_seconds_process_tree")
+        }
+        spark[master] = {**got_runs[0], **median, "runs": got_runs}
     warm.unlink(missing_ok=True)
 
     result: dict[str, Any] = {
@@ -162,14 +150,67 @@ def run(
         "file_bytes": data.stat().st_size,
         "tasks": tasks,
         "split_bytes": split_bytes,
+        "rounds": rounds,
         "in_process_replay": inproc,
         "spark": spark,
         "equal_to_in_process": True,
     }
     if "local[1]" in spark and "local[2]" in spark:
-        scaling = spark["local[2]"]["records_per_s"] / spark["local[1]"]["records_per_s"]
+        per_round = [
+            two["records_per_s"] / one["records_per_s"]
+            for one, two in zip(runs["local[1]"], runs["local[2]"], strict=True)
+        ]
+        scaling = statistics.median(per_round)
+        result["scaling_per_round"] = [round(x, 3) for x in per_round]
         result["scaling_local2_over_local1"] = round(scaling, 3)
         result["target_scaling"] = TARGET_SCALING
         result["meets_target"] = scaling >= TARGET_SCALING
     result["environment"] = environment(load_start, "pyspark", "pyarrow", "msgspec")
     return result
+
+
+def _spark_run(
+    master: str,
+    data: Path,
+    warm: Path,
+    reference: bytes,
+    tasks: int,
+    split_bytes: int,
+    driver_memory: str,
+    workdir: Path,
+    progress: Progress,
+) -> dict[str, Any]:
+    """One compaction of ``data`` on ``master`` in a fresh process; its table must equal ``reference``."""
+    name = master.replace("[", "-").replace("]", "")
+    out = workdir / f"result-{name}.json"
+    table = workdir / f"table-{name}.json"
+    progress(f"Spark {master}: a fresh JVM, a warm-up, then the whole file")
+    cmd = [
+        sys.executable,
+        "-m",
+        "trimtab.devkit.bench.pipeline_worker",
+        "--master",
+        master,
+        "--input",
+        str(data),
+        "--warmup",
+        str(warm),
+        "--tasks",
+        str(tasks),
+        "--split-bytes",
+        str(split_bytes),
+        "--driver-memory",
+        driver_memory,
+        "--result",
+        str(out),
+        "--table",
+        str(table),
+    ]
+    proc = subprocess.run(cmd, check=False)
+    if proc.returncode != 0:
+        raise BenchError(f"the Spark run on {master} failed (exit {proc.returncode})")
+    got: dict[str, Any] = json.loads(out.read_text())
+    if _digest(table.read_bytes()) != _digest(reference):
+        raise BenchError(f"Spark on {master} resolved a different table or counts than the in-process replay")
+    table.unlink()
+    return got

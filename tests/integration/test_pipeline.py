@@ -433,8 +433,8 @@ def test_report_from_a_recorded_local_cluster_run(spark: Any, tmp_path: Path) ->
 
 
 def test_bench_pipeline_smoke(tmp_path: Path) -> None:
-    """`trimtab bench pipeline` end to end on a tiny log and one master (a JVM of its own): figures come
-    only with a Spark table equal to the in-process replay's."""
+    """`trimtab bench pipeline` end to end on a tiny log and one master, two rounds (a JVM each): figures
+    come only with a Spark table equal to the in-process replay's."""
     import subprocess
     import sys
 
@@ -445,7 +445,7 @@ def test_bench_pipeline_smoke(tmp_path: Path) -> None:
             "-m",
             "trimtab.cli",
             *("bench", "pipeline", "--records", "4000", "--bundles", "500", "--masters", "local[1]"),
-            *("--tasks", "2", "--workdir", str(tmp_path / "w"), "--output", str(out)),
+            *("--tasks", "2", "--rounds", "2", "--workdir", str(tmp_path / "w"), "--output", str(out)),
         ],
         capture_output=True,
         timeout=240,
@@ -454,5 +454,9 @@ def test_bench_pipeline_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     result = orjson.loads(out.read_bytes())
     assert result["equal_to_in_process"] is True and result["records"] == 4000
-    assert result["spark"]["local[1]"]["records_per_s"] > 0 and result["spark"]["local[1]"]["bundles"] > 0
+    one = result["spark"]["local[1]"]
+    assert one["records_per_s"] > 0 and one["bundles"] > 0
+    # Two rounds: both runs kept, the reported figure their median.
+    assert len(one["runs"]) == 2 and result["rounds"] == 2
+    assert one["seconds"] == (one["runs"][0]["seconds"] + one["runs"][1]["seconds"]) / 2
     assert result["in_process_replay"]["records_per_s"] > 0
