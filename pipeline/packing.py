@@ -8,17 +8,11 @@ cores ``local[2]`` could not reach twice ``local[1]``. None of it is needed: Spa
 every message of a bundle to one fold task, in log order.
 
 So a reader puts its messages into one bucket per fold task (:func:`bucket_of`, a hash of the key),
-serialises each bucket as one Arrow record batch (``blob``), and gives Spark one row per bucket:
+serialises each bucket as an LZ4-compressed Arrow stream (``blob``), and gives Spark one row per bucket:
 ``(dest, first, blob)``. ``dest`` is a value Spark's own hash partitioning sends to that bucket's task
 (:func:`dest_values`); ``first`` is the log position (``order``) of the blob's first message. Spark
 shuffles the rows to their tasks and sorts each task's rows by ``first``; the fold task unpacks them in
 that order (:func:`unpack`).
-
-Why a blob stays near ``exportfile.BLOB_BYTES`` (256 KiB) instead of holding a whole read batch: Spark
-copies each row into a JVM byte array several times, and G1 allocates an array of half a heap region or
-more (512 KiB on a small heap) as a humongous object, each of which may start a concurrent marking cycle.
-Megabyte rows cost a 10 M-record compaction 4-9 CPU-seconds of G1 work that competes with the Python
-workers for the same cores (docs/pipeline.md).
 
 Why that order is the log order the fold needs: a blob holds the messages of one reader (a byte range
 of an export, an offset range of one Kafka partition) in log order, and one reader's successive blobs
@@ -27,6 +21,12 @@ sorting a task's blobs by ``first`` orders all its messages by file position, ex
 messages would. Ranges of one Kafka partition are disjoint too; ranges of different partitions may
 interleave in any order, which changes nothing: a bundle's records count only in its home partition
 (``channel.table``), and Kafka never re-delivers within one read.
+
+Why a blob stays near ``exportfile.BLOB_BYTES`` (256 KiB) instead of holding a whole read batch: Spark
+copies each row into a JVM byte array several times, and G1 allocates an array of half a heap region or
+more (512 KiB on a small heap) as a humongous object, each of which may start a concurrent marking cycle.
+Megabyte rows cost a 10 M-record compaction 4-9 CPU-seconds of G1 work that competes with the Python
+workers for the same cores (docs/pipeline.md).
 """
 
 from __future__ import annotations
