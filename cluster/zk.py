@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import structlog
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_acl, make_digest_acl
@@ -33,13 +33,27 @@ from kazoo.security import ACL, make_acl, make_digest_acl
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
 from trimtab.channel.values import Refused, StrictDecoder
-from trimtab.errors import NamespaceUnreadable, ZkUnavailable
+from trimtab.errors import NamespaceUnreadable, ZkAccessDenied, ZkUnavailable
 
 log = structlog.get_logger("trimtab.zk")
 
 
 #: ZooKeeper's default jute.maxbuffer: no znode trimtab reads can be longer.
 ZNODE_MAX_BYTES = 1 << 20
+
+
+def access_denied(path: str, authenticated: bool) -> ZkAccessDenied:
+    """The error for a ``NoAuthError`` on ``path``: kazoo's own has no message at all, and the operator
+    needs to know which znode and which setting."""
+    who = (
+        "the digest credentials of zookeeper.auth_digest_file"
+        if authenticated
+        else "an unauthenticated client (zookeeper.auth_digest_file is not set)"
+    )
+    return ZkAccessDenied(
+        f"ZooKeeper refused {who} on {path}: its ACL grants another identity. Use the credentials the "
+        "cluster's znodes were created with (docs/security.md), or remove the znodes of a cluster that is gone"
+    )
 
 
 class ZkPaths:
@@ -262,6 +276,8 @@ class BrokerRegistry:
             try:
                 self.zk.create(path, _enc.encode(info), ephemeral=True, makepath=True)
                 break
+            except NoAuthError:
+                raise access_denied(path, self.session.authenticated) from None
             except NodeExistsError:
                 stat = self.zk.exists(path)
                 if stat is not None and stat.ephemeralOwner == self.session.session_id:

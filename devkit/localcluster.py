@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import ssl
 import subprocess
@@ -162,6 +163,11 @@ class LocalCluster:
     # ------------------------------------------------------------------ infrastructure
     def start(self, timeout: float = 90.0) -> LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # Every start is a new cluster with new credentials, so what an earlier one left in the same directory
+        # is unusable: its znodes' ACLs name the old ZooKeeper digest (every write would be refused), and its
+        # logs would mix into this cluster's failure messages.
+        for stale in ("zookeeper", "logs", "prometheus"):
+            shutil.rmtree(self.workdir / stale, ignore_errors=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
             self.zk = ZooKeeperServer(self.workdir / "zookeeper", port=self.zk_port).start()

@@ -108,10 +108,24 @@ def _run_daemon(role: str, build: Any, s: Settings) -> None:
     except Exception as e:
         import structlog
 
-        structlog.get_logger("trimtab").exception(f"{role}_failed", error=str(e))
-        click.echo(f"{role} failed: {e}", err=True)
+        reason = failure_reason(e)
+        structlog.get_logger("trimtab").exception(f"{role}_failed", error=reason)
+        click.echo(f"{role} failed: {reason}", err=True)
         sys.exit(1)
     sys.exit(code)
+
+
+def failure_reason(e: BaseException) -> str:
+    """What to tell the operator about a daemon that could not run: the error's message, or -- for the
+    library errors that have none (kazoo's ``NoAuthError()`` prints as nothing) -- what it means."""
+    from kazoo.exceptions import NoAuthError
+
+    if isinstance(e, NoAuthError):
+        return (
+            "ZooKeeper refused this node's credentials (NoAuthError) on one of trimtab's znodes: their ACLs "
+            "grant another identity; check zookeeper.auth_digest_file (docs/security.md)"
+        )
+    return str(e) or type(e).__name__
 
 
 @main.command()

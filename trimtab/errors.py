@@ -82,6 +82,11 @@ class ZkUnavailable(ZooKeeperError):
     """No ZooKeeper session (within the connect timeout)."""
 
 
+class ZkAccessDenied(ZooKeeperError):
+    """ZooKeeper refused this node's credentials for one of trimtab's znodes (their ACLs name another
+    identity): the message names the znode and what to check."""
+
+
 class NamespaceUnreadable(ZooKeeperError):
     """A namespace's policy znode does not decode: its bundle layout is unknown (the message says why)."""
 

@@ -293,6 +293,25 @@ def shared_channel(shared: LocalCluster) -> Iterator[ChannelAccess]:
 # ---------------------------------------------------------------------------------------------- the checker itself
 
 
+def test_a_local_cluster_started_again_in_the_same_directory_is_a_new_cluster(tmp_path: Path) -> None:
+    """``--workdir`` reused (a benchmark run twice, ``trimtab chaos`` again): the new cluster has new
+    credentials, so the old ZooKeeper data -- whose ACLs name the old ones -- must not be reused (every
+    agent would fail to register), nor the old logs mixed into the new cluster's."""
+    first = start_cluster(tmp_path / "c", brokers=1)
+    try:
+        (old,) = first.agents
+    finally:
+        first.stop()
+    second = start_cluster(tmp_path / "c", brokers=1)
+    try:
+        (agent,) = second.agents
+        assert agent.alive
+        assert agent.name == old.name  # the same log file, yet only this cluster's lines in it
+        assert second.log_tail(agent.name, lines=10_000).count('"agent_starting"') == 1
+    finally:
+        second.stop()
+
+
 def test_check_single_owner_detects_overlap() -> None:
     """The timeline checker must be able to fail: an overlap across brokers is reported, a clean hand-over
     (fence before the new acquire) and a same-broker re-acquire are not."""

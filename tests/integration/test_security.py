@@ -398,6 +398,48 @@ def test_unauthenticated_zookeeper_clients_can_read_trimtabs_znodes_and_change_n
             c.close()
 
 
+def test_an_agent_with_credentials_the_acls_do_not_grant_exits_saying_so(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """An agent given another ZooKeeper digest than the cluster's (a rotated file, another cluster's) cannot
+    register: it must exit 1 naming the znode and the setting -- kazoo's ``NoAuthError`` alone prints as
+    nothing -- without showing the password, and change nothing."""
+    password = secrets.token_urlsafe(18)
+    other = tmp_path / "other.digest"
+    other.write_text(f"trimtab:{password}\n")
+    other.chmod(0o600)
+    s = load_settings(cluster.config_path, environ=False)
+    paths = ZkPaths(s.zk_path)
+    procs = Procs(tmp_path / "procs")
+    try:
+        done = procs.run_trimtab(
+            "agent",
+            "--config",
+            str(cluster.config_path),
+            "--http-port",
+            "0",
+            "--broker-id",
+            "intruder:1",
+            "--set",
+            f"zookeeper.auth_digest_file={str(other)!r}",
+            timeout=60,
+        )
+    finally:
+        procs.close()
+    assert done.returncode == 1, done.describe()
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("agent failed: ZooKeeper refused the digest credentials"), done.describe()
+    assert paths.broker("intruder:1") in last and "zookeeper.auth_digest_file" in last, last
+    assert password not in done.stderr + done.stdout
+    anon = KazooClient(hosts=cluster.zk_hosts, timeout=10)
+    anon.start(timeout=15)
+    try:
+        assert anon.exists(paths.broker("intruder:1")) is None
+    finally:
+        anon.stop()
+        anon.close()
+
+
 def _replace(path: Path, text: str) -> None:
     """Write ``path`` as an operator should: a new file renamed over the old one (atomic)."""
     tmp = path.with_name(path.name + ".new")
