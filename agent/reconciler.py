@@ -13,7 +13,6 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from typing import Any
 
 import structlog
@@ -252,14 +251,12 @@ class Reconciler:
         the worker moves on; a failed delivery comes back through the callback and retries the bundle.
         """
         loop = asyncio.get_running_loop()
-        fut = self.channel.publish(bundle, record)
 
-        def delivered(f: Future[Any]) -> None:
-            exc = f.exception()
-            if exc is not None:
-                loop.call_soon_threadsafe(self._delivery_failed, bundle, version, kind, exc)
+        def delivered(err: TransportError | None) -> None:
+            if err is not None:
+                loop.call_soon_threadsafe(self._delivery_failed, bundle, version, kind, err)
 
-        fut.add_done_callback(delivered)
+        self.channel.send(bundle, record, delivered)  # no future: a failover publishes thousands at once
 
     def _delivery_failed(self, bundle: str, version: int, kind: str, exc: BaseException) -> None:
         if self._done.get(bundle) == (version, kind):

@@ -224,19 +224,23 @@ def throttle(
     total = sum(in_flight.values())
     out: list[Override] = []
     deferred = 0
+    per_broker = cfg.max_in_flight_per_broker
+    # Kept as the loop adds to in_flight (a failover round asks about thousands of bundles, a few brokers).
+    full = frozenset(b for b, n in in_flight.items() if n >= per_broker)
+    excluded = gone | full
+    plan = planned or {}
     for bundle, cur in candidates:
         if total >= cfg.max_in_flight:
             deferred += 1
             continue
-        full = frozenset(b for b, n in in_flight.items() if n >= cfg.max_in_flight_per_broker)
-        target = (planned or {}).get(bundle)
+        target = plan.get(bundle)
 
         def pick(b: str, exclude: frozenset[str], target: str | None = target) -> str | None:
             if target is not None and (live is None or target in live) and target not in exclude:
                 return target
             return choose(b, exclude)
 
-        got = override_for(bundle, cur, gone | full, pick, now_ms, writer)
+        got = override_for(bundle, cur, excluded, pick, now_ms, writer)
         if got is None:
             continue
         rec, dst = got
@@ -247,6 +251,9 @@ def throttle(
         if rec is not None and rec.state is State.ASSIGNING and dst is not None:
             in_flight[dst] += 1
             total += 1
+            if in_flight[dst] >= per_broker and dst not in full:
+                full = full | {dst}
+                excluded = gone | full
     return out, deferred
 
 

@@ -24,7 +24,7 @@ import structlog
 from trimtab.channel.records import Record, encode
 from trimtab.channel.snapshot import Snapshot, check_snapshot_topic, choose, read_snapshot_topic
 from trimtab.channel.table import SkipHook, TableView
-from trimtab.channel.transport import Follower, Message, Transport
+from trimtab.channel.transport import Delivered, Follower, Message, Transport
 from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.channel")
@@ -239,3 +239,11 @@ class ChannelClient:
             fut: Future[Message] = Future()
             fut.set_exception(e)
             return fut
+
+    def send(self, bundle: str, record: Record | None, on_done: Delivered) -> None:
+        """:meth:`publish` without a future (:meth:`Transport.send`): ``on_done`` gets None once the record
+        is written, the TransportError if it cannot be."""
+        try:
+            self.transport.send(self.topic, bundle.encode(), encode(record), on_done)
+        except TransportError as e:
+            on_done(e)

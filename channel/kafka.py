@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -26,7 +26,7 @@ import structlog
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from trimtab.channel.transport import Message
+from trimtab.channel.transport import Delivered, Message
 from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.kafka")
@@ -219,6 +219,24 @@ class KafkaTransport:
             else:
                 fut.set_result(Message(msg.key(), msg.value(), msg.partition(), msg.offset()))
 
+        failed = self._append(topic, key, value, part, done)
+        if failed is not None:
+            fut.set_exception(failed)
+        return fut
+
+    def send(self, topic: str, key: bytes, value: bytes | None, on_done: Delivered) -> None:
+        def done(err: KafkaError | None, msg: Any) -> None:
+            on_done(None if err is None else TransportError(f"produce to {topic} failed: {err.str()}"))
+
+        failed = self._append(topic, key, value, -1, done)
+        if failed is not None:
+            on_done(failed)
+
+    def _append(
+        self, topic: str, key: bytes, value: bytes | None, part: int, done: Callable[[Any, Any], None]
+    ) -> TransportError | None:
+        """Hand one record to the producer (waiting once for room in a full queue); the error if it could
+        not take it, in which case ``done`` is never called."""
         producer = self._get_producer()
         try:
             producer.produce(topic, key=key, value=value, on_delivery=done, partition=part)
@@ -227,10 +245,10 @@ class KafkaTransport:
             try:
                 producer.produce(topic, key=key, value=value, on_delivery=done, partition=part)
             except BufferError as e:
-                fut.set_exception(TransportError(f"producer queue full for {topic}: {e}"))
+                return TransportError(f"producer queue full for {topic}: {e}")
         except KafkaException as e:
-            fut.set_exception(TransportError(f"produce to {topic} failed: {e}"))
-        return fut
+            return TransportError(f"produce to {topic} failed: {e}")
+        return None
 
     def flush(self, timeout: float) -> int:
         p = self._producer

@@ -12,7 +12,7 @@ import threading
 import zlib
 from concurrent.futures import Future
 
-from trimtab.channel.transport import Message
+from trimtab.channel.transport import Delivered, Message
 from trimtab.errors import HistoryGap, TransportError
 
 
@@ -149,6 +149,14 @@ class MemoryTransport:
         except TransportError as e:
             fut.set_exception(e)
         return fut
+
+    def send(self, topic: str, key: bytes, value: bytes | None, on_done: Delivered) -> None:
+        try:
+            self.log.append(topic, key, value, None)
+        except TransportError as e:
+            on_done(e)
+            return
+        on_done(None)
 
     def flush(self, timeout: float) -> int:
         return 0

@@ -28,6 +28,10 @@ class Message(NamedTuple):
     offset: int
 
 
+#: A delivery report of :meth:`Transport.send`: None once written, else why not.
+Delivered = Callable[[TransportError | None], object]
+
+
 class Reader(Protocol):
     def poll(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` messages in per-partition order; [] after ``timeout`` seconds.
@@ -55,6 +59,13 @@ class Transport(Protocol):
     ) -> Future[Message]:
         """Append (to ``partition``, or the key's partition ``crc32(key) % partitions``); the future
         resolves with the written message (its offset) or a TransportError."""
+        ...
+
+    def send(self, topic: str, key: bytes, value: bytes | None, on_done: Delivered) -> None:
+        """Append like :meth:`produce`, without a future: ``on_done(None)`` once the record is written,
+        ``on_done(error)`` (a TransportError) if it cannot be -- on a transport thread, or before this
+        returns. For writers of thousands of records at once (a failover's overrides and acquisitions),
+        where a future per record cost more than the record itself."""
         ...
 
     def flush(self, timeout: float) -> int:

@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import functools
+import threading
+from collections import Counter
 
 import structlog
 
 from trimtab.balance.heal import Override
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
-from trimtab.channel.transport import Message
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.errors import TransportError
 
 log = structlog.get_logger("trimtab.controller")
 
@@ -55,8 +57,9 @@ class OverrideRound:
     round trip for the whole round), then every batch goes to the producer at once. A failover round of
     10 000 bundles spends about a tenth of a second checking and throttling its chunks; the agents start
     on the first chunk meanwhile instead of waiting for the last. :meth:`finish` (on the event loop) waits
-    for the acknowledgements in one worker thread -- wrapping each producer future for the event loop would
-    cost a loop wakeup per record -- and counts them."""
+    in one worker thread until every record is acknowledged (or failed), then counts them. The records go
+    out with :meth:`ChannelClient.send` and their delivery reports are tallied here as they come: a future
+    per record -- and waiting on ten thousand of them -- cost the leader more CPU than deciding the round."""
 
     def __init__(
         self,
@@ -71,7 +74,13 @@ class OverrideRound:
         self.metrics = metrics
         self.ack_timeout_s = ack_timeout_s
         self._confirmed: bool | None = None
-        self._sent: list[tuple[Override, concurrent.futures.Future[Message]]] = []
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._waiting: dict[int, Override] = {}  # sent and not yet reported, by send order
+        self._published: Counter[str] = Counter()  # acknowledged, by reason
+        self._failed: list[tuple[Override, str]] = []
+        self._finishing = False
+        self._settled = threading.Event()  # finishing, and nothing is waiting
 
     def add(self, overrides: list[Override]) -> None:
         """Publish these now, if leadership is (or, on the first call, can be) confirmed. Blocking."""
@@ -79,23 +88,46 @@ class OverrideRound:
             return
         if self._confirmed is None:
             self._confirmed = self.leadership.confirm_blocking()
-        if self._confirmed:
-            publish = self.channel.publish
-            self._sent.extend((o, publish(o.bundle, o.record)) for o in overrides)
+        if not self._confirmed:
+            return
+        with self._lock:  # registered before any is sent: a report may come back before send returns
+            first = self._sent
+            self._sent += len(overrides)
+            self._waiting.update(enumerate(overrides, first))
+        send, delivered = self.channel.send, self._delivered
+        for i, o in enumerate(overrides, first):
+            send(o.bundle, o.record, functools.partial(delivered, i))
+
+    def _delivered(self, i: int, err: TransportError | None) -> None:
+        """A delivery report (the producer's thread)."""
+        with self._lock:
+            o = self._waiting.pop(i, None)
+            if o is None:
+                return
+            if err is None:
+                self._published[o.reason] += 1
+            else:
+                self._failed.append((o, str(err)))
+            if self._finishing and not self._waiting:
+                self._settled.set()
 
     async def finish(self) -> int:
         """Wait for every acknowledgement; returns how many were acknowledged (failures are counted and
         logged per bundle: a failed override is decided again by a later round)."""
         if not self._sent:
             return 0
-        await asyncio.to_thread(concurrent.futures.wait, [f for _, f in self._sent], self.ack_timeout_s)
-        ok = 0
-        for o, f in self._sent:
-            if f.done() and f.exception() is None:
-                ok += 1
-                self.metrics.overrides.labels(o.reason, "published").inc()
-            else:
-                err = str(f.exception()) if f.done() else f"no acknowledgement within {self.ack_timeout_s:g}s"
-                self.metrics.overrides.labels(o.reason, "failed").inc()
-                log.warning("override_failed", bundle=o.bundle, reason=o.reason, error=err)
-        return ok
+        with self._lock:
+            self._finishing = True
+            if not self._waiting:
+                self._settled.set()
+        await asyncio.to_thread(self._settled.wait, self.ack_timeout_s)
+        with self._lock:
+            published = dict(self._published)
+            late = f"no acknowledgement within {self.ack_timeout_s:g}s"
+            failed = [*self._failed, *((o, late) for o in self._waiting.values())]
+        for reason, n in published.items():
+            self.metrics.overrides.labels(reason, "published").inc(n)
+        for o, err in failed:
+            self.metrics.overrides.labels(o.reason, "failed").inc()
+            log.warning("override_failed", bundle=o.bundle, reason=o.reason, error=err)
+        return sum(published.values())

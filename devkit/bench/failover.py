@@ -511,8 +511,11 @@ class FailoverRun:
         acquired, acquired_by, acquire_wall, released = self._acquisitions_since(before_tl, t_kill)
         not_once = [b for b in names if acquired[b] != 1]
         if not_once:
+            times = Counter(acquired[b] for b in not_once)
             raise BenchError(
-                f"{len(not_once)} bundles not acquired exactly once by the survivors, e.g. {not_once[:3]}"
+                f"{len(not_once)} bundles not acquired exactly once by the survivors "
+                f"({', '.join(f'{n} acquired {k} times' for k, n in sorted(times.items()))}; "
+                f"{len(released)} fence/close/expire events), e.g. {not_once[:3]}"
             )
         if released:
             raise BenchError(f"survivors released bundles during failover: {released[:3]}")
@@ -551,7 +554,7 @@ class FailoverRun:
                     acquired[e["bundle"]] += 1
                     acquired_by[e["bundle"]] = broker
                     acquire_wall.setdefault(broker, []).append(e["wall_ms"] / 1000 - t_kill)
-                elif e["op"] in ("fence", "close"):
+                elif e["op"] in ("fence", "close", "expire"):
                     released.append((broker, e["op"], e["bundle"]))
         return acquired, acquired_by, acquire_wall, released
 

@@ -92,6 +92,34 @@ def test_produce_consume_round_trip(kafka: KafkaEnv) -> None:
         assert [m.value for m in read if m.key == key] == [v for k, v in items if k == key]
 
 
+def test_send_reports_each_delivery_without_a_future(kafka: KafkaEnv) -> None:
+    """``send`` (the failover's bulk path): one report per record -- None once written, in the key's
+    partition like ``produce`` -- and a TransportError for a record the producer cannot take."""
+    topic = kafka.topic("send")
+    keys = partitioner_keys(200)
+    reports: list[tuple[bytes, TransportError | None]] = []
+    lock = threading.Lock()
+
+    def report(key: bytes) -> Any:
+        def done(err: TransportError | None) -> None:
+            with lock:
+                reports.append((key, err))
+
+        return done
+
+    for k in keys:
+        kafka.transport.send(topic, k, b"v-" + k, report(k))
+    too_big = b"x" * (4 << 20)  # over the producer's message.max.bytes
+    kafka.transport.send(topic, b"big", too_big, report(b"big"))
+    wait_for(lambda: len(reports) == len(keys) + 1, timeout=15, message="a report for every record")
+    by_key = dict(reports)
+    assert len(by_key) == len(reports), "exactly one report per record"
+    assert all(by_key[k] is None for k in keys)
+    assert isinstance(by_key[b"big"], TransportError) and topic in str(by_key[b"big"])
+    got = {m.key: (m.partition, m.value) for m in kafka.read_all(topic)}
+    assert got == {k: (zlib.crc32(k) % MOCK_PARTITIONS, b"v-" + k) for k in keys}
+
+
 def test_watermarks_follow_the_writes(kafka: KafkaEnv) -> None:
     topic = kafka.topic("watermarks")
     assert [kafka.transport.watermarks(topic, p) for p in range(MOCK_PARTITIONS)] == [

@@ -60,8 +60,16 @@ def test_fault_injection() -> None:
         transport.partitions("t")
     fut = transport.produce("t", b"k", b"v")
     assert isinstance(fut.exception(timeout=0), TransportError)
+    reports: list[TransportError | None] = []
+    transport.send("t", b"k", b"v", reports.append)
+    assert len(reports) == 1 and isinstance(reports[0], TransportError)
     log.available = True
     assert transport.produce("t", b"k", b"v").result(timeout=0).offset == 0
+    transport.send("t", b"k", b"w", reports.append)
+    assert reports[1:] == [None] and [m.value for m in log.read("t", zlib.crc32(b"k") % 4, 0, 10)] == [
+        b"v",
+        b"w",
+    ]
 
 
 def test_reader_reads_every_partition_in_order() -> None:
