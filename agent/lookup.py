@@ -29,7 +29,7 @@ from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
 from trimtab.cluster.events import EventPublisher
-from trimtab.errors import BundleError, LookupTimeout, RequestError, TrimtabError
+from trimtab.errors import BundleError, LookupTimeout, RequestError, TransportError, TrimtabError
 
 log = structlog.get_logger("trimtab.lookup")
 
@@ -289,6 +289,13 @@ class LookupService:
             waited = True
             await self._changed(bundle, remaining)
 
+    def _assignment_delivered(self, bundle: str, dst: str, err: TransportError | None) -> None:
+        """The producer's report on an Assigning record (its thread). A lost one leaves the lookup waiting
+        until its timeout, and the next lookup of the bundle tries again: say why meanwhile."""
+        if err is not None:
+            self.metrics.assignments.labels("failed").inc()
+            log.warning("assignment_publish_failed", bundle=bundle, dst=dst, error=str(err))
+
     def _assign(self, bundle: str, version: int) -> None:
         ctx = self._assign_context(frozenset({self.me}) if self._draining() else frozenset())
         sel = select_broker(
@@ -305,7 +312,7 @@ class LookupService:
         rec = make(
             State.ASSIGNING, dst=sel.broker, version=version, ts=int(self.clock() * 1000), writer=self.me
         )
-        self.channel.publish(bundle, rec)
+        self.channel.send(bundle, rec, functools.partial(self._assignment_delivered, bundle, sel.broker))
         self.metrics.assignments.labels("published").inc()
         load = ctx.loads.get(sel.broker)
         self.events.publish(

@@ -119,7 +119,7 @@ class AgentMetrics:
             ),
             assignments=Counter(
                 "trimtab_assignments_total",
-                "Assigning records this agent published for unowned bundles, by result.",
+                "Assigning records this agent published for unowned bundles, by result (published: handed to the producer; failed: Kafka did not take it).",
                 ["result"],
                 registry=registry,
             ),

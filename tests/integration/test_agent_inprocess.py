@@ -21,6 +21,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.settings import NO_AUTH
+from trimtab.agent import lookup as lookup_module
 from trimtab.agent import wiring
 from trimtab.agent.adapters.base import BrokerSample, Lease
 from trimtab.agent.adapters.simulated import SimulatedBroker
@@ -33,7 +34,7 @@ from trimtab.channel.memory import MemoryLog, MemoryTransport
 from trimtab.channel.records import Record, State, decode, encode, make
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.settings import Settings
-from trimtab.errors import LookupTimeout
+from trimtab.errors import LookupTimeout, TransportError
 
 pytestmark = pytest.mark.integration
 
@@ -249,6 +250,70 @@ def test_lookup_of_an_in_flight_bundle_waits_until_it_settles(
             )
             # The agent never published anything for a bundle someone else was assigning.
             assert {r.writer for r in channel_history(log, settings, bundle)} == {PEER}
+
+    asyncio.run(scenario())
+
+
+class LosesFirstChannelWrite(MemoryTransport):
+    """Kafka refusing the agent's first write to the channel (its delivery report is an error)."""
+
+    def __init__(self, log: MemoryLog, channel_topic: str) -> None:
+        super().__init__(log)
+        self.channel_topic = channel_topic
+        self.lost: list[bytes] = []
+
+    def send(self, topic: str, key: bytes, value: bytes | None, on_done: Any) -> None:
+        if topic == self.channel_topic and not self.lost:
+            self.lost.append(key)
+            on_done(TransportError(f"produce to {topic} failed: Broker: Not enough in-sync replicas"))
+            return
+        super().send(topic, key, value, on_done)
+
+
+def test_a_lost_assignment_is_counted_and_logged_and_the_next_lookup_assigns_again(
+    zk_hosts: str, zk: KazooClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timeout_s = 3.0  # the lookup waits this long; an acquire needs it above the lease margin (2 s)
+    s = agent_settings(zk_hosts, channel={"in_flight_timeout_s": timeout_s})
+    log = memory_log(s)
+    bundle = layout().bundles[2]
+    transport = LosesFirstChannelWrite(log, s.kafka.channel_topic)
+
+    async def scenario() -> None:
+        w = wiring.build(s, transport=transport)
+        task = asyncio.create_task(w.run(), name="agent")
+        try:
+            await until(lambda: w.agent.ready or task.done(), 30, "the agent to be ready")
+            warnings: list[tuple[str, dict[str, Any]]] = []
+
+            class Log:
+                def warning(self, event: str, **kw: Any) -> None:
+                    warnings.append((event, kw))
+
+                def __getattr__(self, level: str) -> Any:
+                    return lambda *a, **kw: None  # debug, info: not what this test reads
+
+            monkeypatch.setattr(lookup_module, "log", Log())
+            with pytest.raises(LookupTimeout):
+                await asyncio.wait_for(w.lookups.lookup(topic_of(bundle)), timeout_s + 5)
+            assert transport.lost == [bundle.encode()]
+            assert w.metrics.assignments.labels("failed")._value.get() == 1
+            ((event, kw),) = warnings
+            assert event == "assignment_publish_failed" and kw["bundle"] == bundle, warnings
+            assert "in-sync replicas" in kw["error"], kw
+            # The next lookup assigns again; this agent then takes the bundle (a retry may be needed: the
+            # lookup waits only timeout_s for that).
+            for _ in range(10):
+                with contextlib.suppress(LookupTimeout):
+                    res = await asyncio.wait_for(w.lookups.lookup(topic_of(bundle)), 15)
+                    break
+            assert (res.owner, res.state) == (w.identity.id, "owned")
+            assert w.metrics.assignments.labels("failed")._value.get() == 1
+            assert w.metrics.assignments.labels("published")._value.get() == 2
+        finally:
+            w.agent.stop()
+            w.agent.stop()
+            await asyncio.wait_for(task, 30)
 
     asyncio.run(scenario())
 
