@@ -197,6 +197,25 @@ def test_re_delivery_across_ranges_takes_a_second_pass(tmp_path: Path) -> None:
     assert report_json(report(first.table, first.stats)) != expected
 
 
+@given(size=st.integers(0, 10**12), data=st.data(), slots=st.integers(1, 64))
+def test_splits_cover_the_file_within_their_size_in_full_waves_of_tasks(
+    size: int, data: st.DataObject, slots: int
+) -> None:
+    split_bytes = data.draw(st.integers(max(1, size // 2000), max(1, size * 2)))  # up to ~2 000 splits
+    splits = plan_splits(size, split_bytes=split_bytes, min_splits=slots)
+    if size == 0:
+        assert splits == [(0, 0)]
+        return
+    assert splits[0][0] == 0 and splits[-1][1] == size
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(splits)), "contiguous"
+    assert all(e > s for s, e in splits), "none empty"
+    n = len(splits)
+    assert n % slots == 0 or n == size, "every wave fills every slot, unless the file has too few bytes"
+    assert max(e - s for s, e in splits) <= max(split_bytes, -(-size // n)), "no split above its size"
+    assert max(e - s for s, e in splits) - min(e - s for s, e in splits) <= 1, "even"
+    assert n < slots or n - slots < -(-size // split_bytes), "no more than one wave beyond the size's count"
+
+
 def test_every_line_is_read_once_whatever_the_cuts(tmp_path: Path) -> None:
     lines = [b'{"key": "k%d", "value": null}\n' % i for i in range(50)]
     path = tmp_path / "lines.jsonl"
