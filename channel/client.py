@@ -24,7 +24,7 @@ import structlog
 from trimtab.channel.records import Record, encode
 from trimtab.channel.snapshot import Snapshot, check_snapshot_topic, choose, read_snapshot_topic
 from trimtab.channel.table import SkipHook, TableView
-from trimtab.channel.transport import Delivered, Follower, Message, Transport
+from trimtab.channel.transport import Delivered, Follower, Message, Transport, report
 from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.channel")
@@ -246,4 +246,4 @@ class ChannelClient:
         try:
             self.transport.send(self.topic, bundle.encode(), encode(record), on_done)
         except TransportError as e:
-            on_done(e)
+            report(on_done, e, self.topic)

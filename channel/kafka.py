@@ -26,7 +26,7 @@ import structlog
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from trimtab.channel.transport import Delivered, Message
+from trimtab.channel.transport import Delivered, Message, report
 from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.kafka")
@@ -203,7 +203,10 @@ class KafkaTransport:
         while not self._stop.is_set():
             p = self._producer
             if p is not None:
-                p.poll(0.05)
+                try:
+                    p.poll(0.05)
+                except Exception:  # a delivery callback raised: log it, and keep serving the others
+                    log.exception("producer_poll_failed")
             else:
                 self._stop.wait(0.05)
 
@@ -226,11 +229,15 @@ class KafkaTransport:
 
     def send(self, topic: str, key: bytes, value: bytes | None, on_done: Delivered) -> None:
         def done(err: KafkaError | None, msg: Any) -> None:
-            on_done(None if err is None else TransportError(f"produce to {topic} failed: {err.str()}"))
+            report(
+                on_done,
+                None if err is None else TransportError(f"produce to {topic} failed: {err.str()}"),
+                topic,
+            )
 
         failed = self._append(topic, key, value, -1, done)
         if failed is not None:
-            on_done(failed)
+            report(on_done, failed, topic)
 
     def _append(
         self, topic: str, key: bytes, value: bytes | None, part: int, done: Callable[[Any, Any], None]

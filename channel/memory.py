@@ -12,7 +12,7 @@ import threading
 import zlib
 from concurrent.futures import Future
 
-from trimtab.channel.transport import Delivered, Message
+from trimtab.channel.transport import Delivered, Message, report
 from trimtab.errors import HistoryGap, TransportError
 
 
@@ -154,9 +154,9 @@ class MemoryTransport:
         try:
             self.log.append(topic, key, value, None)
         except TransportError as e:
-            on_done(e)
+            report(on_done, e, topic)
             return
-        on_done(None)
+        report(on_done, None, topic)
 
     def flush(self, timeout: float) -> int:
         return 0

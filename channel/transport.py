@@ -32,6 +32,15 @@ class Message(NamedTuple):
 Delivered = Callable[[TransportError | None], object]
 
 
+def report(on_done: Delivered, err: TransportError | None, topic: str) -> None:
+    """Give ``on_done`` its delivery report. Whatever it raises is logged, never passed on: the report
+    runs on the producer's delivery thread, which must go on serving every other record's report."""
+    try:
+        on_done(err)
+    except Exception:
+        log.exception("delivery_report_failed", topic=topic)
+
+
 class Reader(Protocol):
     def poll(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` messages in per-partition order; [] after ``timeout`` seconds.
@@ -65,7 +74,8 @@ class Transport(Protocol):
         """Append like :meth:`produce`, without a future: ``on_done(None)`` once the record is written,
         ``on_done(error)`` (a TransportError) if it cannot be -- on a transport thread, or before this
         returns. For writers of thousands of records at once (a failover's overrides and acquisitions),
-        where a future per record cost more than the record itself."""
+        where a future per record cost more than the record itself. What ``on_done`` raises is logged
+        (``delivery_report_failed``), never raised here or on the delivery thread."""
         ...
 
     def flush(self, timeout: float) -> int:

@@ -120,6 +120,24 @@ def test_send_reports_each_delivery_without_a_future(kafka: KafkaEnv) -> None:
     assert got == {k: (zlib.crc32(k) % MOCK_PARTITIONS, b"v-" + k) for k in keys}
 
 
+def test_a_delivery_report_that_raises_does_not_stop_the_others(kafka: KafkaEnv) -> None:
+    """Reports run on the producer's delivery thread: one callback's exception must not end it, or every
+    later record would go unacknowledged."""
+    topic = kafka.topic("send-raises")
+    got: list[TransportError | None] = []
+
+    def broken(err: TransportError | None) -> None:
+        raise RuntimeError("a caller's bug")
+
+    for i in range(20):
+        kafka.transport.send(topic, b"r%d" % i, b"x", broken)
+    wait_for(lambda: kafka.transport.flush(5) == 0, timeout=15, message="the broken reports delivered")
+    for i in range(20):
+        kafka.transport.send(topic, b"k%d" % i, b"y", got.append)
+    wait_for(lambda: len(got) == 20, timeout=15, message="every later record reported")
+    assert got == [None] * 20
+
+
 def test_watermarks_follow_the_writes(kafka: KafkaEnv) -> None:
     topic = kafka.topic("watermarks")
     assert [kafka.transport.watermarks(topic, p) for p in range(MOCK_PARTITIONS)] == [
