@@ -19,7 +19,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import structlog
@@ -217,10 +217,13 @@ class KafkaTransport:
         part = -1 if partition is None else partition  # -1: the configured partitioner decides
 
         def done(err: KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                fut.set_exception(TransportError(f"produce to {topic} failed: {err.str()}"))
-            else:
-                fut.set_result(Message(msg.key(), msg.value(), msg.partition(), msg.offset()))
+            # A waiter that gave up (asyncio.wrap_future under a timeout) cancels the future; its report
+            # still comes, and must not raise on the delivery thread.
+            with contextlib.suppress(InvalidStateError):
+                if err is not None:
+                    fut.set_exception(TransportError(f"produce to {topic} failed: {err.str()}"))
+                else:
+                    fut.set_result(Message(msg.key(), msg.value(), msg.partition(), msg.offset()))
 
         failed = self._append(topic, key, value, part, done)
         if failed is not None:

@@ -138,6 +138,17 @@ def test_a_delivery_report_that_raises_does_not_stop_the_others(kafka: KafkaEnv)
     assert got == [None] * 20
 
 
+def test_a_produce_whose_waiter_gave_up_does_not_stop_the_others(kafka: KafkaEnv) -> None:
+    """``asyncio.wait_for(asyncio.wrap_future(f), t)`` cancels ``f`` when it times out (the leader's writes
+    do that); the record's delivery report still comes and must not end the delivery thread."""
+    topic = kafka.topic("produce-cancelled")
+    abandoned = [kafka.transport.produce(topic, b"a%d" % i, b"x") for i in range(20)]
+    assert all(f.cancel() for f in abandoned)
+    wait_for(lambda: kafka.transport.flush(5) == 0, timeout=15, message="the abandoned records delivered")
+    later = [kafka.transport.produce(topic, b"k%d" % i, b"y") for i in range(20)]
+    assert [f.result(15).key for f in later] == [b"k%d" % i for i in range(20)]
+
+
 def test_watermarks_follow_the_writes(kafka: KafkaEnv) -> None:
     topic = kafka.topic("watermarks")
     assert [kafka.transport.watermarks(topic, p) for p in range(MOCK_PARTITIONS)] == [
