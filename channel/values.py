@@ -48,7 +48,10 @@ class StrictDecoder(Generic[T]):
         self._decoder: msgspec.json.Decoder[T] = msgspec.json.Decoder(type_)
         self._encoder = msgspec.json.Encoder()
 
-    def decode(self, value: bytes) -> T | Refused:
+    def decode(self, value: bytes | None) -> T | Refused:
+        """``value`` may be None: ZooKeeper allows a znode without data (null, not empty)."""
+        if value is None:
+            return Refused(strictjson.MALFORMED, "no data at all (null)")
         if len(value) > self.max_bytes:
             return Refused(strictjson.TOO_LARGE, f"{len(value)} bytes > {self.max_bytes}")
         if value.isascii():

@@ -41,6 +41,20 @@ _enc = msgspec.json.Encoder()
 _dec = StrictDecoder(LeaderInfo, ZNODE_MAX_BYTES)
 
 
+#: The largest term a leader may take: it is written into every record's writer fields as a 64-bit integer.
+MAX_TERM = (1 << 63) - 2
+
+
+def parse_term(raw: bytes | None) -> int | None:
+    """The term in ``leader_term`` (decimal digits: :meth:`LeaderElection.start` creates it as ``0``). None
+    when the znode holds anything else -- nothing, a sign, spaces, an exponent, a term too large to follow:
+    the last term is then unknown."""
+    if raw is None or len(raw) > 19 or not raw.isdigit():
+        return None
+    term = int(raw)
+    return term if term <= MAX_TERM else None
+
+
 class LeaderElection:
     def __init__(
         self,
@@ -62,6 +76,8 @@ class LeaderElection:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.elections_won = 0
+        self.unreadable_term = False  # leader_term does not hold a term: no campaign until it does
+        self.steps = 0  # election rounds run (a test's proof that the thread is alive)
 
     def add_listener(self, fn: Callable[[bool, int | None], object]) -> None:
         """``fn(leading, term)`` on every change of our leadership, on the election's thread."""
@@ -144,6 +160,11 @@ class LeaderElection:
                 log.warning("election_step_failed", error=repr(e))
                 time.sleep(0.2)
                 self._wake.set()
+            except Exception:  # never let the election die: this controller could never lead again
+                log.exception("election_step_crashed")
+                time.sleep(1.0)
+                self._wake.set()
+            self.steps += 1
 
     def _step(self) -> None:
         try:
@@ -156,11 +177,16 @@ class LeaderElection:
                 self._campaign()
             return
         info = _dec.decode(data)
+        ours = stat.ephemeralOwner == self.session.session_id
         if isinstance(info, Refused):
-            log.error("leader_node_unreadable", reason=info.reason, data=data[:200])
+            # Who leads is unknown, but whether it is us is in the node's owner, not its bytes.
+            log.error("leader_node_unreadable", reason=info.reason, detail=info.detail, ours=ours)
+            self.current = None
+            if not ours and self.term is not None:
+                log.warning("leadership_lost", term=self.term, new_leader=None, new_term=None)
+                self._set(None)
             return
         self.current = info
-        ours = stat.ephemeralOwner == self.session.session_id
         if ours and self.term is None:
             self._set(info.term)  # same session survived a suspension: still ours
         elif not ours and self.term is not None:
@@ -169,7 +195,21 @@ class LeaderElection:
 
     def _campaign(self) -> None:
         raw, stat = self.zk.get(self.paths.leader_term)
-        term = int(raw or b"0") + 1
+        last = parse_term(raw)
+        if last is None:
+            # Every leader's writes are fenced by its term: a guessed one could go backwards. Stay without
+            # a leader (TrimtabNoLeader pages) until an operator writes the last term back.
+            if not self.unreadable_term:
+                log.error(
+                    "leader_term_unreadable",
+                    path=self.paths.leader_term,
+                    length=None if raw is None else len(raw),
+                    action="not campaigning until it holds a term (decimal digits)",
+                )
+            self.unreadable_term = True
+            return
+        self.unreadable_term = False
+        term = last + 1
         info = LeaderInfo(
             id=self.me,
             term=term,

@@ -14,6 +14,7 @@ from kazoo.client import KazooClient
 from tests.support.waiting import wait_for
 from trimtab.balance.assign import BrokerInfo
 from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
+from trimtab.controller.election import LeaderElection
 from trimtab.controller.stores import FailedBroker, FailedBrokers, Reassignments, Switches
 from trimtab.errors import NamespaceUnreadable
 
@@ -96,3 +97,82 @@ def test_controller_stores_skip_unreadable_znodes(zk: KazooClient) -> None:
         zk.ensure_path(paths.controller_state)
         zk.set(paths.controller_state, value)
         assert switches.read() == type(switches.read())()  # the defaults, not a crash
+
+
+def test_a_null_znode_is_unreadable_like_any_hostile_value(zk: KazooClient, zk_hosts: str) -> None:
+    """ZooKeeper allows a znode with no data at all (``null``, not empty), which kazoo returns as None."""
+    paths = ZkPaths("/trimtab/hostile-null")
+    zk.ensure_path(paths.brokers)
+    zk.create(paths.broker("good:1"), _info("good:1"))
+    zk.create(paths.broker("null:1"), b"")
+    zk.set(paths.broker("null:1"), None)
+    assert zk.get(paths.broker("null:1"))[0] is None
+    session = ZkSession(zk_hosts, session_timeout_s=10)
+    session.start()
+    registry = BrokerRegistry(session, paths)
+    try:
+        registry.start()
+        assert registry.synced.wait(10)
+        assert set(registry.brokers) == {"good:1"}
+    finally:
+        registry.stop()
+        session.stop()
+    store = NamespaceStore(zk, paths, default_bundles=4)
+    zk.ensure_path(paths.namespace("t/null"))
+    zk.set(paths.namespace("t/null"), None)
+    with pytest.raises(NamespaceUnreadable, match="t/null"):
+        store.ensure("t/null")
+
+
+BAD_TERMS = [b"", b"abc", b"-5", b"1e3", b"7.0", b" 12", b"9" * 40, b"\x00", None, *HOSTILE]
+
+
+def test_an_unreadable_leader_term_stops_elections_loudly_until_it_is_repaired(
+    zk: KazooClient, zk_hosts: str
+) -> None:
+    """The term fences every leader's writes, so a candidate must never guess one: an unreadable
+    ``leader_term`` leaves the cluster without a leader (and says why) rather than one with a term that
+    may go backwards -- and the election thread must survive it, to win once the term is readable."""
+    paths = ZkPaths("/trimtab/hostile-term")
+    session = ZkSession(zk_hosts, session_timeout_s=10)
+    session.start()
+    election = LeaderElection(session, paths, "ctl:1", "http://ctl:1")
+    zk.ensure_path(paths.base)
+    zk.create(paths.leader_term, BAD_TERMS[0], makepath=True)
+    try:
+        election.start()
+        for value in BAD_TERMS:
+            zk.set(paths.leader_term, value)
+            election._wake.set()
+            wait_for(lambda: election.unreadable_term, 10, message="the election noticed the term")
+            assert election.term is None and zk.exists(paths.leader) is None
+        zk.set(paths.leader_term, b"41")
+        election._wake.set()
+        wait_for(lambda: election.term == 42, 10, message="leadership with the next term once repaired")
+        assert zk.get(paths.leader_term)[0] == b"42" and not election.unreadable_term
+    finally:
+        election.stop()
+        session.stop()
+
+
+def test_an_unreadable_leader_znode_does_not_end_the_election(zk: KazooClient, zk_hosts: str) -> None:
+    paths = ZkPaths("/trimtab/hostile-leader")
+    session = ZkSession(zk_hosts, session_timeout_s=10)
+    session.start()
+    election = LeaderElection(session, paths, "ctl:1", "http://ctl:1")
+    try:
+        zk.create(paths.leader, b"", makepath=True)
+        election.start()
+        for value in [None, *HOSTILE]:
+            zk.set(paths.leader, value)
+            election._wake.set()
+            wait_for(lambda: election.steps > 0, 10, message="the election read the leader znode")
+            steps = election.steps
+            election._wake.set()
+            wait_for(lambda s=steps: election.steps > s, 10, message="the election thread is still alive")
+            assert election.term is None and election.current is None
+        zk.delete(paths.leader)
+        wait_for(lambda: election.term is not None, 10, message="leadership once the znode is gone")
+    finally:
+        election.stop()
+        session.stop()
