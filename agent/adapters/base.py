@@ -111,6 +111,19 @@ class OperationAdapter:
         await self._op("split", {"bundle": bundle, "children": children})
 
 
+_sample_dec = msgspec.json.Decoder(BrokerSample)
+
+
+def decode_sample(raw: bytes, what: str) -> BrokerSample:
+    """A broker's load report (its bytes, hostile until decoded) as a :class:`BrokerSample`, or an
+    :class:`AdapterError` saying why not. msgspec raises ``UnicodeDecodeError`` -- not ``DecodeError`` --
+    for invalid UTF-8 inside a string (a bundle name), so both are caught here, once for every adapter."""
+    try:
+        return _sample_dec.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        raise AdapterError(f"sample: {what} is not a valid BrokerSample: {e}") from e
+
+
 def not_serving_from(answer: Any, asked: Sequence[str]) -> list[str]:
     """The ``not_serving`` list of a renew answer, kept to the bundles that were asked about: the answer
     is the broker's bytes and must not make the agent drop (or invent) anything else."""

@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 import orjson
 
-from trimtab.agent.adapters.base import BrokerSample, OperationAdapter
+from trimtab.agent.adapters.base import BrokerSample, OperationAdapter, decode_sample
 from trimtab.errors import AdapterError, ConfigError
-
-_sample_dec = msgspec.json.Decoder(BrokerSample)
 
 
 class CommandAdapter(OperationAdapter):
@@ -61,10 +58,7 @@ class CommandAdapter(OperationAdapter):
 
     async def sample(self) -> BrokerSample:
         out = await self._run("sample", {})
-        try:
-            return _sample_dec.decode(out)
-        except msgspec.DecodeError as e:
-            raise AdapterError(f"sample: output is not a valid BrokerSample: {e}") from e
+        return decode_sample(out, "the output")
 
     async def aclose(self) -> None:
         return None

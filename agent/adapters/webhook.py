@@ -24,15 +24,13 @@ import time
 from typing import Any
 
 import httpx
-import msgspec
 import orjson
 
-from trimtab.agent.adapters.base import BrokerSample, OperationAdapter
+from trimtab.agent.adapters.base import BrokerSample, OperationAdapter, decode_sample
 from trimtab.agent.adapters.signing import sign
 from trimtab.errors import AdapterError
 
 PREFIX = "/trimtab/v1"
-_sample_dec = msgspec.json.Decoder(BrokerSample)
 MAX_ANSWER_BYTES = 16 << 20
 
 
@@ -84,10 +82,7 @@ class WebhookAdapter(OperationAdapter):
             raise AdapterError(f"sample: {type(e).__name__}: {e}") from e
         if not r.is_success:
             raise AdapterError(f"sample: HTTP {r.status_code}: {r.text[:200]}")
-        try:
-            return _sample_dec.decode(r.content)
-        except msgspec.DecodeError as e:
-            raise AdapterError(f"sample: the broker's load report is not a valid BrokerSample: {e}") from e
+        return decode_sample(r.content, "the broker's load report")
 
     async def aclose(self) -> None:
         await self._client.aclose()
