@@ -7,6 +7,9 @@ Against a real ZooKeeper server. Before, a broker znode with invalid UTF-8 insid
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import msgspec
 import pytest
 from kazoo.client import KazooClient
@@ -36,18 +39,41 @@ def _info(broker: str) -> bytes:
     )
 
 
-def test_the_broker_registry_skips_unreadable_registrations(zk: KazooClient, zk_hosts: str) -> None:
-    paths = ZkPaths("/trimtab/hostile")
-    zk.ensure_path(paths.brokers)
-    zk.create(paths.broker("good:1"), _info("good:1"))
-    for i, value in enumerate(HOSTILE):
-        zk.create(paths.broker(f"bad:{i}"), value)
+@contextlib.contextmanager
+def started_registry(zk_hosts: str, paths: ZkPaths) -> Iterator[BrokerRegistry]:
+    """A broker registry on a session of its own, synced once; both stopped at the end."""
     session = ZkSession(zk_hosts, session_timeout_s=10)
     session.start()
     registry = BrokerRegistry(session, paths)
     try:
         registry.start()
         assert registry.synced.wait(10)
+        yield registry
+    finally:
+        registry.stop()
+        session.stop()
+
+
+@contextlib.contextmanager
+def started_election(zk_hosts: str, paths: ZkPaths) -> Iterator[LeaderElection]:
+    """A candidate ``ctl:1`` on a session of its own, not yet started; stopped (with its session) at the end."""
+    session = ZkSession(zk_hosts, session_timeout_s=10)
+    session.start()
+    election = LeaderElection(session, paths, "ctl:1", "http://ctl:1")
+    try:
+        yield election
+    finally:
+        election.stop()
+        session.stop()
+
+
+def test_the_broker_registry_skips_unreadable_registrations(zk: KazooClient, zk_hosts: str) -> None:
+    paths = ZkPaths("/trimtab/hostile")
+    zk.ensure_path(paths.brokers)
+    zk.create(paths.broker("good:1"), _info("good:1"))
+    for i, value in enumerate(HOSTILE):
+        zk.create(paths.broker(f"bad:{i}"), value)
+    with started_registry(zk_hosts, paths) as registry:
         assert set(registry.brokers) == {"good:1"}
         # The registry keeps working: a new broker is seen, a hostile update of a good one is skipped.
         zk.create(paths.broker("late:2"), _info("late:2"))
@@ -56,9 +82,6 @@ def test_the_broker_registry_skips_unreadable_registrations(zk: KazooClient, zk_
         wait_for(lambda: "late:2" not in registry.brokers, 10, message="the unreadable update is skipped")
         zk.create(paths.broker("later:3"), _info("later:3"))
         wait_for(lambda: set(registry.brokers) == {"good:1", "later:3"}, 10, message="still alive")
-    finally:
-        registry.stop()
-        session.stop()
 
 
 def test_an_unreadable_namespace_layout_is_refused_never_guessed(zk: KazooClient) -> None:
@@ -107,16 +130,8 @@ def test_a_null_znode_is_unreadable_like_any_hostile_value(zk: KazooClient, zk_h
     zk.create(paths.broker("null:1"), b"")
     zk.set(paths.broker("null:1"), None)
     assert zk.get(paths.broker("null:1"))[0] is None
-    session = ZkSession(zk_hosts, session_timeout_s=10)
-    session.start()
-    registry = BrokerRegistry(session, paths)
-    try:
-        registry.start()
-        assert registry.synced.wait(10)
+    with started_registry(zk_hosts, paths) as registry:
         assert set(registry.brokers) == {"good:1"}
-    finally:
-        registry.stop()
-        session.stop()
     store = NamespaceStore(zk, paths, default_bundles=4)
     zk.ensure_path(paths.namespace("t/null"))
     zk.set(paths.namespace("t/null"), None)
@@ -134,45 +149,38 @@ def test_an_unreadable_leader_term_stops_elections_loudly_until_it_is_repaired(
     ``leader_term`` leaves the cluster without a leader (and says why) rather than one with a term that
     may go backwards -- and the election thread must survive it, to win once the term is readable."""
     paths = ZkPaths("/trimtab/hostile-term")
-    session = ZkSession(zk_hosts, session_timeout_s=10)
-    session.start()
-    election = LeaderElection(session, paths, "ctl:1", "http://ctl:1")
     zk.ensure_path(paths.base)
     zk.create(paths.leader_term, BAD_TERMS[0], makepath=True)
-    try:
+    with started_election(zk_hosts, paths) as election:
         election.start()
         for value in BAD_TERMS:
             zk.set(paths.leader_term, value)
-            election._wake.set()
-            wait_for(lambda: election.unreadable_term, 10, message="the election noticed the term")
+            # Two steps: one in progress when the term was written may have read the one before.
+            for _ in range(2):
+                steps = election.steps
+                election._wake.set()
+                wait_for(lambda s=steps: election.steps > s, 10, message="the election read the new term")
+            assert election.unreadable_term, value
             assert election.term is None and zk.exists(paths.leader) is None
         zk.set(paths.leader_term, b"41")
         election._wake.set()
         wait_for(lambda: election.term == 42, 10, message="leadership with the next term once repaired")
         assert zk.get(paths.leader_term)[0] == b"42" and not election.unreadable_term
-    finally:
-        election.stop()
-        session.stop()
 
 
 def test_an_unreadable_leader_znode_does_not_end_the_election(zk: KazooClient, zk_hosts: str) -> None:
     paths = ZkPaths("/trimtab/hostile-leader")
-    session = ZkSession(zk_hosts, session_timeout_s=10)
-    session.start()
-    election = LeaderElection(session, paths, "ctl:1", "http://ctl:1")
-    try:
-        zk.create(paths.leader, b"", makepath=True)
+    zk.create(paths.leader, b"", makepath=True)
+    with started_election(zk_hosts, paths) as election:
         election.start()
         for value in [None, *HOSTILE]:
             zk.set(paths.leader, value)
+            steps = election.steps
             election._wake.set()
-            wait_for(lambda: election.steps > 0, 10, message="the election read the leader znode")
+            wait_for(lambda s=steps: election.steps > s, 10, message="the election read the leader znode")
             steps = election.steps
             election._wake.set()
             wait_for(lambda s=steps: election.steps > s, 10, message="the election thread is still alive")
             assert election.term is None and election.current is None
         zk.delete(paths.leader)
         wait_for(lambda: election.term is not None, 10, message="leadership once the znode is gone")
-    finally:
-        election.stop()
-        session.stop()
