@@ -207,6 +207,10 @@ class ZooKeeperServer:
 
     ``port=0`` picks a free port at the first :meth:`start`; :meth:`restart` keeps it (and the data), so
     clients reconnect to the same address and find what they wrote.
+
+    ``tick_ms`` is 100: ZooKeeper expires sessions on its tick grid, rounding each deadline up to the next
+    tick, so a dead client is noticed up to a tick after its session timeout. With 500 ms the failover
+    benchmark's detection read 4.06 - 4.43 s for a 4-s session; with 100 ms, 3.93 - 4.02 s.
     """
 
     def __init__(
@@ -214,7 +218,7 @@ class ZooKeeperServer:
         data_dir: Path | str,
         port: int = 0,
         *,
-        tick_ms: int = 500,
+        tick_ms: int = 100,
         min_session_ms: int = 1000,
         max_session_ms: int = 60_000,
         java: str | None = None,
