@@ -46,9 +46,9 @@ def access_denied(path: str, authenticated: bool) -> ZkAccessDenied:
     """The error for a ``NoAuthError`` on ``path``: kazoo's own has no message at all, and the operator
     needs to know which znode and which setting."""
     who = (
-        "the digest credentials of zookeeper.auth_digest_file"
+        "the digest credentials of zookeeper.auth_digest (or auth_digest_file)"
         if authenticated
-        else "an unauthenticated client (zookeeper.auth_digest_file is not set)"
+        else "an unauthenticated client (neither zookeeper.auth_digest nor auth_digest_file is set)"
     )
     return ZkAccessDenied(
         f"ZooKeeper refused {who} on {path}: its ACL grants another identity. Use the credentials the "

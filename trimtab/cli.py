@@ -123,7 +123,7 @@ def failure_reason(e: BaseException) -> str:
     if isinstance(e, NoAuthError):
         return (
             "ZooKeeper refused this node's credentials (NoAuthError) on one of trimtab's znodes: their ACLs "
-            "grant another identity; check zookeeper.auth_digest_file (docs/security.md)"
+            "grant another identity; check zookeeper.auth_digest or auth_digest_file (docs/security.md)"
         )
     return str(e) or type(e).__name__
 
