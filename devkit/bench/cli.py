@@ -198,6 +198,13 @@ def placement_cmd(bundles: int, seed: int, output: str | None) -> None:
     show_default=True,
     help="Measure every master this many times, interleaved; medians and the scaling of each round.",
 )
+@click.option(
+    "--warmup-records",
+    type=click.IntRange(min=0),
+    default=20_000,
+    show_default=True,
+    help="Records of the export each fresh JVM compacts before the timed run.",
+)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--driver-memory", default="4g", show_default=True)
 @click.option(
@@ -215,6 +222,7 @@ def pipeline_cmd(
     tasks: int,
     split_bytes: int,
     rounds: int,
+    warmup_records: int,
     seed: int,
     driver_memory: str,
     workdir: Path,
@@ -242,6 +250,7 @@ def pipeline_cmd(
             tasks=tasks,
             split_bytes=split_bytes,
             rounds=rounds,
+            warmup_records=warmup_records,
             workdir=workdir,
             driver_memory=driver_memory,
             progress=progress_printer("pipeline"),

@@ -41,6 +41,7 @@ from typing import Any
 from trimtab.devkit.bench.common import BenchError, Progress, environment, loadavg
 
 TARGET_SCALING = 1.7
+WARMUP_RECORDS = 20_000
 
 
 def _export(path: Path, records: int, bundles: int, seed: int, progress: Progress) -> dict[str, Any]:
@@ -89,6 +90,7 @@ def run(
     driver_memory: str,
     progress: Progress,
     rounds: int = 1,
+    warmup_records: int = WARMUP_RECORDS,
 ) -> dict[str, Any]:
     from trimtab.channel.replayfile import replay_lines, report_json, table_report
 
@@ -116,7 +118,7 @@ def run(
     warm = workdir / "warmup.jsonl"
     with open(data, "rb") as src, open(warm, "wb") as dst:
         for i, line in enumerate(src):
-            if i > 20_000:
+            if i > warmup_records:
                 break
             dst.write(line)
 
@@ -151,6 +153,7 @@ def run(
         "tasks": tasks,
         "split_bytes": split_bytes,
         "rounds": rounds,
+        "warmup_records": warmup_records,
         "in_process_replay": inproc,
         "spark": spark,
         "equal_to_in_process": True,

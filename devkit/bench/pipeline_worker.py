@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -22,6 +23,14 @@ def _tree_cpu() -> float:
         except psutil.Error:
             continue
     return total
+
+
+def _jvm_times(spark: Any) -> tuple[int, int]:
+    """(milliseconds the JVM's JIT compilers have spent, milliseconds of garbage collection) so far: in
+    local mode the driver's JVM runs the tasks too, so these are the run's JVM costs beyond moving rows."""
+    mgmt = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    gc_ms = sum(max(0, bean.getCollectionTime()) for bean in mgmt.getGarbageCollectorMXBeans())
+    return int(mgmt.getCompilationMXBean().getTotalCompilationTime()), int(gc_ms)
 
 
 def main() -> None:
@@ -50,6 +59,7 @@ def main() -> None:
     with spark_session("trimtab-bench-pipeline", master=args.master, conf=conf, progress=progress) as spark:
         compact_export(spark, args.warmup, tasks=args.tasks, split_bytes=1 << 20, min_splits=args.tasks)
         progress("warm; compacting the whole file")
+        jit0, gc0 = _jvm_times(spark)
         cpu0, t0 = _tree_cpu(), time.perf_counter()
         with watch_stages(spark, progress, every=10.0):
             r = compact_export(
@@ -57,6 +67,7 @@ def main() -> None:
             )
         wall = time.perf_counter() - t0
         cpu = _tree_cpu() - cpu0
+        jit1, gc1 = _jvm_times(spark)
     Path(args.table).write_bytes(report_json(r.report))
     Path(args.result).write_text(
         json.dumps(
@@ -64,6 +75,8 @@ def main() -> None:
                 "master": args.master,
                 "seconds": round(wall, 2),
                 "cpu_seconds_process_tree": round(cpu, 1),
+                "jvm_jit_compile_s": round((jit1 - jit0) / 1000, 2),
+                "jvm_gc_s": round((gc1 - gc0) / 1000, 2),
                 "passes": r.passes,
                 "bundles": len(r.table),
             }

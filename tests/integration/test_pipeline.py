@@ -446,6 +446,7 @@ def test_bench_pipeline_smoke(tmp_path: Path) -> None:
             "trimtab.cli",
             *("bench", "pipeline", "--records", "4000", "--bundles", "500", "--masters", "local[1]"),
             *("--tasks", "2", "--rounds", "2", "--workdir", str(tmp_path / "w"), "--output", str(out)),
+            *("--warmup-records", "1000"),
         ],
         capture_output=True,
         timeout=240,
@@ -460,3 +461,6 @@ def test_bench_pipeline_smoke(tmp_path: Path) -> None:
     assert len(one["runs"]) == 2 and result["rounds"] == 2
     assert one["seconds"] == (one["runs"][0]["seconds"] + one["runs"][1]["seconds"]) / 2
     assert result["in_process_replay"]["records_per_s"] > 0
+    # The JVM's own costs in the timed run, from its management beans: what a warm-up leaves to compile.
+    assert result["warmup_records"] == 1000
+    assert all(r["jvm_jit_compile_s"] >= 0 and r["jvm_gc_s"] >= 0 for r in one["runs"]), one["runs"]
