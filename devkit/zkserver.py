@@ -210,7 +210,7 @@ class ZooKeeperServer:
 
     ``tick_ms`` is 100: ZooKeeper expires sessions on its tick grid, rounding each deadline up to the next
     tick, so a dead client is noticed up to a tick after its session timeout. With 500 ms the failover
-    benchmark's detection read 4.06 - 4.43 s for a 4-s session; with 100 ms, 3.93 - 4.02 s.
+    benchmark's detection read 3.88 - 4.33 s for a 4-s session; with 100 ms, 3.64 - 4.02 s.
     """
 
     def __init__(

@@ -16,6 +16,8 @@ import click
 import orjson
 import structlog
 
+from trimtab.devkit.bench.pipeline import WARMUP_RECORDS
+
 
 @contextlib.contextmanager
 def _logs_to_stderr() -> Iterator[None]:
@@ -201,7 +203,7 @@ def placement_cmd(bundles: int, seed: int, output: str | None) -> None:
 @click.option(
     "--warmup-records",
     type=click.IntRange(min=0),
-    default=20_000,
+    default=WARMUP_RECORDS,
     show_default=True,
     help="Records of the export each fresh JVM compacts before the timed run.",
 )
