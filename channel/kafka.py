@@ -31,6 +31,12 @@ from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.kafka")
 
+
+def _produce_failed(topic: str, why: object) -> TransportError:
+    """The one wording of a write Kafka did not take, whether the producer refused it or reported it lost."""
+    return TransportError(f"produce to {topic} failed: {why}")
+
+
 _EOF = KafkaError._PARTITION_EOF
 _RESET = KafkaError._AUTO_OFFSET_RESET  # auto.offset.reset=error: the fetch position was deleted
 _new_message = tuple.__new__
@@ -221,7 +227,7 @@ class KafkaTransport:
             # still comes, and must not raise on the delivery thread.
             with contextlib.suppress(InvalidStateError):
                 if err is not None:
-                    fut.set_exception(TransportError(f"produce to {topic} failed: {err.str()}"))
+                    fut.set_exception(_produce_failed(topic, err.str()))
                 else:
                     fut.set_result(Message(msg.key(), msg.value(), msg.partition(), msg.offset()))
 
@@ -234,7 +240,7 @@ class KafkaTransport:
         def done(err: KafkaError | None, msg: Any) -> None:
             report(
                 on_done,
-                None if err is None else TransportError(f"produce to {topic} failed: {err.str()}"),
+                None if err is None else _produce_failed(topic, err.str()),
                 topic,
             )
 
@@ -257,7 +263,7 @@ class KafkaTransport:
             except BufferError as e:
                 return TransportError(f"producer queue full for {topic}: {e}")
         except KafkaException as e:
-            return TransportError(f"produce to {topic} failed: {e}")
+            return _produce_failed(topic, e)
         return None
 
     def flush(self, timeout: float) -> int:
