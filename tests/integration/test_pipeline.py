@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from tests.support.channel_race import run_writers
 from tests.support.kafka import KafkaEnv
+from tests.support.victims import agent_owning_most
 from tests.support.waiting import wait_for
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import State, encode, make
@@ -360,7 +361,7 @@ def test_report_from_a_recorded_local_cluster_run(spark: Any, tmp_path: Path) ->
         assert r.status_code == 202, r.text
         wait_for(lambda: owner_of(cluster, bundle) == other, 30, message="transfer done")
         brokers = {a.broker for a in cluster.agents}
-        victim = cluster.agents[-1]
+        victim = agent_owning_most(cluster, via=cluster.agents[0])
         cluster.kill(victim.name)  # a failure the leader heals
         wait_for(
             lambda: all(

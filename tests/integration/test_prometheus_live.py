@@ -32,6 +32,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from tests.support.victims import agent_owning_most
 from tests.support.waiting import wait_for
 from trimtab.config.loader import load_settings
 from trimtab.devkit.devup import active_alerts, alerts_panel
@@ -129,7 +130,9 @@ class Fault:
 def agent_killed(live: LocalCluster) -> Fault:
     prom = prom_of(live)
     wait_for(lambda: all_targets_up(prom, 5), timeout=20, message=lambda: str(prom.targets()))
-    victim = live.agents[-1]
+    # The victim owns bundles, so that its death is healed and the dashboard's healing panel has data.
+    some_lookups(live, seed=0)
+    victim = agent_owning_most(live)
     before = prom.alerts()
     killed_at = time.time()
     live.kill(victim.name)
@@ -257,14 +260,17 @@ def dashboard_expressions() -> list[tuple[str, str]]:
 
 def test_every_dashboard_expression_returns_data(live: LocalCluster, agent_killed: Fault) -> None:
     """Each panel query is valid PromQL and returns at least one finite value from the live cluster. The
-    cluster did what the panels show: lookups, an admin transfer (moves), the kill -9 (healing
-    overrides), shedding cycles on the leader's timer."""
+    cluster did what the panels show: lookups, an admin transfer (moves), the kill -9 of an agent that
+    owned bundles (healing overrides), shedding cycles on the leader's timer."""
     prom = prom_of(live)
     some_lookups(live, seed=1)
     leader = wait_for(live.leader, timeout=20)
     ownership = live.ownership(leader)
-    bundle, rec = next((b, r) for b, r in sorted(ownership.items()) if r["state"] == "owned")
-    target = next(n.broker for n in live.agents if n.broker != rec["dst"])
+    dead = agent_killed.victim.broker
+    bundle, rec = next(
+        (b, r) for b, r in sorted(ownership.items()) if r["state"] == "owned" and r["dst"] != dead
+    )
+    target = next(n.broker for n in live.agents if n.broker not in (rec["dst"], dead))
     assert live.post(leader, "/v1/admin/transfer", {"bundle": bundle, "broker": target}).status_code == 202
     exprs = dashboard_expressions()
     assert len(exprs) >= 20
