@@ -34,7 +34,7 @@ from trimtab.channel.records import State, encode, make
 from trimtab.channel.replayfile import export_line, header_line, replay_lines, report_json, table_report
 from trimtab.channel.table import TableView
 from trimtab.cli import main
-from trimtab.devkit.localcluster import LocalCluster
+from trimtab.devkit.localcluster import LocalCluster, Node
 from trimtab.pipeline import kafka_io
 from trimtab.pipeline.compact import compact_kafka, publish_snapshot
 from trimtab.pipeline.ingest import SimulatedCrash, ingest, read_table
@@ -345,6 +345,24 @@ CLUSTER = {
 }
 
 
+def kill_and_heal(cluster: LocalCluster) -> Node:
+    """Kill -9 the agent owning the most bundles (a failure the leader heals) and wait until every
+    bundle is owned elsewhere; returns the victim."""
+    victim = agent_owning_most(cluster)
+    survivor = next(a for a in cluster.agents if a is not victim)
+    cluster.kill(victim.name)
+    victim.proc.wait(5)
+    wait_for(
+        lambda: all(
+            rec["state"] == "owned" and rec["dst"] != victim.broker
+            for rec in cluster.ownership(survivor).values()
+        ),
+        60,
+        message="the killed broker's bundles owned elsewhere",
+    )
+    return victim
+
+
 def test_report_from_a_recorded_local_cluster_run(spark: Any, tmp_path: Path) -> None:
     def owner_of(cluster: LocalCluster, bundle: str) -> str | None:
         rec = cluster.ownership(cluster.agents[0]).get(bundle)
@@ -361,16 +379,7 @@ def test_report_from_a_recorded_local_cluster_run(spark: Any, tmp_path: Path) ->
         assert r.status_code == 202, r.text
         wait_for(lambda: owner_of(cluster, bundle) == other, 30, message="transfer done")
         brokers = {a.broker for a in cluster.agents}
-        victim = agent_owning_most(cluster, via=cluster.agents[0])
-        cluster.kill(victim.name)  # a failure the leader heals
-        wait_for(
-            lambda: all(
-                rec["state"] == "owned" and rec["dst"] != victim.broker
-                for rec in cluster.ownership(cluster.agents[0]).values()
-            ),
-            60,
-            message="the killed broker's bundles owned elsewhere",
-        )
+        victim = kill_and_heal(cluster)
         history = tmp_path / "history"
         res = CliRunner().invoke(
             main,
