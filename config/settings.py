@@ -22,6 +22,9 @@ Seconds = Annotated[float, Field(gt=0)]
 
 
 MIN_TOKEN_CHARS = 16
+# The least time, after an in-flight record is written, that a broker must have to take the bundle
+# under a lease (channel.in_flight_timeout_s - broker.adapter.lease_margin_s; see the validator below).
+MIN_ACQUIRE_WINDOW_S = 1.0
 
 
 def valid_token(token: str) -> bool:
@@ -267,7 +270,10 @@ class ChannelSettings(Section):
     in_flight_timeout_s: Seconds = Field(
         30.0,
         description="How long a lookup waits on an in-flight bundle, and when the leader treats an in-flight state "
-        "as stuck. [loadBalancerInFlightServiceUnitStateWaitingTimeInMillis]",
+        "as stuck. A broker may take a bundle in flight to it only until this long minus "
+        "broker.adapter.lease_margin_s after the record was written, so start-up refuses a value below "
+        "lease_margin_s + 1 s; keep several seconds of that window on a loaded machine. "
+        "[loadBalancerInFlightServiceUnitStateWaitingTimeInMillis]",
     )
     tombstone_delay_s: float = Field(
         3600.0,
@@ -615,6 +621,23 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"security.{name} must be at least {MIN_TOKEN_CHARS} characters without whitespace"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _in_flight_leaves_time_to_acquire(self) -> Settings:
+        # An agent may lease a bundle in flight to it only until the leader's monitor could force the
+        # record onward: record time + in_flight_timeout_s - lease_margin_s (agent.leases.lease_bound).
+        # Below a second of that window no broker takes a new bundle in time: every lookup of an unowned
+        # bundle waits and fails, or -- under load -- some do.
+        c, a = self.channel, self.broker.adapter
+        if c.in_flight_timeout_s < a.lease_margin_s + MIN_ACQUIRE_WINDOW_S:
+            raise ValueError(
+                f"channel.in_flight_timeout_s ({c.in_flight_timeout_s:g}) must be at least "
+                f"broker.adapter.lease_margin_s ({a.lease_margin_s:g}) + {MIN_ACQUIRE_WINDOW_S:g}: a broker may "
+                "take a bundle in flight to it only until in_flight_timeout_s - lease_margin_s after the record "
+                "was written, and a shorter window leaves new bundles unassigned. Raise in_flight_timeout_s "
+                "(default 30) or lower lease_margin_s."
+            )
         return self
 
     @model_validator(mode="after")

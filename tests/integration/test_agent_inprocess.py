@@ -319,8 +319,10 @@ def test_a_lost_assignment_is_counted_and_logged_and_the_next_lookup_assigns_aga
 
 
 def test_lookup_that_cannot_settle_times_out_as_retryable(zk_hosts: str, zk: KazooClient) -> None:
-    timeout_s = 1.0
-    s = agent_settings(zk_hosts, channel={"in_flight_timeout_s": timeout_s})
+    timeout_s = 1.5  # the least start-up accepts with a 0.5-s lease margin
+    s = agent_settings(
+        zk_hosts, channel={"in_flight_timeout_s": timeout_s}, broker={"adapter": {"lease_margin_s": 0.5}}
+    )
     log = memory_log(s)
     bundle = layout().bundles[0]
     topic = topic_of(bundle)

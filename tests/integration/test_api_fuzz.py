@@ -323,7 +323,8 @@ def controller(chroot_hosts: str) -> Iterator[str]:
         "http.port=0",
         "healing.safe_mode_settle_s=0",
         "healing.grace_s=0",
-        "channel.in_flight_timeout_s=1",
+        "channel.in_flight_timeout_s=1.5",  # the least start-up accepts with this margin: lookups fail fast
+        "broker.adapter.lease_margin_s=0.5",
         *NO_AUTH_SETS,  # the fuzzer explores the API's inputs; tokens are test_security.py's
     ]
     s: Settings = load_settings(None, parse_assignments(sets), environ=False)
@@ -394,7 +395,12 @@ class AgentRun:
 def agent(chroot_hosts: str) -> Iterator[AgentRun]:
     """An agent (simulated broker) running on a loop in a thread, with a peer registered."""
     s = agent_settings(
-        chroot_hosts + "/agent", channel={"in_flight_timeout_s": 1.0}, http={"host": "127.0.0.1", "port": 0}
+        chroot_hosts + "/agent",
+        channel={
+            "in_flight_timeout_s": 1.5
+        },  # the least start-up accepts with this margin: lookups fail fast
+        broker={"adapter": {"lease_margin_s": 0.5}},
+        http={"host": "127.0.0.1", "port": 0},
     )
     log = memory_log(s)
     loop = LoopThread()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from trimtab.config.loader import load_settings, parse_assignments, set_path
-from trimtab.config.settings import Settings
+from trimtab.config.settings import MIN_ACQUIRE_WINDOW_S, Settings
 from trimtab.errors import ConfigError
 
 
@@ -187,6 +187,14 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
             {"healing": {"max_in_flight": 10, "max_in_flight_per_broker": 11}},
             ("healing.max_in_flight_per_broker", "healing.max_in_flight"),
         ),
+        (
+            {"channel": {"in_flight_timeout_s": 2.9}},  # the default 2-s lease margin leaves 0.9 s to acquire
+            ("channel.in_flight_timeout_s", "broker.adapter.lease_margin_s"),
+        ),
+        (
+            {"channel": {"in_flight_timeout_s": 1.0}, "broker": {"adapter": {"lease_margin_s": 0.5}}},
+            ("channel.in_flight_timeout_s", "broker.adapter.lease_margin_s"),
+        ),
         ({"broker": {"adapter": {"kind": "webhook"}}}, ("broker.adapter.url",)),
         ({"broker": {"adapter": {"kind": "command"}}}, ("broker.adapter.command",)),
     ],
@@ -202,6 +210,9 @@ def test_cross_field_rules_accept_the_boundary() -> None:
     assert s.channel.tombstone_delay_s == s.channel.in_flight_timeout_s == 50
     s = load_settings(None, {"broker": {"adapter": {"kind": "webhook", "url": "http://127.0.0.1:1"}}})
     assert s.broker.adapter.url == "http://127.0.0.1:1"
+    # In-flight records leave a broker exactly the least window to take the bundle under a lease.
+    s = load_settings(None, {"channel": {"in_flight_timeout_s": 3.0}})
+    assert s.channel.in_flight_timeout_s - s.broker.adapter.lease_margin_s == MIN_ACQUIRE_WINDOW_S
 
 
 def test_cross_field_rules_see_all_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
