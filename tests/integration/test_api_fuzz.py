@@ -323,7 +323,7 @@ def controller(chroot_hosts: str) -> Iterator[str]:
         "http.port=0",
         "healing.safe_mode_settle_s=0",
         "healing.grace_s=0",
-        "channel.in_flight_timeout_s=1.5",  # the least start-up accepts with this margin: lookups fail fast
+        "channel.in_flight_timeout_s=1.5",  # the least start-up accepts with this margin (fast stuck states)
         "broker.adapter.lease_margin_s=0.5",
         *NO_AUTH_SETS,  # the fuzzer explores the API's inputs; tokens are test_security.py's
     ]
@@ -396,9 +396,8 @@ def agent(chroot_hosts: str) -> Iterator[AgentRun]:
     """An agent (simulated broker) running on a loop in a thread, with a peer registered."""
     s = agent_settings(
         chroot_hosts + "/agent",
-        channel={
-            "in_flight_timeout_s": 1.5
-        },  # the least start-up accepts with this margin: lookups fail fast
+        # The least in-flight timeout start-up accepts with this margin: lookups that cannot settle fail fast.
+        channel={"in_flight_timeout_s": 1.5},
         broker={"adapter": {"lease_margin_s": 0.5}},
         http={"host": "127.0.0.1", "port": 0},
     )
