@@ -47,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.procs import Procs
 from tests.support.timeline import check_single_owner
+from tests.support.victims import agent_owning_most
 from tests.support.waiting import wait_for
 from trimtab.channel.bundles import BundleLayout, parse_bundle, topic_hash
 from trimtab.channel.client import ChannelClient
@@ -842,10 +843,9 @@ class TestFailover:
         old = c.get(leader, "/v1/leader")
         old_term, old_id = old["leader"]["term"], old["me"]
         old_writer = f"controller:{old_id}:t{old_term}"
-        owners = h.owners(leader)
-        counts = Counter(o for o in owners.values() if o)
-        victim = max(h.live_brokers(), key=lambda b: (counts[b], b))
-        node = h.agent(victim)
+        node = agent_owning_most(c, leader)
+        victim = node.broker
+        assert victim is not None
         survivors = [n for n in c.agents if n is not node]
         mine = h.owned_by(victim, leader)
         max_in_flight = h.settings.healing.max_in_flight
