@@ -29,14 +29,16 @@ from trimtab.agent.daemon import Agent
 from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
-from trimtab.agent.lookup import LayoutCache, LookupService
+from trimtab.agent.lookup import LayoutCache, LookupService, NamespaceLoader
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.prewarm import Prewarmer
+from trimtab.agent.ratelimit import ClientRateLimiter
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.reporter import HostSampler, LoadReporter
 from trimtab.agent.splits import SplitScheduler
 from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, Placement
 from trimtab.balance.load import BrokerLoadData
+from trimtab.balance.namespaces import AutoCreatePolicy
 from trimtab.balance.split import SplitLimits
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
@@ -46,6 +48,7 @@ from trimtab.cluster.auth import Authenticator
 from trimtab.cluster.bridge import LoopBridge
 from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.http import HttpServer, bind
+from trimtab.cluster.http_guard import Refusals
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.logs import bind as bind_log
@@ -178,7 +181,7 @@ def build(
         timeout_s=s.agent.drain_timeout_s,
         clock=clock,
     )
-    layouts = LayoutCache(namespaces.ensure, s.agent.lookup_cache_s)
+    layouts = _layouts(s, namespaces)
     lookups = LookupService(
         me,
         channel,
@@ -245,11 +248,17 @@ def build(
         loads=loads,
         metrics=metrics,
         prom=prom,
+        limiter=ClientRateLimiter(
+            s.agent.lookup_rate_per_client,
+            s.agent.lookup_burst_per_client,
+            s.agent.lookup_rate_max_clients,
+            monotonic=time.monotonic,
+        ),
     )
     app = create_app(api, SimControls(sim, reporter.poke) if sim is not None else None, auth=auth)
     return WiredAgent(
         agent=agent,
-        http=HttpServer(app, sock, s.http),
+        http=HttpServer(app, sock, s.http, refusals=Refusals.in_registry(prom)),
         app=app,
         identity=identity,
         adapter=retrying,
@@ -264,6 +273,17 @@ def build(
         metrics=metrics,
         prom=prom,
     )
+
+
+def _layouts(s: Settings, namespaces: NamespaceStore) -> LayoutCache:
+    """The lookups' namespace layouts: created only where ``namespace.auto_create`` allows (none by
+    default, docs/security.md), and dropped as soon as ZooKeeper reports a namespace deleted -- so that an
+    agent does not assign the bundles an operator's delete just unloaded (controller/namespace_admin.py)."""
+    layouts = LayoutCache(
+        NamespaceLoader(namespaces.load, AutoCreatePolicy.of(s.namespace.auto_create)), s.agent.lookup_cache_s
+    )
+    namespaces.on_deleted(layouts.invalidate)
+    return layouts
 
 
 def _reconciliation(

@@ -35,6 +35,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer, SecurityS
 from fastapi.security.utils import get_authorization_scheme_param
 from prometheus_client import CollectorRegistry, Counter
 
+from trimtab.cluster.logs import RefusalLog
 from trimtab.config.settings import SecuritySettings, valid_token
 from trimtab.errors import AuthRefused, ConfigError
 
@@ -43,6 +44,8 @@ log = structlog.get_logger("trimtab.auth")
 Role = Literal["read", "admin"]
 #: The labels of ``trimtab_http_auth_failures_total``.
 REASONS = ("missing", "invalid", "forbidden")
+# RFC 6750: a 401 says which scheme would do.
+CHALLENGE = {"www-authenticate": 'Bearer realm="trimtab"'}
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -81,8 +84,10 @@ def parse_token_lines(text: str, where: str) -> tuple[bytes, ...]:
 class TokenFile:
     """A token file, re-read whenever it changes (modification time, size or inode: an atomic rename
     counts), so tokens rotate without a restart. At start-up (:meth:`load`) a missing, unreadable or empty
-    file is a :class:`ConfigError` naming the setting and the path; later, a reload that fails keeps the
-    tokens read last (a half-written file must not lock everyone out) and logs ``token_file_reload_failed``."""
+    file is a :class:`ConfigError` naming the setting and the path. Later, a file that is deleted, emptied,
+    unreadable or holds a line that is not a token grants nothing until it is fixed (fail closed, logged as
+    ``token_file_revoked``): deleting or emptying a token file is how an operator revokes its tokens, so
+    it must not leave them valid. Write token files by renaming a complete file over them."""
 
     def __init__(self, setting: str, path: str) -> None:
         self.setting = setting
@@ -130,26 +135,15 @@ class TokenFile:
                 log.info("token_file_reloaded", setting=self.setting, path=str(self.path))
             except ConfigError as e:
                 # Remember the stamp of the bad version: warn once per change, not once per request.
-                self._stamp = stamp
-                log.warning("token_file_reload_failed", error=str(e), keeping="the tokens read last")
+                if self._tokens or stamp != self._stamp:
+                    log.warning(
+                        "token_file_revoked", error=str(e), granting="nothing until the file is fixed"
+                    )
+                self._stamp, self._tokens = stamp, ()
             return self._tokens
 
 
 # ---------------------------------------------------------------------------------------------- the checker
-class _RefusalLog:
-    """``http_auth_refused``: the first 20 of each reason, then every thousandth (the metric counts all),
-    so that a scanner cannot flood the log. Method, path and peer address -- never the token."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, int] = {}
-
-    def __call__(self, reason: str, method: str, path: str, client: str | None) -> None:
-        n = self.seen.get(reason, 0) + 1
-        self.seen[reason] = n
-        if n <= 20 or n % 1000 == 0:
-            log.warning("http_auth_refused", reason=reason, method=method, path=path, client=client, seen=n)
-
-
 def auth_failures(registry: CollectorRegistry) -> Counter:
     """``trimtab_http_auth_failures_total{reason}``: requests refused for want of a (good enough) token."""
     c = Counter(
@@ -179,7 +173,7 @@ class Authenticator:
         self._admin = tuple(admin)
         self._read = tuple(read)
         self._failures = failures
-        self._log = _RefusalLog()
+        self._log = RefusalLog("http_auth_refused")
 
     @classmethod
     def disabled(cls) -> Authenticator:
@@ -304,7 +298,7 @@ class Authenticator:
     def _refuse(self, reason: str, method: str, path: str, client: str | None) -> None:
         if self._failures is not None:
             self._failures.labels(reason).inc()
-        self._log(reason, method, path, client)
+        self._log(reason, method=method, path=path, client=client)
 
 
 # ---------------------------------------------------------------------------------------------- FastAPI
@@ -326,7 +320,7 @@ async def _public() -> None:
 def _check(request: Request, need: Role, token: str | None) -> None:
     auth: Authenticator | None = getattr(request.app.state, "auth", None)
     if auth is None:  # an app built without an authenticator: fail closed
-        auth = _NO_TOKENS
+        auth = NO_TOKENS
     client = request.client.host if request.client is not None else None
     auth.check(token, need, method=request.method, path=request.url.path, client=client)
 
@@ -346,12 +340,18 @@ def authorize_early(request: Request) -> None:
     access = access_of(route)
     if not access or access == {"public"}:
         return  # public, or an app that does not use these declarations (secure_app refuses that)
-    scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
-    bearer = token if scheme.lower() == "bearer" and token else None
-    _check(request, "read" if access == {"read"} else "admin", bearer)
+    _check(
+        request, "read" if access == {"read"} else "admin", bearer_token(request.headers.get("authorization"))
+    )
 
 
-_NO_TOKENS = Authenticator(required=True)
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    scheme, token = get_authorization_scheme_param(header)
+    return token if scheme.lower() == "bearer" and token else None
+
+
+NO_TOKENS = Authenticator(required=True)
 
 #: No token needed: probes, /metrics, the lookups brokers' clients make.
 PUBLIC = Depends(_public)
@@ -361,7 +361,7 @@ READ = Security(_authorize, scopes=["read"])
 ADMIN = Security(_authorize, scopes=["admin"])
 
 
-def _routes(app: FastAPI) -> Iterator[Any]:
+def iter_routes(app: FastAPI) -> Iterator[Any]:
     """Every route ``app`` serves, included routers flattened, each as FastAPI serves it (with its
     routers' dependencies). FastAPI >= 0.160 keeps included routers as such in ``app.routes``."""
     flatten = getattr(fastapi_routing, "iter_route_contexts", None)
@@ -392,7 +392,7 @@ def secure_app(app: FastAPI, auth: Authenticator | None) -> None:
     app.state.auth = auth
     plain = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url} - {None}
     problems: list[str] = []
-    for route in _routes(app):
+    for route in iter_routes(app):
         if _is_api_route(route):
             access = access_of(route)
             what = f"{','.join(sorted(route.methods))} {route.path_format}"
@@ -414,7 +414,7 @@ def secure_app(app: FastAPI, auth: Authenticator | None) -> None:
 def route_table(app: FastAPI) -> list[tuple[str, str, str]]:
     """(method, path, access) of every API route: what tests and docs walk."""
     out = []
-    for route in _routes(app):
+    for route in iter_routes(app):
         if _is_api_route(route):
             for m in sorted(route.methods):
                 out.append((m, route.path_format, ",".join(sorted(access_of(route)))))

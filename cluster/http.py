@@ -26,7 +26,8 @@ from starlette.exceptions import HTTPException
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
-from trimtab.cluster.auth import PUBLIC, SCHEME_NAME, authorize_early
+from trimtab.cluster.auth import CHALLENGE, PUBLIC, SCHEME_NAME, authorize_early
+from trimtab.cluster.http_guard import BoundedApp, ConnectionBook, Limits, Refusals, protocol_class
 from trimtab.config.settings import HttpSettings
 from trimtab.errors import AuthRefused, ConfigError, NotLeader, RequestError
 
@@ -48,10 +49,6 @@ def error_response(
     return JSONResponse(
         ErrorBody(error=message, retryable=retryable).model_dump(), status_code=status, headers=headers
     )
-
-
-# RFC 6750: a 401 says which scheme would do.
-_CHALLENGE = {"www-authenticate": 'Bearer realm="trimtab"'}
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -85,7 +82,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError) -> Response:
-        headers = _CHALLENGE if isinstance(exc, AuthRefused) and exc.status == 401 else None
+        headers = CHALLENGE if isinstance(exc, AuthRefused) and exc.status == 401 else None
         return error_response(exc.status, str(exc), retryable=exc.retryable, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -201,24 +198,24 @@ def client_context(ca_file: str | None) -> ssl.SSLContext | bool:
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, sock: socket.socket, tls: HttpSettings | None = None) -> None:
-        """Serve ``app`` on ``sock``; over TLS when ``tls`` names a certificate and key."""
+    def __init__(
+        self,
+        app: FastAPI,
+        sock: socket.socket,
+        http: HttpSettings | None = None,
+        *,
+        refusals: Refusals | None = None,
+    ) -> None:
+        """Serve ``app`` on ``sock`` behind the HTTP guard (:mod:`trimtab.cluster.http_guard`: bounded
+        bodies, read deadlines, a connection cap, the token checked before any body is read), with the
+        limits of ``http`` (defaults when None); over TLS when it names a certificate and key. Refusals
+        are counted in ``refusals`` (a daemon passes :meth:`Refusals.in_registry`)."""
         self.sock = sock
-        cert = tls.tls_cert_file if tls is not None else None
-        key = tls.tls_key_file if tls is not None else None
-        if tls is not None:
-            check_tls_files(tls)
-        self.scheme = "https" if cert else "http"
-        config = uvicorn.Config(
-            app,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=3,
-            ssl_certfile=cert,
-            ssl_keyfile=key,
-        )
-        self._server = _Server(config)
+        http = http if http is not None else HttpSettings()
+        check_tls_files(http)
+        self.scheme = "https" if http.tls_cert_file else "http"
+        self.config = server_config(app, http, refusals if refusals is not None else Refusals())
+        self._server = _Server(self.config)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -233,6 +230,28 @@ class HttpServer:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._task, 5)
+
+
+def server_config(app: FastAPI, http: HttpSettings, refusals: Refusals) -> uvicorn.Config:
+    """uvicorn's configuration for ``app`` behind the guard: every trimtab process that serves HTTP (the
+    daemons, ``trimtab sim-broker``) is built with it, so none serves without the limits."""
+    limits = Limits.from_settings(http)
+    app.router.redirect_slashes = False  # a redirect built from the Host header points wherever a client says
+    return uvicorn.Config(
+        BoundedApp(app, limits, refusals),
+        http=protocol_class(ConnectionBook(limits, refusals)),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=max(1, round(limits.keep_alive_timeout_s)),
+        # Forwarded headers only from the proxies an operator names: anyone else could claim any address.
+        proxy_headers=bool(http.trusted_proxies),
+        forwarded_allow_ips=list(http.trusted_proxies) or None,
+        server_header=False,
+        ssl_certfile=http.tls_cert_file,
+        ssl_keyfile=http.tls_key_file,
+    )
 
 
 # ------------------------------------------------------------------ calling peers

@@ -7,8 +7,13 @@ the same renderer so an operator greps one format.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import math
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -35,10 +40,14 @@ def configure_logging(level: str = "info", json_logs: bool = True, **bound: Any)
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    # Tracebacks as plain text, never with local variables: rich's (structlog's console default) prints
+    # every frame's locals, and a frame holding a key or a token would write it into the log.
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if json_logs
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
     )
     structlog.configure(
         processors=[
@@ -58,7 +67,11 @@ def configure_logging(level: str = "info", json_logs: bool = True, **bound: Any)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,  # uvicorn's and kazoo's tracebacks: plain text
+                renderer,
+            ],
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
         )
     )
@@ -100,3 +113,74 @@ class SkipLog:
                 reason=reason,
                 seen=n,
             )
+
+
+class RefusalLog:
+    """Refusals logged without flooding the log and without dropping any: the first ``burst`` of each
+    reason per ``interval_s`` are logged one by one; the rest are counted and logged as one
+    ``<event>_summary`` line (counts per reason, the busiest client addresses) when the interval ends.
+    The clock is injected; :meth:`flush` emits a pending summary (the event loop schedules it)."""
+
+    def __init__(
+        self,
+        event: str,
+        *,
+        burst: int = 20,
+        interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        schedule: Callable[[float, Callable[[], None]], None] | None = None,
+        emit: Callable[..., None] | None = None,
+    ) -> None:
+        self.event = event
+        self.burst = burst
+        self.interval_s = interval_s
+        self._clock = clock
+        self._schedule = schedule if schedule is not None else _call_later
+        self._emit = emit if emit is not None else structlog.get_logger("trimtab.http").warning
+        self._window_start = -math.inf
+        self._logged: dict[str, int] = {}
+        self._suppressed: dict[str, int] = {}
+        self._clients: dict[str, int] = {}
+        self._flush_pending = False
+        self.total = 0
+
+    def __call__(self, reason: str, **fields: Any) -> None:
+        self.total += 1
+        now = self._clock()
+        if now - self._window_start >= self.interval_s:
+            self.flush()
+            self._window_start = now
+            self._logged.clear()
+        n = self._logged.get(reason, 0)
+        if n < self.burst:
+            self._logged[reason] = n + 1
+            self._emit(self.event, reason=reason, **fields)
+            return
+        self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+        client = str(fields.get("client"))
+        if client in self._clients or len(self._clients) < 1000:
+            self._clients[client] = self._clients.get(client, 0) + 1
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._schedule(max(0.0, self._window_start + self.interval_s - now), self.flush)
+
+    def flush(self) -> None:
+        """Log the summary of the refusals not logged one by one since the last summary, if any."""
+        self._flush_pending = False
+        if not self._suppressed:
+            return
+        top = sorted(self._clients.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        self._emit(
+            self.event + "_summary",
+            not_logged_individually=dict(self._suppressed),
+            top_clients=dict(top),
+            window_s=self.interval_s,
+        )
+        self._suppressed.clear()
+        self._clients.clear()
+
+
+def _call_later(delay: float, fn: Callable[[], None]) -> None:
+    # No running loop (a synchronous caller): the next refusal after the window flushes the summary.
+    with contextlib.suppress(RuntimeError):
+        asyncio.get_running_loop().call_later(delay, fn)

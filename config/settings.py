@@ -7,11 +7,20 @@ brackets, so operators can carry their tuning over; docs/configuration.md is gen
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Pct = Annotated[float, Field(ge=0, le=100)]
@@ -249,6 +258,65 @@ class HttpSettings(Section):
         description="PEM CA bundle trimtab's own HTTP clients trust when they call other nodes over HTTPS "
         "(the controller forwarding to agents, the local cluster's helpers); default: the system's.",
     )
+    # Limits on what one client may cost a node (docs/security.md, "Hostile clients"): every port of an
+    # agent is reachable by the brokers' clients, so none of these may be unbounded.
+    max_body_bytes: int = Field(
+        65_536,
+        ge=1024,
+        le=64 << 20,
+        description="Largest request body a route accepts unless it declares its own limit (413 beyond it; "
+        "the connection is closed without reading the rest). Admin bodies are a few hundred bytes.",
+    )
+    max_json_depth: int = Field(
+        32,
+        ge=4,
+        le=512,
+        description="Deepest nesting of arrays and objects a JSON body may have (400 beyond it): trimtab's "
+        "bodies are at most 4 deep, and deep nesting is a way to exhaust a parser's stack.",
+    )
+    header_timeout_s: Seconds = Field(
+        10.0,
+        le=300,
+        description="A connection must deliver a request's complete head (request line and headers) within "
+        "this long of opening, or of the previous response, or it is closed (slowloris).",
+    )
+    body_timeout_s: Seconds = Field(
+        10.0,
+        le=300,
+        description="A request's complete body must arrive within this long of its head, or the node answers "
+        "408 and closes the connection.",
+    )
+    keep_alive_timeout_s: Seconds = Field(
+        5.0,
+        ge=1,
+        le=300,
+        description="An idle keep-alive connection with no new request is closed after this long.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=16,
+        le=100_000,
+        description="Open connections this node serves at once. Beyond it, a new connection evicts the "
+        "longest-idle one that has no request in progress (so probes still get in during a flood), or is "
+        "closed at once when every connection is busy. Kept below the open-file limit, which the node "
+        "raises to its hard limit at start.",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses (or CIDR networks) of reverse proxies whose X-Forwarded-For / "
+        "X-Forwarded-Proto headers are believed: the client address logged, rate-limited and "
+        "counted is then the one the proxy names. Empty (default): forwarded headers are ignored.",
+    )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_addresses(cls, v: list[str]) -> list[str]:
+        for item in v:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or CIDR network") from None
+        return v
 
 
 class AgentSettings(Section):
@@ -258,11 +326,48 @@ class AgentSettings(Section):
     lookup_cache_s: float = Field(
         2.0, ge=0, description="How long a namespace's bundle layout is cached between checks."
     )
+    lookup_rate_per_client: float = Field(
+        1000.0,
+        ge=0,
+        description="Lookups per second one client address may make to this agent, sustained (a token bucket "
+        "per address: the request's client address, the TCP peer's unless http.trusted_proxies names it, so "
+        "clients behind one proxy or NAT share a bucket). Over it, "
+        "a lookup is refused with 429 and Retry-After, counted in trimtab_lookups_total{result="
+        '"rate_limited"}. The default is above what one agent serves anyway (about 400 lookups/s per agent '
+        "in the lookup benchmark, docs/benchmarks.md), so no real client is limited; lower it to give each "
+        "client a smaller share. 0 disables the limit (docs/security.md).",
+    )
+    lookup_burst_per_client: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Lookups one client address may make at once before lookup_rate_per_client applies (the "
+        "bucket's size). The default is twice a Pulsar client's maxConcurrentLookupRequest (5000): an "
+        "application reconnecting all its producers and consumers at once after a failover passes.",
+    )
+    lookup_rate_max_clients: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Client addresses whose lookup rate is tracked (least recently seen forgotten first; "
+        "about 200 bytes each). A forgotten client starts again with a full bucket.",
+    )
 
 
 class NamespaceSettings(Section):
     default_bundles: int = Field(
         4, ge=1, le=4096, description="Bundles of a new namespace. [defaultNumberOfNamespaceBundles]"
+    )
+    auto_create: list[
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9_.=:*?\[\]!-]{1,128}(/[A-Za-z0-9_.=:*?\[\]!-]{1,128})?$")]
+    ] = Field(
+        default_factory=list,
+        description="Namespaces a topic lookup may create when they do not exist yet: tenants (every namespace "
+        'of the tenant) or tenant/namespace patterns, fnmatch globs matched part by part, e.g. ["public/*", '
+        '"iot-*"]. Empty (the default), as in Pulsar: lookups never create a namespace, an operator does '
+        "(trimtab admin namespaces create, POST /v1/admin/namespaces), and a lookup of a topic in a namespace "
+        "that does not exist answers 404. Anything listed here can be created by anyone who can reach an "
+        "agent's public lookup endpoint (docs/security.md).",
     )
 
 

@@ -20,6 +20,7 @@ from trimtab.channel.transport import Transport
 from trimtab.cluster.auth import Authenticator
 from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.http import HttpServer, PeerHttp, bind
+from trimtab.cluster.http_guard import Refusals
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.logs import SkipLog
@@ -202,7 +203,7 @@ def build_controller(
         top=top,
         standby_view=standby_view,
         transport=transport,
-        http=HttpServer(create_app(api, auth=auth), sock, s.http),
+        http=HttpServer(create_app(api, auth=auth), sock, s.http, refusals=Refusals.in_registry(prom)),
         snapshots=snapshots,
         monitor=monitor,
         healing=healing,

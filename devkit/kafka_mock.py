@@ -18,7 +18,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from trimtab.devkit.procs import die_with_parent_hook
+from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.errors import DevKitError
 
 
@@ -52,7 +52,7 @@ class MockClusterProcess:
 
     def __init__(self, python: str, log: Path) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with log.open("ab") as err:
+        with open_log(log) as err:
             self.proc = subprocess.Popen(
                 [python, "-m", "trimtab.devkit.kafka_mock"],
                 stdin=subprocess.PIPE,

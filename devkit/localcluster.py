@@ -36,7 +36,7 @@ import orjson
 
 from trimtab.config.loader import load_settings
 from trimtab.devkit.kafka_mock import MockCluster, MockClusterProcess
-from trimtab.devkit.procs import die_with_parent_hook
+from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptions, PrometheusServer, Target
 from trimtab.devkit.zkserver import ZooKeeperServer, free_port
 from trimtab.errors import DevKitError
@@ -297,7 +297,7 @@ class LocalCluster:
     def _popen(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         """``trimtab <argv>`` with its output in the node's log."""
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
-        with self._log(name).open("ab") as out:
+        with open_log(self._log(name)) as out:
             # Own session (signals to the orchestrator are not forwarded), yet killed if the orchestrator
             # dies: a dev cluster or a test run must never leave daemons behind.
             return subprocess.Popen(

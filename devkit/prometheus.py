@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
-from trimtab.devkit.procs import die_with_parent_hook
+from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.devkit.zkserver import free_port
 from trimtab.errors import DevKitError
 
@@ -225,7 +225,7 @@ class PrometheusServer:
             f"--web.listen-address={_LOOPBACK}:{self.port}",
             "--log.level=warn",
         ]
-        with self.log_path.open("ab") as log:
+        with open_log(self.log_path) as log:
             # Own process group (a Ctrl-C in the dev cluster's terminal does not reach it before the
             # cluster stops it), and killed if its parent dies: never left behind.
             self._proc = subprocess.Popen(

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trimtab.devkit.procs import die_with_parent_hook
+from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.errors import DevKitError
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -345,7 +345,7 @@ class ZooKeeperServer:
         cmd = self._command()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
-        with self.log_path.open("ab") as log:
+        with open_log(self.log_path) as log:
             self._log_offset = log.tell()
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             log.write(

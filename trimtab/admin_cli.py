@@ -190,8 +190,32 @@ class AdminClient:
                 )
             if not nxt.query and url.query:
                 nxt = nxt.copy_with(query=url.query)  # the server's 307 keeps the path, not the query
+            if _base(nxt) != _base(url):
+                self._check_leader_redirect(url, nxt, what)
             url = nxt
         raise Unexpected(f"more than {MAX_REDIRECTS} redirects for {what} from {origin}")
+
+    def _check_leader_redirect(self, url: httpx.URL, nxt: httpx.URL, what: str) -> None:
+        """Follow a redirect to another host only to the leader the redirecting controller itself names in
+        ``GET /v1/leader``, over the same scheme: the CLI sends its token along, and a ``Location`` is
+        whatever the answering server (or anyone on the path of a plain-HTTP answer) wrote."""
+        if nxt.scheme != url.scheme:
+            raise Unexpected(
+                f"{_base(url)} redirected {what} from {url.scheme}:// to {nxt.scheme}://; not followed "
+                f"(the token would travel over another scheme). Point --url at the leader instead."
+            )
+        try:
+            r = self.http().get(url.copy_with(path="/v1/leader", query=None))
+            leader = r.json().get("leader") if r.status_code == 200 else None
+            leader_url = leader.get("http_url") if isinstance(leader, dict) else None
+        except Exception:  # an unreachable or odd answer: cannot confirm, so do not follow
+            leader_url = None
+        if not isinstance(leader_url, str) or _base(url.join(leader_url)) != _base(nxt):
+            raise Unexpected(
+                f"{_base(url)} redirected {what} to {_base(nxt)}, which its /v1/leader does not name as the "
+                f"leader ({leader_url or 'no leader named'}); not followed, the token stays here. Point "
+                f"--url at the leader instead."
+            )
 
     def require_dry_run(self, method: str, template: str) -> None:
         """Refuse (exit 1, nothing sent) unless the controller's API declares ``dry_run`` for this

@@ -59,6 +59,11 @@ set_option = click.option(
 @click.version_option(package_name="trimtab")
 def main() -> None:
     """trimtab: shard ownership and load balancing for clusters of stateless serving brokers."""
+    from trimtab.cluster.logs import configure_logging
+
+    # Until a command configures its own: human-readable warnings, and tracebacks without local variables
+    # (structlog's default would print every frame's locals, secrets included).
+    configure_logging("warning", json_logs=False)
 
 
 # ---------------------------------------------------------------------------------------------- daemons
@@ -189,16 +194,25 @@ def controller(
 def sim_broker(config_file: str | None, sets: tuple[str, ...], host: str, port: int, broker_id: str) -> None:
     """Serve a simulated broker over the webhook contract: the reference implementation, and the separate
     broker process of `dev up --broker-processes` and the chaos suite. It signs nothing and verifies
-    signatures when broker.adapter.hmac_key[_file] is set (the agent's own config can be passed as is)."""
+    signatures when broker.adapter.hmac_key[_file] is set (the agent's own config can be passed as is).
+    It serves behind the same HTTP guard as the daemons (the http.* limits) and logs JSON lines."""
     import uvicorn
 
     from trimtab.agent.adapters import hmac_key
     from trimtab.agent.adapters.simulated import SimulatedBroker
     from trimtab.agent.adapters.webhook_server import create_app
+    from trimtab.cluster.http import bind, server_config
+    from trimtab.cluster.http_guard import Refusals
+    from trimtab.cluster.logs import configure_logging
 
     s = settings_from(config_file, sets)
     app = create_app(SimulatedBroker(broker_id, s.sim), hmac_key=hmac_key(s))
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    configure_logging(s.logging.level, s.logging.json_logs, role="sim-broker", broker=broker_id)
+    try:
+        sock = bind(host, port)
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    uvicorn.Server(server_config(app, s.http, Refusals())).run(sockets=[sock])
 
 
 # ---------------------------------------------------------------------------------------------- channel

@@ -1,0 +1,466 @@
+"""Bounds on what one HTTP client can cost a node: every port of an agent is reachable by the brokers'
+clients, and an agent that stalls lets its broker's leases expire (docs/security.md, "Hostile clients").
+
+Two layers, both in front of the FastAPI app:
+
+* :class:`GuardedH11Protocol`, the connection layer (uvicorn's h11 protocol with deadlines): a connection
+  must deliver a request's head within ``http.header_timeout_s`` of opening (or of its previous response),
+  and at most ``http.max_connections`` are open at once -- beyond that, a new connection evicts the
+  longest-idle connection that has no request in progress, so a flood of idle or dripping sockets cannot
+  lock out ``/healthz`` (whose request arrives whole, at once). uvicorn alone closes a connection only
+  after a response: one that never finishes its first request's headers stays open forever.
+* :class:`BoundedApp`, the request layer (ASGI): the bearer token is checked from the headers before a byte
+  of the body is read; the declared and the received body are bounded per route (413), the whole body must
+  arrive within ``http.body_timeout_s`` (408), and a JSON body may nest at most ``http.max_json_depth``
+  deep (400) -- large ones checked off the event loop. A refusal that leaves a body unread closes the
+  connection, so nothing more is read from it; a client that disconnects mid-body is not an error.
+
+Refusals are counted in ``trimtab_http_refused_total{reason}`` and logged as ``http_request_refused``
+(rate-limited, with periodic summaries: :class:`RefusalLog`), never with a header's or a body's content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgspec
+import orjson
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from starlette.routing import compile_path
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from trimtab.cluster.auth import CHALLENGE, NO_TOKENS, Role, access_of, bearer_token, iter_routes
+from trimtab.cluster.logs import RefusalLog
+from trimtab.config.settings import HttpSettings
+from trimtab.errors import AuthRefused
+
+log = structlog.get_logger("trimtab.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Why a request or a connection was refused: the label values of ``trimtab_http_refused_total``.
+REASONS = (
+    "body_too_large",  # 413: declared or received body over the route's limit
+    "body_timeout",  # 408: the body did not arrive within http.body_timeout_s
+    "json_too_deep",  # 400: nesting beyond http.max_json_depth
+    "header_timeout",  # connection closed: the request head did not arrive within http.header_timeout_s
+    "evicted",  # an idle connection closed to make room under http.max_connections
+    "connection_limit",  # a new connection closed at once: every connection had a request in progress
+)
+
+#: A route may raise or lower the node's body limit by declaring ``openapi_extra={MAX_BODY: n}``; the
+#: limit is then also in the API spec.
+MAX_BODY = "x-max-body-bytes"
+#: Bodies larger than this are decoded on a worker thread, so the event loop keeps ticking.
+OFF_LOOP_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The node's HTTP limits (``http.*`` settings: docs/configuration.md)."""
+
+    max_body_bytes: int = 65_536
+    max_json_depth: int = 32
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 1000
+
+    @classmethod
+    def from_settings(cls, http: HttpSettings) -> Limits:
+        return cls(
+            max_body_bytes=http.max_body_bytes,
+            max_json_depth=http.max_json_depth,
+            header_timeout_s=http.header_timeout_s,
+            body_timeout_s=http.body_timeout_s,
+            keep_alive_timeout_s=http.keep_alive_timeout_s,
+            max_connections=http.max_connections,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+@dataclass
+class Refusals:
+    """Counts and logs every refusal of the guard (``trimtab_http_refused_total{reason}``)."""
+
+    counter: Counter | None = None
+    open_connections: Gauge | None = None
+    log: RefusalLog = field(default_factory=lambda: RefusalLog("http_request_refused"))
+
+    @classmethod
+    def in_registry(cls, registry: CollectorRegistry) -> Refusals:
+        counter = Counter(
+            "trimtab_http_refused",
+            "HTTP requests and connections refused by the node's limits (docs/security.md): body_too_large, "
+            "body_timeout, json_too_deep, header_timeout, evicted (an idle connection closed to make room), "
+            "connection_limit",
+            ["reason"],
+            registry=registry,
+        )
+        for r in REASONS:
+            counter.labels(r)
+        gauge = Gauge(
+            "trimtab_http_open_connections",
+            "HTTP connections open on this node (at most http.max_connections)",
+            registry=registry,
+        )
+        return cls(counter=counter, open_connections=gauge)
+
+    def __call__(self, reason: str, **fields: Any) -> None:
+        if self.counter is not None:
+            self.counter.labels(reason).inc()
+        self.log(reason, **fields)
+
+
+# ---------------------------------------------------------------------------------------------- connections
+class ConnectionBook:
+    """The open connections of one server, the idle ones (no request in progress) in the order they became
+    idle: what :attr:`Limits.max_connections` evicts first."""
+
+    def __init__(self, limits: Limits, refusals: Refusals) -> None:
+        self.limits = limits
+        self.refusals = refusals
+        self.max_connections = effective_max_connections(limits.max_connections)
+        self.open: set[GuardedH11Protocol] = set()
+        self.idle: OrderedDict[GuardedH11Protocol, None] = OrderedDict()
+
+    def opened(self, conn: GuardedH11Protocol) -> bool:
+        """Admit ``conn`` (True), evicting the longest-idle connection if the node is full; False when
+        every open connection has a request in progress (the caller closes ``conn``)."""
+        if len(self.open) >= self.max_connections:
+            victim = next(iter(self.idle), None)
+            if victim is None:
+                self.refusals("connection_limit", client=conn.client_host())
+                return False
+            self.refusals("evicted", client=victim.client_host())
+            victim.close_now()
+            self.closed(victim)
+        self.open.add(conn)
+        self.idle[conn] = None
+        self._gauge()
+        return True
+
+    def busy(self, conn: GuardedH11Protocol) -> None:
+        self.idle.pop(conn, None)
+
+    def idle_again(self, conn: GuardedH11Protocol) -> None:
+        if conn in self.open:
+            self.idle[conn] = None
+            self.idle.move_to_end(conn)
+
+    def closed(self, conn: GuardedH11Protocol) -> None:
+        self.open.discard(conn)
+        self.idle.pop(conn, None)
+        self._gauge()
+
+    def _gauge(self) -> None:
+        if self.refusals.open_connections is not None:
+            self.refusals.open_connections.set(len(self.open))
+
+
+def effective_max_connections(wanted: int) -> int:
+    """``wanted``, but at most half of the open-file limit (raised to its hard limit first): a connection
+    flood must never take the file descriptors the node's ZooKeeper and Kafka clients need."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    cap = max(16, soft // 2)
+    if wanted > cap:
+        log.warning("http_max_connections_lowered", wanted=wanted, effective=cap, open_file_limit=soft)
+    return min(wanted, cap)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a request-head deadline and a connection cap (:class:`ConnectionBook`).
+    :func:`protocol_class` binds a subclass to one server's book."""
+
+    book: ClassVar[ConnectionBook]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._in_request = False
+        self._head_bytes = 0
+        inner = self.app
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            self._request_started()
+            await inner(scope, receive, send)
+
+        self.app = app
+
+    def client_host(self) -> str | None:
+        return self.client[0] if self.client else None
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if not self.book.opened(self):
+            self.connections.discard(self)
+            transport.abort()
+            return
+        self._arm(self.book.limits.header_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._in_request:
+            self._head_bytes += len(data)
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.book.closed(self)
+        super().connection_lost(exc)
+
+    # -- uvicorn hooks
+    def on_response_complete(self) -> None:
+        self._in_request = False
+        self._head_bytes = 0
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self.book.idle_again(self)
+            # uvicorn closes a silent keep-alive connection itself; this closes one that drips a new head.
+            limits = self.book.limits
+            self._arm(max(limits.header_timeout_s, limits.keep_alive_timeout_s))
+
+    # -- internals
+    def _request_started(self) -> None:
+        self._in_request = True
+        self._disarm()
+        self.book.busy(self)
+
+    def _arm(self, delay: float) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(delay, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_request or self.transport.is_closing():
+            return
+        if self._head_bytes or self.cycle is None:
+            # A first request that never completed its head, or a later one that dripped: slowloris.
+            self.book.refusals("header_timeout", client=self.client_host(), received_bytes=self._head_bytes)
+        self.close_now()
+
+    def close_now(self) -> None:
+        """Close the connection without waiting for anything (it has no request in progress)."""
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def protocol_class(book: ConnectionBook) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` bound to ``book`` (uvicorn instantiates the class it is given)."""
+    return type("GuardedH11", (GuardedH11Protocol,), {"book": book})
+
+
+# ---------------------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class RouteRule:
+    """What the guard needs to know about a route before reading a request's body."""
+
+    methods: frozenset[str]
+    path: re.Pattern[str]
+    need: Role | None  # None: public
+    max_body: int
+
+
+def route_rules(app: Any, default_max_body: int) -> list[RouteRule]:
+    """The guard's view of ``app``'s routes: methods, path pattern, the role they need, their body limit."""
+    rules = []
+    for route in iter_routes(app):
+        methods = getattr(route, "methods", None)
+        path_format = getattr(route, "path_format", None) or getattr(route, "path", None)
+        if not methods or not path_format:
+            continue
+        access = access_of(route)
+        need: Role | None = "admin" if "admin" in access else "read" if "read" in access else None
+        extra = getattr(route, "openapi_extra", None) or {}
+        max_body = int(extra.get(MAX_BODY, default_max_body))
+        regex, _, _ = compile_path(path_format)
+        rules.append(RouteRule(frozenset(methods), regex, need, max_body))
+    return rules
+
+
+def json_too_deep(body: bytes, max_depth: int) -> bool | None:
+    """True if ``body`` is JSON nested deeper than ``max_depth``; None if it is not JSON at all (the app
+    answers that); False otherwise. Decoding is C (msgspec), and bounded: it gives up past ~1000 levels."""
+    try:
+        doc = msgspec.json.decode(body)
+    except RecursionError:
+        return True
+    except msgspec.DecodeError:
+        return None
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > max_depth:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class BoundedApp:
+    """The request layer of the guard (module docstring), wrapping the FastAPI ``app``."""
+
+    def __init__(self, app: Any, limits: Limits, refusals: Refusals) -> None:
+        self.app = app
+        self.limits = limits
+        self.refusals = refusals
+        self._rules: list[RouteRule] | None = None
+
+    def _rule(self, method: str, path: str) -> RouteRule | None:
+        if self._rules is None:  # built at the first request: every route is registered by then
+            self._rules = route_rules(self.app, self.limits.max_body_bytes)
+        fallback = None
+        for rule in self._rules:
+            if rule.path.match(path):
+                if method in rule.methods or (method == "HEAD" and "GET" in rule.methods):
+                    return rule
+                fallback = fallback or rule
+        return fallback  # a 405 to come: same token rule, no body wanted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        host = client[0] if client else None
+        try:
+            rule = self._rule(scope["method"], scope["path"])
+            max_body = rule.max_body if rule is not None else self.limits.max_body_bytes
+            if rule is not None and rule.need is not None:
+                self._authorize(scope, rule.need, host)
+            body = await self._read_body(scope, receive, max_body)
+        except AuthRefused as e:
+            headers = CHALLENGE if e.status == 401 else None
+            await _send_error(send, e.status, str(e), headers=headers, close=True)
+            return
+        except _Refused as e:
+            if e.reason is not None:
+                self.refusals(e.reason, client=host, method=scope["method"], path=scope["path"][:200])
+            await _send_error(send, e.status, str(e), close=True)
+            return
+        except _Disconnected:
+            return  # the client went away mid-request: nothing to answer, not an error
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _authorize(self, scope: Scope, need: Role, host: str | None) -> None:
+        auth = getattr(getattr(self.app, "state", None), "auth", None) or NO_TOKENS
+        token = bearer_token(_header(scope, b"authorization"))
+        auth.check(token, need, method=scope["method"], path=scope["path"][:200], client=host)
+
+    async def _read_body(self, scope: Scope, receive: Receive, max_body: int) -> bytes:
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or len(declared) > 18:
+                raise _Refused(400, None, "bad request: Content-Length is not a byte count")
+            if int(declared) > max_body:
+                raise _Refused(
+                    413, "body_too_large", f"request body of {declared} bytes is over this route's {max_body}"
+                )
+        chunks: list[bytes] = []
+        size = 0
+        deadline = asyncio.get_running_loop().time() + self.limits.body_timeout_s
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                message = await asyncio.wait_for(receive(), remaining)
+            except TimeoutError:
+                raise _Refused(
+                    408,
+                    "body_timeout",
+                    f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
+                ) from None
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > max_body:
+                raise _Refused(413, "body_too_large", f"request body is over this route's {max_body} bytes")
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body:
+            deep = (
+                await asyncio.to_thread(json_too_deep, body, self.limits.max_json_depth)
+                if len(body) > OFF_LOOP_BYTES
+                else json_too_deep(body, self.limits.max_json_depth)
+            )
+            if deep:
+                raise _Refused(
+                    400, "json_too_deep", f"bad request: JSON nested deeper than {self.limits.max_json_depth}"
+                )
+        return body
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k == name:
+            return bytes(v).decode("latin-1")
+    return None
+
+
+async def _send_error(
+    send: Send, status: int, message: str, *, headers: dict[str, str] | None = None, close: bool
+) -> None:
+    """The one error shape (``{"error", "retryable"}``), sent by the guard itself; ``close`` ends the
+    connection after it, so an unread body is never read."""
+    body = orjson.dumps({"error": message, "retryable": status in (408, 503)})
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    if close:
+        raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
