@@ -22,8 +22,11 @@ Refusals are counted in ``trimtab_http_refused_total{reason}`` and logged as ``h
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import re
 import resource
+import sys
+import termios
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -62,6 +65,8 @@ REASONS = (
 #: A route may raise or lower the node's body limit by declaring ``openapi_extra={MAX_BODY: n}``; the
 #: limit is then also in the API spec.
 MAX_BODY = "x-max-body-bytes"
+#: How many of the longest-idle connections the cap looks at to find a silent one to evict.
+_VICTIM_SCAN = 64
 #: Bodies larger than this are decoded on a worker thread, so the event loop keeps ticking.
 OFF_LOOP_BYTES = 256 << 10
 
@@ -125,44 +130,82 @@ class Refusals:
 
 # ---------------------------------------------------------------------------------------------- connections
 class ConnectionBook:
-    """The open connections of one server, the idle ones (no request in progress) in the order they became
-    idle: what :attr:`Limits.max_connections` evicts first."""
+    """The open connections of one server and, per client address, the idle ones (no request in progress)
+    in the order they became idle: what :attr:`Limits.max_connections` evicts. The client holding the most
+    connections gives one up first, so a flood from a few addresses cannot push out a probe from another."""
 
     def __init__(self, limits: Limits, refusals: Refusals) -> None:
         self.limits = limits
         self.refusals = refusals
         self.max_connections = effective_max_connections(limits.max_connections)
         self.open: set[GuardedH11Protocol] = set()
-        self.idle: OrderedDict[GuardedH11Protocol, None] = OrderedDict()
+        self.per_client: dict[str | None, int] = {}
+        self.idle: dict[str | None, OrderedDict[GuardedH11Protocol, None]] = {}
 
     def opened(self, conn: GuardedH11Protocol) -> bool:
-        """Admit ``conn`` (True), evicting the longest-idle connection if the node is full; False when
-        every open connection has a request in progress (the caller closes ``conn``)."""
+        """Admit ``conn`` (True), evicting an idle connection if the node is full; False when every open
+        connection has a request in progress (the caller closes ``conn``)."""
         if len(self.open) >= self.max_connections:
-            victim = next(iter(self.idle), None)
+            victim = self._victim()
             if victim is None:
                 self.refusals("connection_limit", client=conn.client_host())
                 return False
             self.refusals("evicted", client=victim.client_host())
             victim.close_now()
             self.closed(victim)
+        host = conn.client_host()
         self.open.add(conn)
-        self.idle[conn] = None
+        self.per_client[host] = self.per_client.get(host, 0) + 1
+        self.idle.setdefault(host, OrderedDict())[conn] = None
         self._gauge()
         return True
 
+    def _victim(self) -> GuardedH11Protocol | None:
+        """The connection to close for a new one: of the client with the most connections that has an
+        idle one, its longest-idle *silent* connection -- no bytes of a request received and none waiting
+        in its socket (a burst of new connections is accepted before any of them is read, so a probe whose
+        request is already waiting must not be taken for idle); if all of them are talking, the longest
+        idle."""
+        if not self.idle:
+            return None
+        host = max(self.idle, key=lambda h: self.per_client.get(h, 0))
+        queue = self.idle[host]
+        for n, conn in enumerate(queue):
+            if n >= _VICTIM_SCAN:
+                break
+            if not conn.talking():
+                return conn
+        return next(iter(queue))
+
     def busy(self, conn: GuardedH11Protocol) -> None:
-        self.idle.pop(conn, None)
+        self._not_idle(conn)
 
     def idle_again(self, conn: GuardedH11Protocol) -> None:
         if conn in self.open:
-            self.idle[conn] = None
-            self.idle.move_to_end(conn)
+            host = conn.client_host()
+            queue = self.idle.setdefault(host, OrderedDict())
+            queue[conn] = None
+            queue.move_to_end(conn)
 
     def closed(self, conn: GuardedH11Protocol) -> None:
-        self.open.discard(conn)
-        self.idle.pop(conn, None)
+        if conn in self.open:
+            self.open.discard(conn)
+            host = conn.client_host()
+            left = self.per_client.get(host, 1) - 1
+            if left > 0:
+                self.per_client[host] = left
+            else:
+                self.per_client.pop(host, None)
+        self._not_idle(conn)
         self._gauge()
+
+    def _not_idle(self, conn: GuardedH11Protocol) -> None:
+        host = conn.client_host()
+        queue = self.idle.get(host)
+        if queue is not None:
+            queue.pop(conn, None)
+            if not queue:
+                del self.idle[host]
 
     def _gauge(self) -> None:
         if self.refusals.open_connections is not None:
@@ -205,6 +248,19 @@ class GuardedH11Protocol(H11Protocol):
             await inner(scope, receive, send)
 
         self.app = app
+
+    def talking(self) -> bool:
+        """Whether this connection has begun a request: bytes of it received, or waiting to be read."""
+        if self._head_bytes:
+            return True
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(waiting, sys.byteorder) > 0
 
     def client_host(self) -> str | None:
         return self.client[0] if self.client else None

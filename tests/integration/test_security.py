@@ -12,7 +12,7 @@
   real HTTP from each node's own ``/openapi.json``; public endpoints stay public; admin writes work, and
   the controller forwards a drain to the agent with its own token; the refusals are counted; an
   unauthenticated ZooKeeper client can read trimtab's znodes and change none; token files rotate without
-  a restart (and a half-written file keeps the tokens read last); no token or ZooKeeper password ever
+  a restart (and emptying or deleting a token file revokes its tokens); no token or ZooKeeper password ever
   reaches a log line or the shown configuration.
 * HTTPS: an agent and a controller built by the wiring serve TLS with a certificate made here (openssl);
   they advertise https:// URLs, a client with the CA gets in and one without is refused at the handshake,
@@ -478,10 +478,17 @@ def test_token_files_rotate_without_a_restart(cluster: LocalCluster) -> None:
         wait_for(lambda: status(ctl, old) == 200 and status(agent, old) == 200, 10, message="both tokens")
         assert status(ctl, new) == 200
 
-        # A half-written file (truncated in place) keeps the tokens read last instead of locking anyone out.
+        # Emptying the file revokes its tokens (fail closed): that is how an operator revokes them. The
+        # read token, from its own file, still works; the daemons keep running.
         admin_file.write_text("")
-        assert status(ctl, new) == 200 and status(agent, old) == 200
-        assert "token_file_reload_failed" in cluster.log_tail(ctl.name, 200)
+        assert status(ctl, new) == 401 and status(agent, old) == 401
+        assert status(ctl, cluster.read_token) == 200
+        assert "token_file_revoked" in cluster.log_tail(ctl.name, 200)
+        _replace(admin_file, f"{new}\n")
+        wait_for(lambda: status(ctl, new) == 200, 10, message="the rewritten file grants again")
+        # So does deleting it.
+        admin_file.unlink()
+        assert status(ctl, new) == 401 and status(agent, new) == 401
         assert {n.name: n.pid for n in (agent, ctl)} == pids and agent.alive() and ctl.alive()
     finally:
         _replace(admin_file, f"{old}\n")

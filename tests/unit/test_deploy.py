@@ -14,6 +14,7 @@ from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.adapters.webhook_server import create_app
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.cluster.auth import auth_failures
+from trimtab.cluster.http_guard import Refusals
 from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector
 from trimtab.config.docs import render_markdown
 from trimtab.config.loader import load_settings
@@ -26,7 +27,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
 
 def exported_metric_names() -> set[str]:
     names: set[str] = set()
-    for factory in (AgentMetrics.create, ControllerMetrics.create, auth_failures):
+    for factory in (AgentMetrics.create, ControllerMetrics.create, auth_failures, Refusals.in_registry):
         reg = CollectorRegistry()
         factory(reg)
         for fam in reg.collect():
@@ -87,6 +88,9 @@ def test_shipped_config_is_valid_with_compose_environment(monkeypatch) -> None:
     assert s.zookeeper.hosts == "zookeeper:2181"
     assert s.broker.tags == {"zone": "a"}
     assert s.http.advertised_host == "agent-1"
+    # The demo's lookups create public/* namespaces; the shipped config (production) allows none.
+    assert s.namespace.auto_create == ["public/*"]
+    assert load_settings(ROOT / "deploy/config/trimtab.toml", environ=False).namespace.auto_create == []
 
 
 def test_compose_creates_every_topic_the_config_names() -> None:

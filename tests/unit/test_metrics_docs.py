@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.cluster.auth import auth_failures
+from trimtab.cluster.http_guard import Refusals
 from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector
 from trimtab.controller.metrics import ControllerMetrics
 
@@ -43,6 +44,13 @@ def exported() -> dict[str, tuple[str, tuple[str, ...]]]:
                 out[name] = (metric._type, tuple(metric._labelnames))
     auth = auth_failures(CollectorRegistry())
     out[auth._name + "_total"] = ("counter", tuple(auth._labelnames))
+    guard = Refusals.in_registry(CollectorRegistry())
+    for metric in (guard.counter, guard.open_connections):
+        assert metric is not None
+        out[metric._name + ("_total" if metric._type == "counter" else "")] = (
+            metric._type,
+            tuple(metric._labelnames),
+        )
     for collector in (ChannelCollector(lambda: None), KeyValueCollector(lambda: [])):
         for fam in collector.collect():
             name = fam.name + ("_total" if fam.type == "counter" else "")
