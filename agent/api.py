@@ -16,13 +16,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fastapi import APIRouter, FastAPI, Query, Response
+import structlog
+from fastapi import APIRouter, FastAPI, Query, Request, Response
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.lookup import LookupService
-from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.metrics import NAMESPACE_NOT_FOUND, RATE_LIMITED, AgentMetrics
+from trimtab.agent.ratelimit import ClientRateLimiter, worth_logging
 from trimtab.agent.splits import SplitRefused, SplitScheduler
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.bundles import parse_bundle
@@ -38,7 +40,9 @@ from trimtab.cluster.http import (
 )
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.zk import BrokerRegistry
-from trimtab.errors import BundleError, LookupTimeout, RequestError
+from trimtab.errors import BundleError, LookupTimeout, NamespaceNotFound, RequestError
+
+log = structlog.get_logger("trimtab.lookup")
 
 
 class Lifecycle(Protocol):
@@ -72,6 +76,7 @@ class AgentApi:
     loads: KeyValueView[BrokerLoadData]
     metrics: AgentMetrics
     prom: CollectorRegistry
+    limiter: ClientRateLimiter  # per-client lookup rate (agent.lookup_rate_per_client)
 
     def url_of(self, broker: str) -> str | None:
         info = self.registry.brokers.get(broker)
@@ -202,22 +207,58 @@ def create_app(
 
 
 def _lookup_routes(api: AgentApi) -> APIRouter:
-    """The lookup: public, since it is what the brokers' clients call to find a topic's owner."""
+    """The lookup: public, since it is what the brokers' clients call to find a topic's owner -- so it is
+    bounded: a token bucket per client address (429 with Retry-After), and a namespace nobody created is
+    not created unless ``namespace.auto_create`` allows it (404; docs/security.md)."""
     router = APIRouter(dependencies=[PUBLIC])
 
     @router.get(
         "/v1/lookup",
         response_model=LookupResponse,
-        responses={400: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        responses={
+            400: {"model": ErrorBody},
+            404: {
+                "model": ErrorBody,
+                "description": "The topic's namespace does not exist and namespace.auto_create does not let "
+                "lookups create it: an operator creates it (POST /v1/admin/namespaces on a controller)",
+            },
+            429: {
+                "model": ErrorBody,
+                "description": "This client address made more lookups than agent.lookup_rate_per_client "
+                "allows (retryable; the Retry-After header says when, in seconds)",
+            },
+            503: {"model": ErrorBody},
+        },
         summary="Who owns this topic? Assigns the bundle if nobody does.",
     )
     async def lookup(
+        request: Request,
         topic: str | None = Query(
             None, description="Full topic name, e.g. persistent://public/default/orders"
         ),
     ) -> Any:
         t0 = time.perf_counter()
         metrics = api.metrics
+        # First, before any work: a flood from one address is refused at the cost of a dict lookup.
+        client = request.client.host if request.client is not None else "unknown"
+        verdict = api.limiter.admit(client)
+        if not verdict.allowed:
+            metrics.lookups.labels(RATE_LIMITED).inc()
+            if worth_logging(verdict.refused_before):
+                log.warning(
+                    "lookup_rate_limited",
+                    client=client,
+                    refused=verdict.refused_before + 1,
+                    retry_after_s=round(verdict.retry_after_s, 3),
+                )
+            lim = api.limiter
+            return error_response(
+                429,
+                f"too many lookups from {client}: at most {lim.rate:g} per second (bursts of {lim.burst}) per "
+                f"client address (agent.lookup_rate_per_client); retry in {verdict.retry_after_header} s",
+                retryable=True,
+                headers={"Retry-After": verdict.retry_after_header},
+            )
         if not topic:
             metrics.lookups.labels("bad_request").inc()
             return error_response(
@@ -237,6 +278,8 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
             result = (
                 "timeout"
                 if isinstance(e, LookupTimeout)
+                else NAMESPACE_NOT_FOUND
+                if isinstance(e, NamespaceNotFound)
                 else "bad_request"
                 if e.status == 400
                 else "unavailable"

@@ -4,6 +4,8 @@
 * In flight -> wait (bounded by ``channel.in_flight_timeout_s``) for the outcome.
 * Unowned (Init/Free) -> choose a broker through the filter chain, publish ``Assigning``, wait for Owned.
 * Deleted (the bundle was split) -> re-read the namespace layout and look up the child.
+* A namespace that does not exist -> 404, unless ``namespace.auto_create`` lets lookups create it
+  (:class:`NamespaceLoader`): nothing is written for a namespace nobody created.
 
 Concurrent lookups of one bundle share one resolution task. A timeout is a retryable error (HTTP 503);
 a lookup never answers with an owner the channel does not name.
@@ -25,11 +27,19 @@ import structlog
 
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, Placement, select_broker
+from trimtab.balance.namespaces import AutoCreatePolicy, not_found_message
 from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, make
 from trimtab.cluster.events import EventPublisher
-from trimtab.errors import BundleError, LookupTimeout, RequestError, TransportError, TrimtabError
+from trimtab.errors import (
+    BundleError,
+    LookupTimeout,
+    NamespaceNotFound,
+    RequestError,
+    TransportError,
+    TrimtabError,
+)
 
 log = structlog.get_logger("trimtab.lookup")
 
@@ -55,17 +65,22 @@ class LayoutCache:
     A cached layout is always answered at once (stale-while-revalidate): lookups keep working while
     ZooKeeper is away. Only a namespace never seen before, or an explicit ``force`` after a split, waits
     for ZooKeeper -- at most ``wait_s``, then the lookup fails as retryable (or uses the cache).
+
+    A namespace that does not exist (``load`` raises :class:`NamespaceNotFound`: deleted, or never created
+    and not allowed to be) is never answered from the cache: its entry is dropped, so a deleted namespace's
+    layout cannot keep lookups assigning its bundles. :meth:`invalidate` (a split, or the ZooKeeper watch
+    that reports a deletion) makes the next lookup read ZooKeeper.
     """
 
     def __init__(
         self,
-        ensure: Callable[[str], BundleLayout],
+        load: Callable[[str], BundleLayout],
         ttl_s: float,
         wait_s: float = 5.0,
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._ensure = ensure
+        self._load = load
         self.ttl_s = ttl_s
         self.wait_s = wait_s
         self._monotonic = monotonic
@@ -82,25 +97,33 @@ class LayoutCache:
         task = self._inflight.get(namespace)
         if task is None:
             started = self._generation.get(namespace, 0)
-            task = asyncio.create_task(asyncio.to_thread(self._ensure, namespace))
+            task = asyncio.create_task(asyncio.to_thread(self._load, namespace))
             self._inflight[namespace] = task
 
             def done(t: asyncio.Task[BundleLayout]) -> None:
                 if self._inflight.get(namespace) is t:
                     self._inflight.pop(namespace, None)
-                if not t.cancelled() and t.exception() is None:
+                if t.cancelled():
+                    return
+                err = t.exception()
+                if err is None:
                     with self._lock:
                         if self._generation.get(namespace, 0) == started:
                             self._cache[namespace] = (t.result(), self._monotonic())
                             self._invalid.discard(namespace)
+                elif isinstance(err, NamespaceNotFound):
+                    with self._lock:  # gone: never answer its old layout again
+                        self._cache.pop(namespace, None)
+                        self._invalid.discard(namespace)
 
             task.add_done_callback(done)
         return task
 
     def invalidate(self, namespace: str) -> None:
-        """The cached layout of ``namespace`` is outdated (a bundle of it was split): the next lookup reads
-        ZooKeeper. Thread-safe; called on the channel follower's thread, in log order, before the split
-        parent's Deleted record (or tombstone) is visible to any lookup."""
+        """The cached layout of ``namespace`` is outdated (a bundle of it was split, or its znode was deleted):
+        the next lookup reads ZooKeeper. Thread-safe; called on the channel follower's thread, in log order,
+        before the split parent's Deleted record (or tombstone) is visible to any lookup, and on kazoo's
+        thread by the deletion watch."""
         with self._lock:
             self._generation[namespace] = self._generation.get(namespace, 0) + 1
             self._invalid.add(namespace)
@@ -137,6 +160,8 @@ class LayoutCache:
         task = self._refresh(namespace)
         try:
             return await asyncio.wait_for(asyncio.shield(task), self.wait_s)
+        except NamespaceNotFound:
+            raise  # it does not exist: a cached layout of it is history, not a fallback
         except Exception:
             if hit is not None:
                 return hit[0]  # ZooKeeper trouble: the last known layout keeps lookups working
@@ -145,6 +170,24 @@ class LayoutCache:
     def cached(self) -> dict[str, BundleLayout]:
         """The last layout read of every namespace (possibly outdated)."""
         return {ns: v[0] for ns, v in self._cache.items()}
+
+
+class NamespaceLoader:
+    """How a lookup gets a namespace's layout (:class:`LayoutCache`'s ``load``, on a worker thread): read
+    from ZooKeeper; a namespace that does not exist is created only where ``namespace.auto_create`` allows
+    it (balance/namespaces.py; nothing by default, as in Pulsar), else the lookup answers 404 saying how an
+    operator creates it -- and nothing is written to ZooKeeper or the channel."""
+
+    def __init__(self, load: Callable[..., BundleLayout], policy: AutoCreatePolicy) -> None:
+        """``load(namespace, create=...)``: :meth:`trimtab.cluster.zk.NamespaceStore.load`."""
+        self._load = load
+        self.policy = policy
+
+    def __call__(self, namespace: str) -> BundleLayout:
+        try:
+            return self._load(namespace, create=self.policy.allows(namespace))
+        except NamespaceNotFound:
+            raise NamespaceNotFound(namespace, not_found_message(namespace)) from None
 
 
 class LookupService:
@@ -227,6 +270,8 @@ class LookupService:
         while True:
             try:
                 layout = await self.layouts.get(t.namespace, force=force)
+            except NamespaceNotFound:
+                raise  # 404: not created, and this lookup may not create it
             except Exception as e:
                 raise RequestError(
                     503, f"namespace layout of {t.namespace} unavailable: {e}", retryable=True

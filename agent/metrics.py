@@ -9,6 +9,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: ``trimtab_lookups_total`` results of lookups refused before any work: a namespace nobody created (and
+#: lookups may not), and a client over its rate (docs/security.md, "Namespaces and lookup limits").
+NAMESPACE_NOT_FOUND = "namespace_not_found"
+RATE_LIMITED = "rate_limited"
+REFUSED_LOOKUPS = (NAMESPACE_NOT_FOUND, RATE_LIMITED)
 
 
 @dataclass(eq=False)
@@ -60,14 +65,20 @@ class AgentMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> AgentMetrics:
+        lookups = Counter(
+            "trimtab_lookups_total",
+            "Topic lookups by result: owned (answered at once), assigned (this agent assigned it), waited "
+            "(an in-flight bundle settled), timeout, bad_request, unavailable, namespace_not_found (404: the "
+            "namespace does not exist and namespace.auto_create does not allow it), rate_limited (429: the "
+            "client's agent.lookup_rate_per_client was spent).",
+            ["result"],
+            registry=registry,
+        )
+        # The refusals an attack makes exist from the start at 0, so that increase() sees the first one.
+        for result in REFUSED_LOOKUPS:
+            lookups.labels(result)
         return cls(
-            lookups=Counter(
-                "trimtab_lookups_total",
-                "Topic lookups by result: owned (answered at once), assigned (this agent assigned it), waited "
-                "(an in-flight bundle settled), timeout, bad_request, unavailable.",
-                ["result"],
-                registry=registry,
-            ),
+            lookups=lookups,
             lookup_seconds=Histogram(
                 "trimtab_lookup_duration_seconds",
                 "Lookup latency.",

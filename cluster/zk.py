@@ -27,13 +27,14 @@ import structlog
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_acl, make_digest_acl
 
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
 from trimtab.channel.values import Refused, StrictDecoder
-from trimtab.errors import NamespaceUnreadable, ZkAccessDenied, ZkUnavailable
+from trimtab.errors import BundleError, NamespaceNotFound, NamespaceUnreadable, ZkAccessDenied, ZkUnavailable
 
 log = structlog.get_logger("trimtab.zk")
 
@@ -394,16 +395,40 @@ _pol_dec = StrictDecoder(NamespacePolicies, ZNODE_MAX_BYTES)
 
 
 class NamespaceStore:
-    """Bundle layouts per namespace, created on first use with ``default_bundles`` equal ranges."""
+    """Bundle layouts per namespace (``admin/namespaces/<tenant>/<ns>``).
+
+    Who may create one is decided by the callers, never here: the agent's lookups only where
+    ``namespace.auto_create`` allows (balance/namespaces.py), the controller's admin API on an operator's
+    request. ``on_deleted`` listeners hear of a namespace whose znode was deleted, from a ZooKeeper watch
+    set by every read (on kazoo's thread: they must only mark or enqueue)."""
 
     def __init__(self, zk: KazooClient, paths: ZkPaths, default_bundles: int) -> None:
         self.zk = zk
         self.paths = paths
         self.default_bundles = default_bundles
+        self._deleted_listeners: list[Callable[[str], object]] = []
+
+    def on_deleted(self, fn: Callable[[str], object]) -> None:
+        """Call ``fn(namespace)`` when the znode of a namespace this store has read is deleted."""
+        self._deleted_listeners.append(fn)
+
+    def _watched(self, event: WatchedEvent) -> None:
+        """kazoo's data watch (its thread). One bound method for every znode, so kazoo keeps one watcher
+        per path however often it is read."""
+        prefix = self.paths.namespaces + "/"
+        if event.type != EventType.DELETED or not event.path.startswith(prefix):
+            return
+        namespace = event.path[len(prefix) :]
+        for fn in self._deleted_listeners:
+            try:
+                fn(namespace)
+            except Exception:
+                log.exception("namespace_listener_failed", namespace=namespace)
 
     def read(self, namespace: str) -> tuple[NamespacePolicies, int] | None:
+        watch = self._watched if self._deleted_listeners else None
         try:
-            data, stat = self.zk.get(self.paths.namespace(namespace))
+            data, stat = self.zk.get(self.paths.namespace(namespace), watch=watch)
         except NoNodeError:
             return None
         pol = _pol_dec.decode(data)
@@ -415,27 +440,77 @@ class NamespaceStore:
             )
         return pol, stat.version
 
-    def ensure(self, namespace: str) -> BundleLayout:
+    def exists(self, namespace: str) -> bool:
+        """Whether ``namespace`` has a znode, readable or not."""
+        return self.zk.exists(self.paths.namespace(namespace)) is not None
+
+    def load(self, namespace: str, *, create: bool) -> BundleLayout:
+        """The layout of ``namespace``; if it does not exist, created with ``default_bundles`` equal ranges
+        when ``create``, else :class:`NamespaceNotFound`. The name is checked before ZooKeeper is asked."""
         got = self.read(namespace)
         if got is not None:
             return got[0].layout(namespace)
-        pol = NamespacePolicies(boundaries=[_hex(b) for b in equal_boundaries(self.default_bundles)])
+        if not create:
+            raise NamespaceNotFound(namespace)
+        self.create(namespace, self.default_bundles)
+        got = self.read(namespace)
+        if got is None:  # deleted again between our create and this read
+            raise NamespaceNotFound(namespace)
+        return got[0].layout(namespace)
+
+    def ensure(self, namespace: str) -> BundleLayout:
+        """The layout of ``namespace``, creating it if it does not exist (tools and tests; the lookups go
+        through :meth:`load` with their policy's answer)."""
+        return self.load(namespace, create=True)
+
+    def create(self, namespace: str, bundles: int) -> bool:
+        """Create ``namespace`` with ``bundles`` equal bundles; False if it exists already (then unchanged)."""
+        pol = NamespacePolicies(boundaries=[_hex(b) for b in equal_boundaries(bundles)])
         try:
             self.zk.create(self.paths.namespace(namespace), _enc.encode(pol), makepath=True)
-            log.info("namespace_created", namespace=namespace, bundles=self.default_bundles)
         except NodeExistsError:
-            pass
-        got = self.read(namespace)
-        assert got is not None
-        return got[0].layout(namespace)
+            return False
+        log.info("namespace_created", namespace=namespace, bundles=bundles)
+        return True
+
+    def delete(self, namespace: str) -> bool:
+        """Delete the namespace's znode (whatever its version); False if there was none. Its tenant's znode
+        stays: removing it could race a creation of another namespace of the tenant."""
+        try:
+            self.zk.delete(self.paths.namespace(namespace))
+        except NoNodeError:
+            return False
+        log.info("namespace_deleted", namespace=namespace)
+        return True
+
+    def names(self) -> list[str]:
+        """Every namespace that has a znode, sorted (children that are not valid names are skipped)."""
+        out: list[str] = []
+        try:
+            tenants = self.zk.get_children(self.paths.namespaces)
+        except NoNodeError:
+            return out
+        for t in tenants:
+            try:
+                children = self.zk.get_children(f"{self.paths.namespaces}/{t}")
+            except NoNodeError:
+                continue
+            for n in children:
+                try:
+                    out.append(validate_namespace(f"{t}/{n}"))
+                except BundleError:
+                    continue
+        return sorted(out)
 
     def apply_split(self, namespace: str, parent: BundleRange, children: list[BundleRange]) -> BundleLayout:
         """Replace ``parent`` by ``children`` with a compare-and-set loop; idempotent."""
         for _ in range(20):
             got = self.read(namespace)
             if got is None:
-                self.ensure(namespace)
-                continue
+                # Deleted by an operator (trimtab admin namespaces delete): never bring it back.
+                raise NamespaceNotFound(
+                    namespace, f"namespace {namespace} was deleted; {parent.name} is not split"
+                )
             pol, version = got
             layout = pol.layout(namespace)
             have = set(layout.boundaries)

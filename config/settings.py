@@ -196,9 +196,13 @@ class AdapterSettings(Section):
     )
     hmac_key: SecretStr | None = Field(
         None,
-        description="Shared secret that signs every webhook call (HMAC-SHA256 over timestamp, method, path and "
-        "body; headers X-Trimtab-Timestamp and X-Trimtab-Signature) so the broker can reject forged calls. "
-        "Prefer hmac_key_file or TRIMTAB_BROKER__ADAPTER__HMAC_KEY to keep it out of config files.",
+        description="Shared secret (at least 16 bytes) that signs every webhook call for this broker's id "
+        "(broker.id), with a timestamp and a one-time nonce: HMAC-SHA256 over the scheme tag, broker id, "
+        "method, path and query, timestamp, nonce and body; headers X-Trimtab-Broker, X-Trimtab-Timestamp, "
+        "X-Trimtab-Nonce and X-Trimtab-Signature. The broker refuses forged calls, calls meant for another "
+        "broker, and replays (docs/broker-adapter.md, 'Signed calls'). The command adapter passes the same "
+        "signature to its script in TRIMTAB_CALL_* variables. Prefer hmac_key_file or "
+        "TRIMTAB_BROKER__ADAPTER__HMAC_KEY to keep it out of config files.",
     )
     hmac_key_file: str | None = Field(
         None, description="File holding the webhook HMAC key (first line); read at start-up."
@@ -350,7 +354,7 @@ class AgentSettings(Section):
         ge=1,
         le=10_000_000,
         description="Client addresses whose lookup rate is tracked (least recently seen forgotten first; "
-        "about 200 bytes each). A forgotten client starts again with a full bucket.",
+        "about 250 bytes each, 2.5 MB at the default). A forgotten client starts again with a full bucket.",
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from trimtab.balance.assign import BrokerInfo
-from trimtab.channel.records import Record, State, make
+from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.http import PeerHttp
 from trimtab.cluster.placement_view import LivePlacement
@@ -129,15 +129,14 @@ class Admin:
         """Transfer (dst set) or unload (dst None) a bundle, as an operator asked."""
         self.leadership.require_leader()
         plan = self.plan_move(bundle, dst)
-        rec = make(
-            State.RELEASING,
+        rec = await self.writes.release(
+            bundle,
             src=plan.src,
             dst=dst,
-            version=plan.version + 1,
-            ts=int(self.clock() * 1000),
+            version=plan.version,
             writer=self.leadership.writer(),
+            now_ms=int(self.clock() * 1000),
         )
-        await self.writes.publish(bundle, rec)
         self.metrics.unloads.labels(plan.action, "admin").inc()
         self.metrics.admin.labels(plan.action, "ok").inc()
         self.journal.record(plan.action, bundle=bundle, src=plan.src, dst=dst, reason="admin")

@@ -1,7 +1,8 @@
 """The controller's HTTP API: admin basics (transfer, unload, split, drain, ownership, brokers, leader,
-shedding pause/resume, healing status), health and metrics. Admin writes sent to a follower get ``307`` to
-the leader (method and body preserved), so any controller address works for operators and scripts; their
-dry runs (``"dry_run": true``) are answered by whichever controller gets them, from its own replica.
+shedding pause/resume, healing status; namespaces in controller/namespace_api.py), health and metrics.
+Admin writes sent to a follower get ``307`` to the leader (method and body preserved), so any controller
+address works for operators and scripts; their dry runs (``"dry_run": true``) are answered by whichever
+controller gets them, from its own replica.
 
 Who may call what (docs/security.md): the views need a read token, the writes (and their dry runs) an admin
 token, the probes are public; each router declares it.
@@ -36,6 +37,8 @@ from trimtab.cluster.zk import BrokerRegistry
 from trimtab.controller.admin import Admin
 from trimtab.controller.healing import Healer
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.namespace_admin import NamespaceAdmin
+from trimtab.controller.namespace_api import add_namespace_routes
 from trimtab.controller.placement_admin import PlacementAdmin
 from trimtab.controller.placement_api import add_placement_routes
 from trimtab.controller.status import StatusReport
@@ -56,6 +59,7 @@ class ControllerApi:
     liveness: Liveness
     prom: CollectorRegistry
     placement: PlacementAdmin
+    namespaces: NamespaceAdmin
 
 
 _DRY_RUN = (
@@ -128,6 +132,7 @@ def create_app(ctl: ControllerApi, *, auth: Authenticator | None = None) -> Fast
     _views(app, ctl)
     _admin(app, ctl)
     add_placement_routes(app, lambda: ctl.placement)
+    add_namespace_routes(app, lambda: ctl.namespaces)
     # The probes read ``ctl`` late: the OpenAPI spec is rendered from an app built without one.
     add_probes(
         app,

@@ -27,7 +27,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from trimtab.balance.placement import IsolationPolicy, PlacementConfigError, group_key, namespace_of
 from trimtab.channel.bundles import validate_namespace
-from trimtab.channel.records import Record, State, make
+from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.placement_store import (
     AntiAffinityGroups,
@@ -452,32 +452,14 @@ class PlacementAdmin:
         )
 
     async def _unload(self, bundles: list[tuple[str, Record]]) -> tuple[list[str], dict[str, str]]:
-        """Publish ``Releasing{src=owner, dst=None}`` for each bundle still owned as it was when chosen; a
-        bundle that moved meanwhile is left alone (it is being placed already)."""
+        """Unload each bundle still owned as it was when chosen (:meth:`ChannelWrites.unload_owned`, the
+        one bulk unload); a bundle that moved meanwhile is left alone (it is being placed already)."""
         if not bundles:
             return [], {}
         self.leadership.require_leader()  # the policy is stored; the moves are the leader's alone
-        now = int(self.clock() * 1000)
-        writer = self.leadership.writer()
-        todo: list[tuple[str, Record]] = []
-        for bundle, seen in bundles:
-            cur = self.table.get(bundle)
-            if cur is None or cur.state is not State.OWNED or cur.dst is None or cur.version != seen.version:
-                continue
-            rec = make(State.RELEASING, src=cur.dst, dst=None, version=cur.version + 1, ts=now, writer=writer)
-            todo.append((bundle, rec))
-        results = await asyncio.gather(
-            *(self.writes.publish(b, rec) for b, rec in todo), return_exceptions=True
+        return await self.writes.unload_owned(
+            bundles, writer=self.leadership.writer(), now_ms=int(self.clock() * 1000)
         )
-        unloaded: list[str] = []
-        failed: dict[str, str] = {}
-        for (bundle, _), res in zip(todo, results, strict=True):
-            if isinstance(res, BaseException):
-                failed[bundle] = str(res) or type(res).__name__
-            else:
-                unloaded.append(bundle)
-                self.metrics.unloads.labels("unload", "admin").inc()
-        return unloaded, failed
 
     async def broker_isolation(self) -> list[BrokerIsolation]:
         """Every live broker: the policies it is primary in, secondary in, and whether it is shared."""

@@ -30,7 +30,7 @@ from trimtab.cluster.placement_store import PlacementStore, PlacementWatch
 from trimtab.cluster.placement_view import LivePlacement
 from trimtab.cluster.standbys import StandbyIndex, StandbySet
 from trimtab.cluster.wiring import check_security, kafka_transport, zk_session
-from trimtab.cluster.zk import BrokerRegistry, ZkPaths
+from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
 from trimtab.config.settings import Settings
 from trimtab.controller.admin import Admin
 from trimtab.controller.api import ControllerApi, create_app
@@ -42,6 +42,7 @@ from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
+from trimtab.controller.namespace_admin import NamespaceAdmin
 from trimtab.controller.placement_admin import PlacementAdmin
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.snapshots import SnapshotJob
@@ -189,8 +190,29 @@ def build_controller(
     placement_admin = PlacementAdmin(
         PlacementStore(zk.client, paths), leadership, table, registry, writes, journal, metrics, clock=clock
     )
+    namespace_admin = NamespaceAdmin(
+        NamespaceStore(zk.client, paths, s.namespace.default_bundles),
+        leadership,
+        table,
+        writes,
+        journal,
+        metrics,
+        default_bundles=s.namespace.default_bundles,
+        max_bundles=s.split.max_bundles_per_namespace,
+        clock=clock,
+    )
     api = ControllerApi(
-        leadership, channel, registry, loads, admin, healer, status, liveness, prom, placement_admin
+        leadership,
+        channel,
+        registry,
+        loads,
+        admin,
+        healer,
+        status,
+        liveness,
+        prom,
+        placement_admin,
+        namespace_admin,
     )
     return Controller(
         s,

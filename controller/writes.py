@@ -1,5 +1,7 @@
-"""The leader's channel writes: one record (a shedding or admin move), or a round of forced overrides
-(healing, monitor) -- each round only after leadership is confirmed with ZooKeeper, each result counted."""
+"""The leader's channel writes: one record (a shedding or admin move), the admin's unloads (a transfer or
+unload, and the bulk unloads of an isolation-policy change or a namespace deletion: one way to release a
+bundle), or a round of forced overrides (healing, monitor) -- each round only after leadership is confirmed
+with ZooKeeper, each result counted."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ import asyncio
 import functools
 import threading
 from collections import Counter
+from collections.abc import Iterable
 
 import structlog
 
 from trimtab.balance.heal import Override
 from trimtab.channel.client import ChannelClient
-from trimtab.channel.records import Record
+from trimtab.channel.records import Record, State, make
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.errors import TransportError
@@ -38,6 +41,49 @@ class ChannelWrites:
         """Publish one record and wait for its acknowledgement (raises on failure or timeout)."""
         fut = self.channel.publish(bundle, record)
         await asyncio.wait_for(asyncio.wrap_future(fut), self.ack_timeout_s)
+
+    async def release(
+        self, bundle: str, *, src: str, dst: str | None, version: int, writer: str, now_ms: int
+    ) -> Record:
+        """An operator's move of an ``Owned`` bundle (at ``version``, owned by ``src``): publish
+        ``Releasing{src, dst}`` -- a transfer to ``dst``, or an unload when ``dst`` is None (the owner
+        fences and frees it; the next lookup assigns it, if its namespace still exists). Returns the record
+        once acknowledged (raises on failure or timeout)."""
+        rec = make(State.RELEASING, src=src, dst=dst, version=version + 1, ts=now_ms, writer=writer)
+        await self.publish(bundle, rec)
+        return rec
+
+    async def unload_owned(
+        self, bundles: Iterable[tuple[str, Record]], *, writer: str, now_ms: int
+    ) -> tuple[list[str], dict[str, str]]:
+        """Unload (:meth:`release` with no destination) each bundle that is still ``Owned`` exactly as
+        when it was chosen (same version); one that moved meanwhile is left alone (it is being placed
+        already). Returns the bundles unloaded and, for those whose record could not be published, why.
+        Each unload is counted in ``trimtab_unloads_total{kind="unload", reason="admin"}``."""
+        todo: list[tuple[str, Record]] = []
+        for bundle, seen in bundles:
+            cur = self.channel.table.get(bundle)
+            if cur is None or cur.state is not State.OWNED or cur.dst is None or cur.version != seen.version:
+                continue
+            todo.append((bundle, cur))
+        results = await asyncio.gather(
+            *(
+                self.release(
+                    b, src=cur.dst or "", dst=None, version=cur.version, writer=writer, now_ms=now_ms
+                )
+                for b, cur in todo
+            ),
+            return_exceptions=True,
+        )
+        unloaded: list[str] = []
+        failed: dict[str, str] = {}
+        for (bundle, _), res in zip(todo, results, strict=True):
+            if isinstance(res, BaseException):
+                failed[bundle] = str(res) or type(res).__name__
+            else:
+                unloaded.append(bundle)
+                self.metrics.unloads.labels("unload", "admin").inc()
+        return unloaded, failed
 
     async def overrides(self, overrides: list[Override]) -> int:
         """Publish a round of forced records; returns how many were acknowledged."""

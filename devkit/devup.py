@@ -318,7 +318,13 @@ def _skewed_load_settings(hot_ns: list[str], hot_scale: float, fast: bool) -> di
     capacity, with the hot namespaces well above it; the fast timers with ``fast``."""
     base: dict[str, Any] = FAST_TIMERS if fast else {}
     return _merge(
-        base, {"sim": {"msg_rate_per_topic": 60.0, "namespace_scale": dict.fromkeys(hot_ns, hot_scale)}}
+        base,
+        {
+            "sim": {"msg_rate_per_topic": 60.0, "namespace_scale": dict.fromkeys(hot_ns, hot_scale)},
+            # Its synthetic load is public/ns-*, and the README's curl looks up public/ns-3: lookups may
+            # create public/* (a deployment creates its namespaces with `trimtab admin namespaces create`).
+            "namespace": {"auto_create": ["public/*"]},
+        },
     )
 
 

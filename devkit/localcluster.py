@@ -225,6 +225,11 @@ class LocalCluster:
             # chooses the simulated adapter.
             "broker": {"adapter": {"kind": "simulated"}},
             "logging": {"level": "info", "json_logs": True},
+            # Lookups create a namespace only where namespace.auto_create allows it -- nowhere in production
+            # (docs/security.md). This harness's tests look up topics of many tenants nobody created, so it
+            # allows any; dev up, the chaos suite and the benchmarks narrow it to their own tenants, and a
+            # test of the policy passes its own list in ``settings``.
+            "namespace": {"auto_create": ["*"]},
         }
         if self.broker_processes:
             # Agents and their sim-broker processes read the same file (each agent is told its broker's URL

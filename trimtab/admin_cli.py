@@ -1245,3 +1245,101 @@ def isolation_brokers(ctx: click.Context, broker: str | None) -> None:
         c.show(c.call("GET", "/v1/isolation-policies/brokers"))
     else:
         c.show(c.call("GET", "/v1/isolation-policies/brokers/{broker}", path={"broker": broker}))
+
+
+# ---------------------------------------------------------------------------------------------- namespaces
+@admin.group("namespaces")
+def namespaces_group() -> None:
+    """Namespaces: lookups create none unless the agents' namespace.auto_create allows it (docs/security.md)."""
+
+
+def render_namespaces(p: Mapping[str, Any]) -> str:
+    rows = [[fmt(ns), fmt(v.get("bundles")), fmt(v.get("owned"))] for ns, v in p["namespaces"].items()]
+    n = p.get("count", len(rows))
+    return table(["namespace", "bundles", "owned"], rows, empty="no namespaces") + (
+        f"\n{n} namespace{'s' if n != 1 else ''}" if rows else ""
+    )
+
+
+def render_namespace_created(p: Mapping[str, Any]) -> str:
+    bundles = p["bundles"]
+    head = "would create" if p.get("dry_run") else "created"
+    return kv([("namespace", p["namespace"]), (head, f"{len(bundles)} bundles"), ("bundles", bundles)])
+
+
+def render_namespace_deleted(p: Mapping[str, Any]) -> str:
+    dry = bool(p.get("dry_run"))
+    unloaded, in_flight, failed = p["unloaded"], p.get("in_flight") or {}, p.get("failed") or {}
+    pairs: list[tuple[str, Any]] = [
+        ("namespace", p["namespace"]),
+        ("dry run", dry),
+        (
+            "znode",
+            ("would be deleted" if dry else "deleted")
+            if p["existed"]
+            else "none (deleted before: only the channel is cleaned up)",
+        ),
+        ("would unload" if dry else "unloaded", f"{len(unloaded)} bundles"),
+    ]
+    if unloaded:
+        pairs.append(("bundles", unloaded))
+    if in_flight:
+        pairs.append(
+            (
+                "in flight",
+                ", ".join(f"{b} ({s})" for b, s in sorted(in_flight.items())) + ": delete again once settled",
+            )
+        )
+    if failed:
+        pairs.append(("failed", ", ".join(f"{b}: {e}" for b, e in sorted(failed.items()))))
+    return kv(pairs)
+
+
+@command(namespaces_group, "list")
+@click.pass_context
+def namespaces_list(ctx: click.Context) -> None:
+    """Every namespace with its bundle count and how many of its bundles are owned."""
+    c = _client(ctx)
+    c.show(c.call("GET", "/v1/namespaces"), render_namespaces)
+
+
+@command(namespaces_group, "create")
+@click.argument("namespace", metavar="TENANT/NS", callback=_namespace)
+@click.option(
+    "--bundles",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Equal bundles to start with (at most split.max_bundles_per_namespace). [server default: "
+    "namespace.default_bundles]",
+)
+@dry_run_option
+@click.pass_context
+def namespaces_create(
+    ctx: click.Context, namespace: dict[str, str], bundles: int | None, dry_run: bool
+) -> None:
+    """Create namespace TENANT/NS; the first lookups of its topics assign its bundles."""
+    c = _client(ctx)
+    body: dict[str, Any] = dict(namespace)
+    if bundles is not None:
+        body["bundles"] = bundles
+    _write(c, "POST", "/v1/admin/namespaces", body, dry_run=dry_run, render=render_namespace_created)
+
+
+@command(namespaces_group, "delete")
+@click.argument("namespace", metavar="TENANT/NS", callback=_namespace)
+@dry_run_option
+@click.pass_context
+def namespaces_delete(ctx: click.Context, namespace: dict[str, str], dry_run: bool) -> None:
+    """Delete namespace TENANT/NS: its znode first (no lookup can assign its bundles again), then every
+    bundle it owns is unloaded. Bundles in flight are listed: run it again once they settle."""
+    c = _client(ctx)
+    _write(
+        c,
+        "DELETE",
+        "/v1/admin/namespaces/{tenant}/{namespace}",
+        None,
+        dry_run=dry_run,
+        in_query=True,
+        path=namespace,
+        render=render_namespace_deleted,
+    )

@@ -23,6 +23,7 @@ The tree::
     ├── RequestError                refused with an HTTP status (retryable or not)
     │   ├── NotLeader               sent to a follower: redirect to the leader (or 503 without one)
     │   ├── LookupTimeout           an in-flight bundle did not settle in time (503, retryable)
+    │   ├── NamespaceNotFound       the namespace does not exist, and may not be created here (404)
     │   └── AuthRefused             no valid bearer token (401), or one whose role cannot do this (403)
     └── DevKitError                 the local cluster, the ZooKeeper launcher, a benchmark
 """
@@ -130,6 +131,16 @@ class LookupTimeout(RequestError):
 
     def __init__(self, message: str) -> None:
         super().__init__(503, message, retryable=True)
+
+
+class NamespaceNotFound(RequestError):
+    """The namespace does not exist (no znode under ``admin/namespaces``) and the caller may not create it:
+    a lookup that ``namespace.auto_create`` does not allow, an admin call about an unknown namespace (404).
+    ``message`` says how an operator creates it, where that helps."""
+
+    def __init__(self, namespace: str, message: str | None = None) -> None:
+        super().__init__(404, message or f"namespace {namespace} does not exist")
+        self.namespace = namespace
 
 
 class AuthRefused(RequestError):

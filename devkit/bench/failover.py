@@ -73,7 +73,8 @@ RAISED_THROTTLES = {"max_in_flight": 100_000, "max_in_flight_per_broker": 100_00
 def base_settings(session_timeout_s: float, per_namespace: int) -> dict[str, Any]:
     return {
         "zookeeper": {"session_timeout_s": session_timeout_s},
-        "namespace": {"default_bundles": per_namespace},
+        # Its namespaces are created by lookups (namespace.auto_create: none by default).
+        "namespace": {"default_bundles": per_namespace, "auto_create": ["bench-failover/*"]},
         "healing": {"grace_s": 0.0, "safe_mode_settle_s": 5.0},
         "shedding": {"enabled": False},
         "split": {"enabled": False},

@@ -64,7 +64,11 @@ RTT_TOPIC = "trimtab-bench-rtt"
 WARMUP_LOOKUPS = 200
 
 # Nothing but the lookup path runs: no controllers (no shedding, healing, monitor), no automatic splits.
-BASE_SETTINGS: dict[str, Any] = {"split": {"enabled": False}}
+# Its namespaces are created by lookups (namespace.auto_create: none by default).
+BASE_SETTINGS: dict[str, Any] = {
+    "split": {"enabled": False},
+    "namespace": {"auto_create": ["bench-owned/*", "bench-assign/*"]},
+}
 
 
 # ---------------------------------------------------------------------------------------------- helpers

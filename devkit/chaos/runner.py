@@ -68,6 +68,7 @@ FAULT_KINDS = (
 #: Timers of the chaos cluster: short sessions (so faults resolve quickly) and the local cluster's fast
 #: balancing. Leases follow: session timeout - margin.
 CHAOS_SETTINGS: dict[str, Any] = {
+    "namespace": {"auto_create": ["chaos/*"]},  # its clients look up chaos/ns-*, created by lookups
     "zookeeper": {"session_timeout_s": 4.0},
     "healing": {"safe_mode_settle_s": 5.0},
     "channel": {"monitor_interval_s": 2.0},

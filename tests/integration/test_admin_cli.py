@@ -507,6 +507,9 @@ def test_redirects_keep_the_method_body_token_and_query(
     # Like trimtab's follower: a 307 to the leader with the path only.
     for method, path in (("POST", "/v1/admin/shedding"), ("DELETE", "/v1/isolation-policies/p1")):
         follower.routes[(method, path)] = Canned(307, headers={"location": leader.url + path})
+    follower.json(
+        "GET", "/v1/leader", 200, {"leader": {"id": "l", "http_url": leader.url}, "is_leader": False}
+    )
     leader.json(
         "POST", "/v1/admin/shedding", 200, {"shedding_paused": True, "paused_by": "x", "paused_at": None}
     )
@@ -537,6 +540,33 @@ def test_redirects_keep_the_method_body_token_and_query(
     err = admin.refused(1, "unload", "a/b/0x00000000_0xffffffff", "--dry-run", url=follower.url)
     assert "does not support --dry-run" in err and "nothing was sent" in err
     assert [s.path for s in follower.seen[before:]] == ["/openapi.json"]
+
+
+def test_a_redirect_is_followed_only_to_the_leader_the_server_names(
+    admin: Admin, stand_ins: tuple[StandIn, StandIn]
+) -> None:
+    """The CLI carries its token along a redirect, so a ``Location`` that is not the leader the answering
+    controller names in ``/v1/leader`` (a forged or misconfigured one), or that changes the scheme, is
+    refused: exit 4, and the other host never sees the token."""
+    follower, elsewhere = stand_ins
+    path = "/v1/admin/shedding"
+    follower.routes[("POST", path)] = Canned(307, headers={"location": elsewhere.url + path})
+    elsewhere.json("POST", path, 200, {"shedding_paused": True, "paused_by": "x", "paused_at": None})
+    follower.json("GET", "/v1/leader", 200, {"leader": {"id": "l", "http_url": "http://127.0.0.1:1"}})
+    err = admin.refused(
+        4, "--token", "s3cret-token-value", "shedding", "pause", "--by", "x", url=follower.url
+    )
+    assert "does not name as the leader" in err and "not followed" in err
+    assert "s3cret-token-value" not in err
+    assert not elsewhere.seen
+    # No leader named at all: not followed either.
+    follower.json("GET", "/v1/leader", 200, {"leader": None})
+    assert "no leader named" in admin.refused(4, "shedding", "pause", "--by", "x", url=follower.url)
+    # A scheme change is refused before anything else is asked.
+    https_there = elsewhere.url.replace("http://", "https://")
+    follower.routes[("POST", path)] = Canned(307, headers={"location": https_there + path})
+    assert "from http:// to https://" in admin.refused(4, "shedding", "pause", "--by", "x", url=follower.url)
+    assert not elsewhere.seen
 
 
 # ---------------------------------------------------------------------------------------------- placement

@@ -20,7 +20,7 @@ import msgspec
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.settings import NO_AUTH
+from tests.support.settings import AUTO_CREATE, NO_AUTH
 from trimtab.agent import lookup as lookup_module
 from trimtab.agent import wiring
 from trimtab.agent.adapters.base import BrokerSample, Lease
@@ -61,7 +61,7 @@ def agent_settings(zk_hosts: str, **sections: Any) -> Settings:
         "zookeeper": {"hosts": zk_hosts, "session_timeout_s": 4.0},
         "http": {"host": "127.0.0.1", "port": 0},
         "broker": {"adapter": {"kind": "simulated", "retries": 0}},
-        "namespace": {"default_bundles": BUNDLES},
+        "namespace": {"default_bundles": BUNDLES, **AUTO_CREATE["namespace"]},  # lookups create acme/*
         "load": {"report_interval_s": 0.2},
         "split": {"enabled": False},
         "channel": {"in_flight_timeout_s": 10.0},
