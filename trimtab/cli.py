@@ -194,7 +194,8 @@ def controller(
 def sim_broker(config_file: str | None, sets: tuple[str, ...], host: str, port: int, broker_id: str) -> None:
     """Serve a simulated broker over the webhook contract: the reference implementation, and the separate
     broker process of `dev up --broker-processes` and the chaos suite. It signs nothing and verifies
-    signatures when broker.adapter.hmac_key[_file] is set (the agent's own config can be passed as is).
+    signatures when broker.adapter.hmac_key[_file] is set (the agent's own config can be passed as is);
+    signed calls name the broker they are for, so --broker-id must then be the agent's broker.id.
     It serves behind the same HTTP guard as the daemons (the http.* limits) and logs JSON lines."""
     import uvicorn
 

@@ -24,6 +24,7 @@ The tree::
     │   ├── NotLeader               sent to a follower: redirect to the leader (or 503 without one)
     │   ├── LookupTimeout           an in-flight bundle did not settle in time (503, retryable)
     │   ├── NamespaceNotFound       the namespace does not exist, and may not be created here (404)
+    │   ├── SignatureRefused        a webhook call a broker must not act on (unsigned, stale, replayed...)
     │   └── AuthRefused             no valid bearer token (401), or one whose role cannot do this (403)
     └── DevKitError                 the local cluster, the ZooKeeper launcher, a benchmark
 """
@@ -156,3 +157,13 @@ class AuthRefused(RequestError):
 
 class DevKitError(TrimtabError):
     """The development kit failed: the local cluster, the ZooKeeper launcher, a benchmark's own checks."""
+
+
+class SignatureRefused(RequestError):
+    """A webhook call the broker must not act on. ``reason`` is a stable label (a metric label, the sim
+    broker's ``refused_calls``); the message says what was wrong, never the key. 401 except for
+    ``replay_cache_full`` (503, retryable: the broker cannot currently prove the call is new)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(status, f"webhook call refused ({reason}): {message}", retryable=status == 503)
+        self.reason = reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trimtab.agent.adapters.base import BrokerAdapter
+from trimtab.agent.adapters.signing import MIN_KEY_BYTES
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.config.settings import Settings
 from trimtab.errors import ConfigError
@@ -36,8 +37,10 @@ def hmac_key(settings: Settings) -> bytes | None:
         key = lines[0].strip() if lines else b""
     else:
         return None
-    if len(key) < 16:
-        raise ConfigError("the webhook HMAC key must be at least 16 bytes (broker.adapter.hmac_key[_file])")
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"the webhook HMAC key must be at least {MIN_KEY_BYTES} bytes (broker.adapter.hmac_key[_file])"
+        )
     return key
 
 
@@ -49,11 +52,13 @@ def build_adapter(settings: Settings, broker_id: str) -> tuple[BrokerAdapter, Si
         from trimtab.agent.adapters.webhook import WebhookAdapter
 
         assert a.url is not None  # checked by the settings validator
-        return WebhookAdapter(a.url, a.timeout_s, hmac_key=hmac_key(settings)), None
+        # Calls are signed for this broker's id: a call captured on its way to one broker is refused by
+        # every other (docs/broker-adapter.md, "Signed calls").
+        return WebhookAdapter(a.url, a.timeout_s, hmac_key=hmac_key(settings), broker_id=broker_id), None
     if kind == "command":
         from trimtab.agent.adapters.command import CommandAdapter
 
-        return CommandAdapter(a.command), None
+        return CommandAdapter(a.command, hmac_key=hmac_key(settings), broker_id=broker_id), None
     cap = settings.broker.capacity
     sim = SimulatedBroker(
         broker_id,
