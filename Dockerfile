@@ -2,15 +2,11 @@
 # Multi-stage: build wheels with the compiler toolchain, run on a slim base as an unprivileged user.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY channel ./channel
-COPY config ./config
-COPY balance ./balance
-COPY cluster ./cluster
-COPY agent ./agent
-COPY controller ./controller
-# trimtab/<name> are symlinks to the folders above; the dev kit (devkit/) is not copied and not in the wheel.
-COPY trimtab ./trimtab
+# The whole context, so the image cannot miss a package the source tree has; .dockerignore keeps caches,
+# tests and docs out. pyproject.toml decides what is in the wheel (trimtab/<name> are symlinks to the
+# top-level folders; the dev kit is left out). scripts/check-wheel.sh builds the wheel from exactly this
+# context (trimtab.devkit.docker_context) and runs every command from a fresh virtualenv.
+COPY . .
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

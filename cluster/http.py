@@ -240,6 +240,7 @@ def server_config(app: FastAPI, http: HttpSettings, refusals: Refusals) -> uvico
     return uvicorn.Config(
         BoundedApp(app, limits, refusals),
         http=protocol_class(ConnectionBook(limits, refusals)),
+        ws="none",  # no WebSocket routes: an Upgrade request is an ordinary request
         log_config=None,
         access_log=False,
         lifespan="off",

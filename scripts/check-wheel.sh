@@ -4,9 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
-trap 'rm -rf "$out" build' EXIT
-.venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$out/dist" . >"$out/build.log" 2>&1 || {
-  cat "$out/build.log" >&2; echo "building the wheel failed" >&2; exit 1; }
+trap 'rm -rf "$out"' EXIT
+# Built from the image's build context, reproduced from .dockerignore (the Dockerfile copies all of it), so
+# what is tested here is what `docker build` would package.
+.venv/bin/python -m trimtab.devkit.docker_context . "$out/context" >&2
+(cd "$out/context" && "$OLDPWD/.venv/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$out/dist" .) >"$out/build.log" 2>&1 || {
+  cat "$out/build.log" >&2; echo "building the wheel from the image's build context failed" >&2; exit 1; }
 wheel=$(ls "$out"/dist/trimtab-*.whl)
 .venv/bin/python - "$wheel" <<'PY'
 import sys, zipfile
@@ -24,8 +27,11 @@ python3 -m venv "$out/venv"
 "$out/venv/bin/python" -m pip install --quiet "$wheel" >"$out/install.log" 2>&1 || {
   cat "$out/install.log" >&2; echo "installing the wheel into a fresh virtualenv failed" >&2; exit 1; }
 cd "$out"  # away from the source tree, so nothing is imported from it
-"$out/venv/bin/trimtab" --help >/dev/null
-"$out/venv/bin/python" -c "import trimtab.agent.daemon, trimtab.controller.daemon, trimtab.channel.client"
+for cmd in "" agent controller admin pipeline sim sim-broker channel; do
+  # shellcheck disable=SC2086  # an empty $cmd is no argument at all
+  "$out/venv/bin/trimtab" $cmd --help >/dev/null || { echo "'trimtab $cmd --help' fails from the wheel" >&2; exit 1; }
+done
+"$out/venv/bin/python" -c "import trimtab.agent.daemon, trimtab.controller.daemon, trimtab.channel.client, trimtab.pipeline.cli, trimtab.sim.engine"
 if msg=$("$out/venv/bin/trimtab" bench channel 2>&1); then
   echo "'trimtab bench' ran without the dev kit" >&2; exit 1
 fi
@@ -35,4 +41,4 @@ if msg=$("$out/venv/bin/trimtab" pipeline compact --input "$wheel" 2>&1); then
   echo "'trimtab pipeline' ran without the spark extra" >&2; exit 1
 fi
 case "$msg" in *"trimtab[spark]"*) ;; *) echo "unexpected: $msg" >&2; exit 1 ;; esac
-echo "trimtab --help runs from a fresh virtualenv; the dev kit and pipeline commands say where to get them"
+echo "every command's --help runs from a fresh virtualenv with the wheel of the image's build context; the dev kit and pipeline commands say where to get them"

@@ -1,6 +1,7 @@
-"""``trimtab bench lookup | shed | failover``: the click commands of the lookup, shedding and failover
-benchmarks. :func:`register` attaches them to the ``bench`` group of :mod:`bench.cli` with that module's
-helpers (logs to stderr, one JSON object on stdout), so every benchmark behaves the same way.
+"""``trimtab bench lookup | shed | failover | hostile``: the click commands of the lookup, shedding,
+failover and hostile-client benchmarks. :func:`register` attaches them to the ``bench`` group of
+:mod:`bench.cli` with that module's helpers (logs to stderr, one JSON object on stdout), so every benchmark
+behaves the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def register(
     emit: Callable[[dict[str, object], str | None], None],
 ) -> None:
     _helpers.update(logs=logs_to_stderr, emit=emit)
-    for cmd in (lookup_cmd, shed_cmd, failover_cmd):
+    for cmd in (lookup_cmd, shed_cmd, failover_cmd, hostile_cmd):
         group.add_command(cmd)
 
 
@@ -266,3 +267,15 @@ def failover_cmd(
         ),
         output,
     )
+
+
+@click.command("hostile")
+@workdir_option
+@output_option
+def hostile_cmd(workdir: str | None, output: str | None) -> None:
+    """Hostile clients against a live agent whose broker holds leases (docs/security.md, "Hostile
+    clients"): a 100 MB body without a token, slowloris, a connection flood, a stalled body... with
+    /healthz latency, the agent's memory, lease expiries and refusals by reason."""
+    from trimtab.devkit.bench.hostile import run
+
+    _run("hostile", lambda: run(Path(workdir) if workdir else None), output)

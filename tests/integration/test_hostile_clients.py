@@ -24,35 +24,21 @@ of a disconnect, and every log file is readable by its owner only.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import socket
 import stat
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
-import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.waiting import wait_for
-from trimtab.devkit.localcluster import LocalCluster, Node
+from trimtab.devkit.bench import hostile
+from trimtab.devkit.bench.hostile import addr, head
+from trimtab.devkit.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-HEADER_TIMEOUT_S = 2.0
-BODY_TIMEOUT_S = 2.0
-MAX_CONNECTIONS = 64
-BIG = 100_000_000  # the 100 MB of the report
-# /healthz must answer within this while the agent is attacked (the issue's bound).
-HEALTHZ_BOUND_S = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         brokers=2,
         controllers=1,
         broker_processes=True,
-        settings={
-            "http": {
-                "header_timeout_s": HEADER_TIMEOUT_S,
-                "body_timeout_s": BODY_TIMEOUT_S,
-                "max_connections": MAX_CONNECTIONS,
-            },
-            "namespace": {"auto_create": ["public/*"]},
-        },
+        settings=hostile.cluster_settings(),
     )
     with c:
         for i in range(12):  # bundles on both brokers, so both hold leases
@@ -77,295 +56,43 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def _victim(cluster: LocalCluster) -> Node:
-    """The agent whose broker serves the most bundles: the one whose leases the attacks put at risk."""
-    states = cluster.broker_states()
-    agent = max(cluster.agents, key=lambda a: len(states.get(a.broker or "", {}).get("serving", [])))
-    assert states[agent.broker or ""]["serving"], "the victim's broker serves nothing: nothing to protect"
-    return agent
-
-
-def _addr(node: Node) -> tuple[str, int]:
-    return ("127.0.0.1", node.port)
-
-
-def _head(method: str, path: str, headers: dict[str, str]) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def _read_response(sock: socket.socket, timeout: float) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and body of one response (Content-Length framed, as trimtab answers)."""
-    sock.settimeout(timeout)
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed before a response head: {buf!r}")
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in header_lines)}
-    length = int(headers.get("content-length", "0"))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return int(status_line.split()[1]), headers, rest[:length]
-
-
-def _closed_by_peer(sock: socket.socket, timeout: float) -> bool:
-    """True if the peer closes ``sock`` within ``timeout`` (reading and discarding what it sends)."""
-    sock.settimeout(timeout)
-    try:
-        while sock.recv(65536):
-            pass
-    except TimeoutError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-@dataclass
-class Watch:
-    """What happens to the victim while it is attacked: /healthz latencies (one request per fresh
-    connection, as an orchestrator's probe does) and the agent's resident memory."""
-
-    node: Node
-    latencies: list[float] = field(default_factory=list)
-    phase: str = "start"
-    slow: list[tuple[str, int]] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    rss: list[int] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        proc = psutil.Process(self.node.pid)
-        while not self.stop.is_set():
-            # A new connection per probe, as an orchestrator's is; raw, so that only the node's time is
-            # measured (an HTTP client library spends milliseconds of its own, e.g. loading CAs).
-            t0 = time.monotonic()
-            try:
-                with socket.create_connection(_addr(self.node), timeout=5) as s:
-                    s.sendall(_head("GET", "/healthz", {"Connection": "close"}))
-                    status, _, _ = _read_response(s, 5)
-                if status != 200:
-                    self.failures.append(f"healthz answered {status}")
-            except (OSError, ConnectionError, ValueError) as e:
-                self.failures.append(f"healthz failed: {type(e).__name__}: {e}")
-            took = time.monotonic() - t0
-            self.latencies.append(took)
-            if took > HEALTHZ_BOUND_S:
-                self.slow.append((self.phase, round(took * 1000)))
-            with contextlib.suppress(psutil.Error):
-                self.rss.append(proc.memory_info().rss)
-            self.stop.wait(0.02)
-
-
-@contextlib.contextmanager
-def watching(node: Node) -> Iterator[Watch]:
-    w = Watch(node)
-    t = threading.Thread(target=w.run, name="healthz-prober", daemon=True)
-    t.start()
-    try:
-        yield w
-    finally:
-        w.stop.set()
-        t.join(10)
-
-
-def _expiries(cluster: LocalCluster, broker: str, since_ns: int) -> list[dict[str, object]]:
-    timeline = cluster.broker_states()[broker]["timeline"]
-    return [e for e in timeline if e.get("op") == "expire" and int(e.get("mono_ns", 0)) >= since_ns]
-
-
-def _refused(node: Node) -> dict[str, float]:
-    text = httpx.get(f"{node.http}/metrics", timeout=10).text
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "trimtab_http_refused":
-            for s in fam.samples:
-                if s.name.endswith("_total"):
-                    out[s.labels["reason"]] = s.value
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- the attack run
 def test_an_attacked_agent_keeps_its_leases_and_answers_probes(cluster: LocalCluster) -> None:
-    victim = _victim(cluster)
-    broker = victim.broker or ""
-    serving_before = set(cluster.broker_states()[broker]["serving"])
-    before = _refused(victim)
-    baseline_rss = psutil.Process(victim.pid).memory_info().rss
-    start_ns = time.monotonic_ns()
-    with watching(victim) as watch:
-        for attack in (
-            _big_unauthenticated_body,
-            _big_authenticated_body,
-            _big_chunked_public_body,
-            _slowloris,
-            _flood,
-            _stalled_body,
-        ):
-            watch.phase = attack.__name__
-            attack(victim, cluster, watch)
-    after = _refused(victim)
+    """The attacks of ``trimtab bench hostile`` (devkit/bench/hostile.py), asserted."""
+    run = hostile.attack_run(cluster)
+    a = run["attacks"]
 
-    assert not watch.failures, watch.failures[:5]
-    worst = max(watch.latencies)
-    assert worst < HEALTHZ_BOUND_S, (
-        f"/healthz took {worst * 1000:.0f} ms; slow probes (attack, ms): {watch.slow}"
-    )
-    assert len(watch.latencies) > 50, "the prober hardly ran"
-    grown = max(watch.rss) - baseline_rss
-    assert grown < 40 << 20, f"the agent's memory grew {grown >> 20} MB under attack"
+    # 100 MB without a token: 401 from the head alone, then the connection closed -- the body never read.
+    big = a["big_unauthenticated_body"]
+    assert big["status"] == 401 and big["challenge"].startswith("Bearer") and big["connection"] == "close"
+    assert big["seconds_to_answer"] < 1.0, big
+    assert big["body_bytes_sent_before_close"] < hostile.BIG // 2, big
+    # With a token: 413 from the declared length.
+    authed = a["big_authenticated_body"]
+    assert authed["status"] == 413 and authed["connection"] == "close"
+    assert json.loads(authed["error"])["error"].startswith("request body of 100000000 bytes")
+    # Chunked, no length, to a public path: 413 once past the limit.
+    assert a["big_chunked_public_body"]["status"] == 413
+    # Slowloris: every dripping connection closed after the head deadline.
+    loris = a["slowloris"]
+    assert loris["closed_by_node"] == loris["connections"], loris
+    # The flood was really over the cap, and probes kept being answered during it.
+    assert a["flood"]["opened"] > hostile.MAX_CONNECTIONS and a["flood"]["probes_during"] >= 10, a["flood"]
+    # A body that stops arriving: 408 after the body deadline, connection closed.
+    stalled = a["stalled_body"]
+    assert stalled["status"] == 408 and stalled["connection"] == "close"
+    assert hostile.BODY_TIMEOUT_S - 0.5 <= stalled["seconds"] <= hostile.BODY_TIMEOUT_S + 3
+
+    hz = run["healthz"]
+    assert not hz["failures"], hz["failures"][:5]
+    assert hz["probes"] > 50, "the prober hardly ran"
+    assert hz["max_ms"] < hostile.HEALTHZ_TARGET_S * 1000, f"/healthz slow (attack, ms): {hz['over_target']}"
+    assert run["agent_rss"]["peak_growth_mb"] < run["agent_rss"]["target_growth_mb"], run["agent_rss"]
     # No lease ran out: the broker still serves everything it served, and never expired a bundle.
-    assert not _expiries(cluster, broker, start_ns), _expiries(cluster, broker, start_ns)
-    assert serving_before <= set(cluster.broker_states()[broker]["serving"])
+    leases = run["leases"]
+    assert leases["expired_during_attacks"] == 0 and leases["still_served"] == leases["bundles_served_before"]
     for reason in ("body_too_large", "body_timeout", "header_timeout", "evicted"):
-        assert after[reason] > before.get(reason, 0), (reason, before, after)
-
-
-def _big_unauthenticated_body(node: Node, cluster: LocalCluster, watch: Watch) -> None:
-    """The report's request: 100 MB of JSON to /v1/admin/drain, no token. The 401 comes from the head
-    alone, and the node closes the connection instead of reading the body."""
-    with socket.create_connection(_addr(node)) as s:
-        t0 = time.monotonic()
-        s.sendall(
-            _head("POST", "/v1/admin/drain", {"Content-Type": "application/json", "Content-Length": str(BIG)})
-        )
-        status, headers, body = _read_response(s, 5)
-        took = time.monotonic() - t0
-        assert status == 401, body
-        assert headers.get("www-authenticate", "").startswith("Bearer")
-        assert headers.get("connection") == "close"
-        assert took < 1.0, f"401 after {took:.2f}s"
-        sent = 0
-        chunk = b'{"broker": "' + b"x" * (1 << 20)
-        with contextlib.suppress(OSError):
-            while sent < BIG:
-                s.sendall(chunk)
-                sent += len(chunk)
-        assert sent < BIG // 2, f"the node let {sent} bytes of a refused body in"
-
-
-def _big_authenticated_body(node: Node, cluster: LocalCluster, watch: Watch) -> None:
-    with socket.create_connection(_addr(node)) as s:
-        s.sendall(
-            _head(
-                "POST",
-                "/v1/admin/drain",
-                {
-                    "Authorization": f"Bearer {cluster.admin_token}",
-                    "Content-Type": "application/json",
-                    "Content-Length": str(BIG),
-                },
-            )
-        )
-        status, headers, body = _read_response(s, 5)
-        assert status == 413, body
-        assert json.loads(body)["error"].startswith("request body of 100000000 bytes")
-        assert headers.get("connection") == "close"
-
-
-def _big_chunked_public_body(node: Node, cluster: LocalCluster, watch: Watch) -> None:
-    """No length announced, a public route: the node reads up to its limit, answers 413 and closes."""
-    with socket.create_connection(_addr(node)) as s:
-        s.sendall(_head("POST", "/v1/lookup", {"Transfer-Encoding": "chunked"}))
-        piece = b"%x\r\n%s\r\n" % (8192, b"[" * 8192)
-        status = None
-        with contextlib.suppress(OSError):
-            for _ in range(1000):  # 8 MB at most
-                s.sendall(piece)
-                s.settimeout(0)
-                with contextlib.suppress(BlockingIOError):
-                    if s.recv(1, socket.MSG_PEEK):
-                        break
-        status, _, body = _read_response(s, 5)
-        assert status == 413, body
-
-
-def _slowloris(node: Node, cluster: LocalCluster, watch: Watch) -> None:
-    """Connections dripping their head one byte at a time are closed once the head deadline passes."""
-    socks = [socket.create_connection(_addr(node)) for _ in range(20)]
-    try:
-        for s in socks:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-        deadline = time.monotonic() + HEADER_TIMEOUT_S + 3
-        open_ = list(socks)
-        while open_ and time.monotonic() < deadline:
-            still = []
-            for s in open_:
-                try:
-                    s.sendall(b"X")
-                    still.append(s)
-                except OSError:
-                    pass
-            open_ = still
-            time.sleep(0.25)  # the attacker's drip rate, not synchronisation
-        assert all(_closed_by_peer(s, 2) for s in socks), "a dripping connection outlived the head deadline"
-    finally:
-        for s in socks:
-            s.close()
-
-
-_FLOOD = """
-import socket, sys, time
-port, n, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-socks = []
-for i in range(n):
-    try:
-        # From another address than the prober's, as an attacker's would be (all of 127/8 is loopback).
-        socks.append(socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0)))
-    except OSError:
-        pass
-    if i % 64 == 63:
-        time.sleep(0.1)  # the attacker's pace: 640 connections a second
-print(len(socks), flush=True)
-time.sleep(hold)  # the attacker holds its connections open
-"""
-
-
-def _flood(node: Node, cluster: LocalCluster, watch: Watch) -> None:
-    """Ten times the connection cap, idle, from another process and address (as an attacker's would be),
-    at 640 new connections a second: the node evicts the flooding client's longest-idle silent
-    connections, and probes still get in.
-    (Each accepted connection costs the event loop ~0.25 ms here, whatever the guard does: a burst of
-    thousands at once delays probes by that much -- docs/security.md says so.)"""
-    probes = len(watch.latencies)
-    proc = subprocess.run(
-        [sys.executable, "-c", _FLOOD, str(node.port), str(MAX_CONNECTIONS * 10), "1.5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert int(proc.stdout.strip()) > MAX_CONNECTIONS, proc.stdout
-    wait_for(lambda: len(watch.latencies) >= probes + 10, 10, message="probes during the flood")
-
-
-def _stalled_body(node: Node, cluster: LocalCluster, watch: Watch) -> None:
-    """A body that stops arriving: 408 after the body deadline, and the connection closed."""
-    with socket.create_connection(_addr(node)) as s:
-        s.sendall(
-            _head(
-                "POST",
-                "/v1/admin/drain",
-                {
-                    "Authorization": f"Bearer {cluster.admin_token}",
-                    "Content-Type": "application/json",
-                    "Content-Length": "100",
-                },
-            )
-            + b'{"broker": '
-        )
-        t0 = time.monotonic()
-        status, headers, _ = _read_response(s, BODY_TIMEOUT_S + 5)
-        assert status == 408
-        assert headers.get("connection") == "close"
-        assert BODY_TIMEOUT_S - 0.5 <= time.monotonic() - t0 <= BODY_TIMEOUT_S + 3
+        assert run["refused"][reason] > 0, (reason, run["refused"])
 
 
 # ---------------------------------------------------------------------------------------------- smaller holes
@@ -380,8 +107,8 @@ def test_a_client_that_disconnects_mid_body_is_not_an_error_anywhere(cluster: Lo
         headers = {"Content-Type": "application/json", "Content-Length": "100"}
         if node.kind != "broker":
             headers["Authorization"] = f"Bearer {cluster.admin_token}"
-        with socket.create_connection(_addr(node)) as s:
-            s.sendall(_head("POST", paths[node.kind], headers) + b'{"bundle": ')
+        with socket.create_connection(addr(node)) as s:
+            s.sendall(head("POST", paths[node.kind], headers) + b'{"bundle": ')
         # The node is still fine, and says nothing of the kind.
         assert (
             httpx.get(
@@ -449,4 +176,3 @@ def test_no_secret_in_any_log_and_logs_are_private(cluster: LocalCluster) -> Non
         assert not re.search(r"\bkey = b'", text), f"a traceback with local variables in {path}"
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o077 == 0, f"{path} is readable by others ({oct(mode)})"
-        assert isinstance(path, Path)
