@@ -60,6 +60,7 @@ REASONS = (
     "header_timeout",  # connection closed: the request head did not arrive within http.header_timeout_s
     "evicted",  # an idle connection closed to make room under http.max_connections
     "connection_limit",  # a new connection closed at once: every connection had a request in progress
+    "send_timeout",  # a connection closed: its client did not read its response within http.send_timeout_s
 )
 
 #: A route may raise or lower the node's body limit by declaring ``openapi_extra={MAX_BODY: n}``; the
@@ -79,6 +80,7 @@ class Limits:
     max_json_depth: int = 32
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
+    send_timeout_s: float = 10.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 1000
 
@@ -89,6 +91,7 @@ class Limits:
             max_json_depth=http.max_json_depth,
             header_timeout_s=http.header_timeout_s,
             body_timeout_s=http.body_timeout_s,
+            send_timeout_s=http.send_timeout_s,
             keep_alive_timeout_s=http.keep_alive_timeout_s,
             max_connections=http.max_connections,
         )
@@ -109,7 +112,7 @@ class Refusals:
             "trimtab_http_refused",
             "HTTP requests and connections refused by the node's limits (docs/security.md): body_too_large, "
             "body_timeout, json_too_deep, header_timeout, evicted (an idle connection closed to make room), "
-            "connection_limit",
+            "connection_limit, send_timeout (a client that does not read its responses)",
             ["reason"],
             registry=registry,
         )
@@ -239,6 +242,7 @@ class GuardedH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._head_bytes = 0
         inner = self.app
@@ -281,8 +285,30 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._cancel_send_deadline()
         self.book.closed(self)
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The send buffer is full: the client must read within ``http.send_timeout_s``."""
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.book.limits.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_send_deadline()
+
+    def _cancel_send_deadline(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        if not self.transport.is_closing():
+            self.book.refusals("send_timeout", client=self.client_host())
+            self.transport.abort()  # the unsent response is dropped: the client was not reading it
 
     # -- uvicorn hooks
     def on_response_complete(self) -> None:

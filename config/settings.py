@@ -290,6 +290,13 @@ class HttpSettings(Section):
         description="A request's complete body must arrive within this long of its head, or the node answers "
         "408 and closes the connection.",
     )
+    send_timeout_s: Seconds = Field(
+        10.0,
+        le=300,
+        description="A response the client does not read: once the node's send buffer for a connection is "
+        "full, the client must make room within this long or the connection is closed (a slow reader "
+        "would otherwise hold a connection, and its response, for ever).",
+    )
     keep_alive_timeout_s: Seconds = Field(
         5.0,
         ge=1,

@@ -11,7 +11,9 @@ The attacks, each over raw sockets (an HTTP library would refuse to send most of
 * ``slowloris``: connections dripping their request head -- closed after ``http.header_timeout_s``;
 * ``flood``: ten times ``http.max_connections`` idle connections from another process and address, at 640
   a second -- idle ones evicted, probes still answered;
-* ``stalled_body``: a body that stops arriving -- 408 after ``http.body_timeout_s``.
+* ``stalled_body``: a body that stops arriving -- 408 after ``http.body_timeout_s``;
+* ``slow_reader``: requests pipelined by a client that never reads the answers -- the connection closed
+  once its send buffer has been full for ``http.send_timeout_s``.
 
 Meanwhile a prober opens a new connection every 20 ms for ``/healthz`` (as an orchestrator does) and a
 sampler reads the agent's resident memory; afterwards the broker's timeline says whether any lease ran out.
@@ -42,6 +44,7 @@ from trimtab.devkit.localcluster import LocalCluster, Node
 
 HEADER_TIMEOUT_S = 2.0
 BODY_TIMEOUT_S = 2.0
+SEND_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 64
 BIG = 100_000_000  # the 100 MB of the report
 HEALTHZ_TARGET_S = 0.1  # /healthz answered within this while the agent is attacked (the issue's bound)
@@ -54,6 +57,7 @@ def cluster_settings() -> dict[str, Any]:
         "http": {
             "header_timeout_s": HEADER_TIMEOUT_S,
             "body_timeout_s": BODY_TIMEOUT_S,
+            "send_timeout_s": SEND_TIMEOUT_S,
             "max_connections": MAX_CONNECTIONS,
         },
         "namespace": {"auto_create": ["public/*"]},
@@ -277,6 +281,31 @@ def stalled_body(node: Node, token: str, watch: Watch) -> dict[str, Any]:
     }
 
 
+def slow_reader(node: Node, token: str, watch: Watch) -> dict[str, Any]:
+    """``GET /metrics`` pipelined without ever reading an answer, through a tiny receive window: the node's
+    send buffer fills, and the connection must be closed once it has been full for the send deadline."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(addr(node))
+    request = head("GET", "/metrics", {})
+    t0 = time.monotonic()
+    sent = 0
+    closed_after = None
+    try:
+        deadline = t0 + SEND_TIMEOUT_S + 15
+        while time.monotonic() < deadline:
+            try:
+                s.sendall(request * 20)
+                sent += 20
+            except OSError:
+                closed_after = time.monotonic() - t0
+                break
+            time.sleep(0.1)  # the attacker's pace
+    finally:
+        s.close()
+    return {"requests_sent": sent, "closed_after_s": None if closed_after is None else round(closed_after, 2)}
+
+
 ATTACKS: tuple[Attack, ...] = (
     big_unauthenticated_body,
     big_authenticated_body,
@@ -284,6 +313,7 @@ ATTACKS: tuple[Attack, ...] = (
     slowloris,
     flood,
     stalled_body,
+    slow_reader,
 )
 
 

@@ -83,6 +83,10 @@ def test_an_attacked_agent_keeps_its_leases_and_answers_probes(cluster: LocalClu
     assert stalled["status"] == 408 and stalled["connection"] == "close"
     assert hostile.BODY_TIMEOUT_S - 0.5 <= stalled["seconds"] <= hostile.BODY_TIMEOUT_S + 3
 
+    # A client that never reads its answers: cut off once its send buffer stayed full for the deadline.
+    slow = a["slow_reader"]
+    assert slow["closed_after_s"] is not None, slow
+
     hz = run["healthz"]
     assert not hz["failures"], hz["failures"][:5]
     assert hz["probes"] > 50, "the prober hardly ran"
@@ -91,7 +95,7 @@ def test_an_attacked_agent_keeps_its_leases_and_answers_probes(cluster: LocalClu
     # No lease ran out: the broker still serves everything it served, and never expired a bundle.
     leases = run["leases"]
     assert leases["expired_during_attacks"] == 0 and leases["still_served"] == leases["bundles_served_before"]
-    for reason in ("body_too_large", "body_timeout", "header_timeout", "evicted"):
+    for reason in ("body_too_large", "body_timeout", "header_timeout", "evicted", "send_timeout"):
         assert run["refused"][reason] > 0, (reason, run["refused"])
 
 
