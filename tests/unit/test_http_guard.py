@@ -219,3 +219,28 @@ def test_refusal_log_summarises_what_it_does_not_log_one_by_one() -> None:
     assert fields["top_clients"] == {"10.0.0.1": 4, "10.0.0.0": 3}  # refusals 3..9: odd ones from .1
     rl("missing", client="10.0.0.1")  # a new window: logged one by one again
     assert lines[-1][0] == "x_refused"
+
+
+def test_forwarded_headers_are_believed_only_from_configured_proxies() -> None:
+    from pydantic import ValidationError
+
+    from trimtab.cluster.http import server_config
+    from trimtab.config.settings import HttpSettings
+
+    plain = server_config(make_app(), HttpSettings(), Refusals())
+    assert plain.proxy_headers is False
+    proxied = server_config(
+        make_app(), HttpSettings(trusted_proxies=["10.1.0.0/16", "192.0.2.7"]), Refusals()
+    )
+    assert proxied.proxy_headers is True and proxied.forwarded_allow_ips == ["10.1.0.0/16", "192.0.2.7"]
+    with pytest.raises(ValidationError, match="not an IP address or CIDR network"):
+        HttpSettings(trusted_proxies=["proxy.example"])
+
+
+def test_every_app_is_served_without_slash_redirects() -> None:
+    from trimtab.cluster.http import server_config
+    from trimtab.config.settings import HttpSettings
+
+    app = make_app()
+    server_config(app, HttpSettings(), Refusals())
+    assert app.router.redirect_slashes is False
