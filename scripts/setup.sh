@@ -6,6 +6,8 @@
 #     rule tests; the service it installs is not used)
 #   - a virtualenv in .venv with trimtab and its dev and simulator (sim: SciPy, matplotlib) dependencies
 #     and the data pipeline's (spark: PySpark, pyarrow, pandas<3, matplotlib; Spark runs on the same Java 17)
+#   - Apache Kafka's server jars (KRaft, the version devkit/kafka/pom.xml pins) from Maven Central with Maven,
+#     into ${XDG_CACHE_HOME:-~/.cache}/trimtab/kafka-<version>/libs, for devkit/kafka_server.py
 # Re-running it is cheap: each step checks before it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,5 +59,44 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     exit 1
   fi
   touch "$stamp"
+fi
+
+# Apache Kafka (KRaft) for devkit/kafka_server.py: the server jars and their declared runtime dependencies
+# from Maven Central (devkit/kafka/pom.xml pins the version), once, into a cache outside git. The stamp
+# holds the pom's checksum: an unchanged pom never calls Maven again, so later runs work offline; Maven
+# itself first tries offline (-o), from what ~/.m2 already has. $TRIMTAB_KAFKA_CLASSPATH (jars of your
+# own) skips the step. Right after a fetch, one broker is started and stopped: it proves the jars run on
+# this Java and leaves the class-data-sharing archive that makes later starts faster.
+kafka_pom=devkit/kafka/pom.xml
+kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$kafka_pom")
+kafka_home="${XDG_CACHE_HOME:-$HOME/.cache}/trimtab/kafka-$kafka_version"
+kafka_sum=$(sha256sum "$kafka_pom" | cut -d' ' -f1)
+if [ -z "${TRIMTAB_KAFKA_CLASSPATH:-}" ] && [ "$(cat "$kafka_home/.complete" 2>/dev/null)" != "$kafka_sum" ]; then
+  if ! command -v mvn >/dev/null 2>&1; then
+    apt_install maven
+  fi
+  log "fetching Apache Kafka $kafka_version (server jars) from Maven Central into $kafka_home/libs"
+  mkdir -p "$kafka_home"
+  mvn_log="$kafka_home/maven.log"
+  copy_kafka_jars() {  # $1: -o (offline, from ~/.m2 only) or nothing
+    rm -rf "$kafka_home/libs.new"
+    # shellcheck disable=SC2086  # an empty $1 is no argument at all
+    mvn -B -q -C $1 -f "$kafka_pom" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+      "-DoutputDirectory=$kafka_home/libs.new" >"$mvn_log" 2>&1
+  }
+  if ! copy_kafka_jars -o && ! copy_kafka_jars ""; then
+    cat "$mvn_log" >&2
+    log "fetching Apache Kafka $kafka_version with Maven failed (full output above, also in $mvn_log)"
+    exit 1
+  fi
+  rm -rf "$kafka_home/libs"
+  mv "$kafka_home/libs.new" "$kafka_home/libs"
+  if ! .venv/bin/python -m trimtab.devkit.kafka_server --check >"$kafka_home/check.log" 2>&1; then
+    cat "$kafka_home/check.log" >&2
+    log "Apache Kafka $kafka_version does not start here (output above, also in $kafka_home/check.log)"
+    exit 1
+  fi
+  log "$(tail -1 "$kafka_home/check.log")"
+  echo "$kafka_sum" >"$kafka_home/.complete"
 fi
 log "ready: $(.venv/bin/python --version), $(java -version 2>&1 | head -1)"

@@ -21,7 +21,7 @@ import orjson
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Variables of the parent that would leak into a child's configuration; the tests pass what they mean.
-_KEEP_TRIMTAB_VARS = {"TRIMTAB_ZK_CLASSPATH"}
+_KEEP_TRIMTAB_VARS = {"TRIMTAB_ZK_CLASSPATH", "TRIMTAB_KAFKA_CLASSPATH"}
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
