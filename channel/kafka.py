@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
@@ -39,6 +40,16 @@ def _produce_failed(topic: str, why: object) -> TransportError:
 
 _EOF = KafkaError._PARTITION_EOF
 _RESET = KafkaError._AUTO_OFFSET_RESET  # auto.offset.reset=error: the fetch position was deleted
+# A partition between leaders (a broker died, a topic was just created): retried, briefly.
+_LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+WATERMARK_RETRY_S = 10.0
 _new_message = tuple.__new__
 
 
@@ -318,13 +329,24 @@ class KafkaTransport:
         return len(t.partitions)
 
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        try:
-            low, high = self._meta_consumer().get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=10, cached=False
-            )
-        except KafkaException as e:
-            raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
-        return int(low), int(high)
+        """The partition's low and high watermarks. A partition whose leader is moving (a broker died, the
+        topic was just created) answers "not leader" for a moment: that is retried for up to
+        :data:`WATERMARK_RETRY_S`; any other error, or one that lasts, is a :class:`TransportError`."""
+        deadline = time.monotonic() + WATERMARK_RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                low, high = self._meta_consumer().get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10, cached=False
+                )
+                return int(low), int(high)
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                moving = isinstance(err, KafkaError) and err.code() in _LEADER_MOVING
+                if not moving or time.monotonic() + delay > deadline:
+                    raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
+                time.sleep(delay)  # the leader is being elected: nothing to wait on but time
+                delay = min(delay * 2, 0.5)
 
     # ------------------------------------------------------------------ readers
     def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> KafkaReader:

@@ -12,6 +12,7 @@ from pathlib import Path
 from trimtab.channel.kafka import KafkaTransport
 from trimtab.cluster.auth import Authenticator
 from trimtab.cluster.http import check_tls_files
+from trimtab.cluster.topics import topic_specs
 from trimtab.cluster.zk import ZkSession
 from trimtab.config.settings import Settings, valid_digest
 from trimtab.errors import ConfigError
@@ -72,17 +73,17 @@ def kafka_transport(s: Settings, client_id: str) -> KafkaTransport:
     ``kafka.fetch_wait_max_ms``; every client it makes (producer, readers, metadata, admin) carries
     :func:`kafka_client_config` -- TLS and SASL included."""
     k = s.kafka
+    specs = topic_specs(k)
     return KafkaTransport(
         k.bootstrap_servers,
         client_config=kafka_client_config(s),
         client_id=client_id,
         linger_ms=k.linger_ms,
         fetch_wait_max_ms=k.fetch_wait_max_ms,
-        compacted_topics=frozenset(
-            {k.snapshot_topic, k.broker_load_topic, k.top_bundles_topic, k.standby_topic}
-        ),
-        # The snapshot topic must have exactly one partition (channel.snapshot.check_snapshot_topic).
-        topic_partitions={k.channel_topic: k.channel_partitions, k.snapshot_topic: 1},
+        # One source of truth for what each topic must be (cluster/topics.py); the snapshot topic has
+        # exactly one partition (channel.snapshot.check_snapshot_topic).
+        compacted_topics=frozenset(t.name for t in specs if t.compacted),
+        topic_partitions={t.name: t.partitions for t in specs},
         replication_factor=k.replication_factor,
     )
 

@@ -1,8 +1,11 @@
 """A whole trimtab cluster on one machine: the local dev cluster, and the harness of the process-level
 tests and benchmarks.
 
-It starts a real ZooKeeper server (``trimtab.devkit.zkserver``), owns a librdkafka mock cluster for its
-lifetime (this process must stay up), writes one TOML config for every node, and runs agents (each with
+It starts a real ZooKeeper server (``trimtab.devkit.zkserver``) and a real Apache Kafka KRaft cluster of
+``kafka_brokers`` nodes (``trimtab.devkit.kafka_server``; its topics created as trimtab needs them,
+cluster/topics.py) -- or, with ``kafka_mode="mock"``, owns a librdkafka mock cluster for its lifetime (the
+explicit fallback for a machine without Java or the Kafka jars, and the chaos suite's pausable Kafka) --
+writes one TOML config for every node, and runs agents (each with
 its built-in simulated broker) and controllers as separate ``trimtab`` processes. Every process is put in
 its own process group and killed on exit, whatever happens.
 
@@ -29,13 +32,16 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
 
+from trimtab.cluster.topics import topic_specs
 from trimtab.config.loader import load_settings
+from trimtab.config.settings import Settings
 from trimtab.devkit.kafka_mock import MockCluster, MockClusterProcess
+from trimtab.devkit.kafka_server import KafkaCluster
 from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptions, PrometheusServer, Target
 from trimtab.devkit.zkserver import ZooKeeperServer, free_port
@@ -132,6 +138,10 @@ class LocalCluster:
     zk_port: int = 0
     broker_processes: bool = False
     kafka_process: bool = False  # the mock Kafka cluster in its own process (the chaos suite pauses it)
+    # "real": Apache Kafka (KRaft) from the dev kit's cache; "mock": librdkafka's mock cluster (no
+    # compaction, replication, failover or security: a fallback, and what kafka_process runs).
+    kafka_mode: Literal["real", "mock"] = "real"
+    kafka_brokers: int = 1
     # A real Prometheus server scraping every agent and controller, with the alert rules loaded
     # (trimtab.devkit.prometheus); None: no Prometheus.
     prometheus: PrometheusOptions | None = None
@@ -140,7 +150,7 @@ class LocalCluster:
         self.workdir = Path(self.workdir)
         self.nodes: dict[str, Node] = {}
         self.zk: ZooKeeperServer | None = None
-        self.kafka: MockCluster | MockClusterProcess | None = None
+        self.kafka: KafkaCluster | MockCluster | MockClusterProcess | None = None
         self.prometheus_server: PrometheusServer | None = None
         self.config_path = self.workdir / "trimtab.toml"
         # Security on, as in production (docs/security.md): an admin and a read token and ZooKeeper digest
@@ -166,27 +176,27 @@ class LocalCluster:
         # Every start is a new cluster with new credentials, so what an earlier one left in the same directory
         # is unusable: its znodes' ACLs name the old ZooKeeper digest (every write would be refused), and its
         # logs would mix into this cluster's failure messages.
-        for stale in ("zookeeper", "logs", "prometheus"):
+        for stale in ("zookeeper", "logs", "prometheus", "kafka"):
             shutil.rmtree(self.workdir / stale, ignore_errors=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
             self.zk = ZooKeeperServer(self.workdir / "zookeeper", port=self.zk_port).start()
-            self.kafka = (
-                MockClusterProcess(self.python, self.workdir / "logs" / "kafka.log")
-                if self.kafka_process
-                else MockCluster()
-            )
+            if self.mock_kafka:
+                self.kafka = (
+                    MockClusterProcess(self.python, self.workdir / "logs" / "kafka.log")
+                    if self.kafka_process
+                    else MockCluster()
+                )
+            else:
+                # Topics only as trimtab makes them: nothing auto-created by a stray metadata request.
+                self.kafka = KafkaCluster(
+                    self.workdir / "kafka",
+                    brokers=self.kafka_brokers,
+                    extra_config={"auto.create.topics.enable": "false"},
+                ).start()
             self._write_config()
             s = load_settings(self.config_path, environ=False)
-            self.kafka.create_topics(
-                [
-                    s.kafka.channel_topic,
-                    s.kafka.snapshot_topic,
-                    s.kafka.broker_load_topic,
-                    s.kafka.top_bundles_topic,
-                    s.kafka.events_topic,
-                ]
-            )
+            self._create_topics(s)
             for _ in range(self.brokers):
                 self.add_agent(wait=False)
             for _ in range(self.controllers):
@@ -206,6 +216,25 @@ class LocalCluster:
             raise
         return self
 
+    @property
+    def mock_kafka(self) -> bool:
+        return self.kafka_mode == "mock" or self.kafka_process
+
+    def _create_topics(self, s: Settings) -> None:
+        """Every topic trimtab uses, made as cluster/topics.py says (the mock cannot: it gets the names)."""
+        specs = topic_specs(s.kafka)
+        if isinstance(self.kafka, KafkaCluster):
+            replicas = min(3, self.kafka_brokers)
+            for spec in specs:
+                config = spec.topic_config()
+                if replicas >= 3:
+                    config["min.insync.replicas"] = "2"  # acks=all survives one broker down
+                self.kafka.create_topics(
+                    [spec.name], partitions=spec.partitions, replication=replicas, config=config
+                )
+        elif self.kafka is not None:
+            self.kafka.create_topics([t.name for t in specs])
+
     def _write_config(self) -> None:
         assert self.zk is not None and self.kafka is not None
         sec = self._write_secrets()
@@ -216,11 +245,7 @@ class LocalCluster:
                 "admin_tokens_file": str(sec["admin_token"]),
                 "read_tokens_file": str(sec["read_token"]),
             },
-            # The mock auto-creates every topic with four partitions: use the snapshot topic's first only.
-            "kafka": {
-                "bootstrap_servers": self.kafka.bootstrap_servers,
-                "allow_multi_partition_snapshot_topic": True,
-            },
+            "kafka": {"bootstrap_servers": self.kafka.bootstrap_servers},
             # The local cluster's brokers are synthetic: the one place (with tests and benchmarks) that
             # chooses the simulated adapter.
             "broker": {"adapter": {"kind": "simulated"}},
@@ -239,6 +264,11 @@ class LocalCluster:
                 key.write_text(secrets.token_urlsafe(32) + "\n")
                 key.chmod(0o600)
             base["broker"] = {"adapter": {"kind": "simulated", "hmac_key_file": str(key)}}
+        if self.mock_kafka:
+            # The mock auto-creates every topic with four partitions: use the snapshot topic's first only.
+            base["kafka"]["allow_multi_partition_snapshot_topic"] = True
+        else:
+            base["kafka"]["replication_factor"] = min(3, self.kafka_brokers)
         cfg = _merge(base, self.settings)
         self.config_path.write_text(_toml(cfg))
 
@@ -563,6 +593,11 @@ class LocalCluster:
             "brokers": [{"broker": n.broker, "http": n.http, "pid": n.pid} for n in self.broker_nodes],
             "zookeeper": self.zk_hosts if self.zk else None,
             "kafka": self.bootstrap_servers if self.kafka else None,
+            "kafka_brokers": (
+                [{"id": b.id, "pid": b.pid, "host": b.host, "port": b.port} for b in self.kafka.brokers]
+                if isinstance(self.kafka, KafkaCluster)
+                else []
+            ),
             "config": str(self.config_path),
             "workdir": str(self.workdir),
             "orchestrator_pid": os.getpid(),

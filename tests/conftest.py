@@ -1,7 +1,7 @@
 """Fixtures shared by every test suite.
 
-Real components only (docs/design.md section 9): a real ZooKeeper server process and the real Kafka wire
-protocol (confluent-kafka against librdkafka's mock cluster). Nothing here is mocked. If ZooKeeper or
+Real components only (docs/design.md section 9): a real ZooKeeper server process and a real Apache Kafka
+(KRaft, from the dev kit's cache: scripts/setup.sh). Nothing here is mocked. If ZooKeeper or
 Java is missing the ZooKeeper fixtures *error* with the install hint (``apt-get install zookeeper`` or
 ``bash scripts/setup.sh``): a missing dependency must not turn into a green run of skipped tests.
 
@@ -17,7 +17,7 @@ fixture                scope     what it gives
 ``zk_hosts``           function  ``"127.0.0.1:<port>/t-<uuid>"``: the connect string for that chroot
 ``zk_client_factory``  function  ``make(**kw)`` -> another started KazooClient in the same chroot
 ``zk``                 function  a started KazooClient chrooted to ``zk_chroot``
-``kafka_cluster``      session   a :class:`trimtab.devkit.kafka_mock.MockCluster` (``.bootstrap_servers``)
+``kafka_cluster``      session   a real one-node Kafka, :class:`trimtab.devkit.kafka_server.KafkaCluster`
 ``kafka``              function  :class:`tests.support.kafka.KafkaEnv`: a KafkaTransport and topic names
                                  unique to the test (``channel_topic``, ``snapshot_topic``, ``topic(x)``)
 ``procs``              function  :class:`tests.support.procs.Procs`: CLI/helper subprocesses, all killed
@@ -45,7 +45,7 @@ from kazoo.retry import KazooRetry
 
 from tests.support.kafka import KafkaEnv, make_env
 from tests.support.procs import Procs
-from trimtab.devkit.kafka_mock import MockCluster
+from trimtab.devkit.kafka_server import KafkaCluster
 from trimtab.devkit.zkserver import ZooKeeperServer
 
 # ---------------------------------------------------------------------------------------------- ZooKeeper
@@ -151,12 +151,15 @@ def zk(zk_client_factory: KazooClients) -> KazooClient:
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster() -> Iterator[MockCluster]:
-    """The librdkafka mock cluster, owned by this process for the whole session.
-
-    It never compacts and cannot create topics through the admin API (see tests/support/kafka.py).
-    """
-    cluster = MockCluster()
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A real Apache Kafka (one KRaft node, trimtab.devkit.kafka_server) for the whole session. Topics a
+    metadata request names are auto-created with four partitions, as on the librdkafka mock the suite
+    used before; tests create what they need through :class:`tests.support.kafka.KafkaEnv`."""
+    cluster = KafkaCluster(
+        tmp_path_factory.mktemp("kafka"),
+        brokers=1,
+        extra_config={"auto.create.topics.enable": "true", "num.partitions": "4"},
+    ).start()
     try:
         yield cluster
     finally:
@@ -164,7 +167,7 @@ def kafka_cluster() -> Iterator[MockCluster]:
 
 
 @pytest.fixture
-def kafka(kafka_cluster: MockCluster, request: pytest.FixtureRequest) -> Iterator[KafkaEnv]:
+def kafka(kafka_cluster: KafkaCluster, request: pytest.FixtureRequest) -> Iterator[KafkaEnv]:
     env = make_env(kafka_cluster, request.node.name)
     try:
         yield env

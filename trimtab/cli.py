@@ -485,6 +485,22 @@ def dev() -> None:
     help="Run a Prometheus server scraping every node, with trimtab's alert rules (deploy/prometheus); "
     "its URL is printed and the live view shows its alerts. Default: when the prometheus binary is installed.",
 )
+@click.option(
+    "--kafka",
+    "kafka_mode",
+    type=click.Choice(["real", "mock"]),
+    default="real",
+    show_default=True,
+    help="real: Apache Kafka (KRaft) from the dev kit's cache (scripts/setup.sh fetches it); mock: "
+    "librdkafka's mock cluster -- no compaction, replication or failover: only for a machine without Java.",
+)
+@click.option(
+    "--kafka-brokers",
+    type=click.IntRange(min=1, max=5),
+    default=1,
+    show_default=True,
+    help="Kafka brokers (real Kafka only); with 3 or more the topics are replicated 3 times, min.insync.replicas 2.",
+)
 @config_option
 @set_option
 def dev_up(
@@ -500,10 +516,12 @@ def dev_up(
     production_timers: bool,
     broker_processes: bool,
     prometheus: bool | None,
+    kafka_mode: str,
+    kafka_brokers: int,
     config_file: str | None,
     sets: tuple[str, ...],
 ) -> None:
-    """Start ZooKeeper, the Kafka mock, agents and controllers on this machine, assign a skewed synthetic
+    """Start ZooKeeper, Kafka, agents and controllers on this machine, assign a skewed synthetic
     load, and show the cluster balancing itself. Ctrl-C stops everything; --duration ends with a JSON
     summary on stdout."""
     import shutil
@@ -515,6 +533,8 @@ def dev_up(
 
     if brokers < 1 or controllers < 0:
         raise click.BadParameter("need at least one broker")
+    if kafka_mode == "mock" and kafka_brokers != 1:
+        raise click.BadParameter("--kafka-brokers needs --kafka real (the mock is one process)")
     overrides: dict[str, Any] = {}
     if config_file:
         import tomllib
@@ -541,6 +561,8 @@ def dev_up(
         settings=overrides,
         broker_processes=broker_processes,
         prometheus=prometheus,
+        kafka_mode=kafka_mode,
+        kafka_brokers=kafka_brokers,
     )
     _emit_json(summary)
 

@@ -693,9 +693,17 @@ class TestBalancing:
         _, rng = parse_bundle(parent)
         kids = sorted(parse_bundle(k)[1] for k in children)
         assert (kids[0].lower, kids[0].upper, kids[1].upper) == (rng.lower, kids[1].lower, rng.upper)
-        # A topic of the old range now lives in a child, owned by the same broker, from any agent.
+        # A topic of the old range now lives in a child, owned by the same broker, from any agent -- once
+        # that agent has read the split from the channel (each replays it on its own; until then it may
+        # still answer the parent and its owner, the same broker).
         probe = topic_in(parent, prefix="after-split")
         for node in c.agents:
+            wait_for(
+                lambda node=node: h.records(node).get(parent, {"state": "deleted"})["state"] == "deleted",
+                20,
+                interval=0.05,
+                message=f"{node.name} has read the split of {parent}",
+            )
             got = h.lookup(probe, via=node)
             assert got["bundle"] in children and got["owner"] == owner, got
         assert h.owners(leader).get(parent) is None

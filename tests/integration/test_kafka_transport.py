@@ -161,7 +161,7 @@ def test_watermarks_follow_the_writes(kafka: KafkaEnv) -> None:
 
 
 def test_unknown_topic_is_auto_created_with_four_partitions(kafka: KafkaEnv) -> None:
-    # The admin API cannot create topics on the mock; the transport must fall back to auto-creation.
+    # A topic nobody made: the transport creates it through the admin API, with four partitions.
     assert kafka.transport.partitions(f"{kafka.prefix}-never-seen") == MOCK_PARTITIONS
 
 
@@ -390,19 +390,21 @@ def test_channel_client_ignores_a_snapshot_past_the_end_of_the_channel(kafka: Ka
 
 
 def test_a_snapshot_topic_with_more_than_one_partition_is_refused_by_default(kafka: KafkaEnv) -> None:
-    """The mock auto-creates four partitions: exactly what a misconfigured real cluster looks like."""
-    node = ChannelClient(kafka.transport, kafka.channel_topic, kafka.snapshot_topic)
+    """A snapshot topic someone created with four partitions: a misconfigured cluster, refused at start."""
+    four = kafka.topic("snapshot-of-four-partitions")
+    node = ChannelClient(kafka.transport, kafka.channel_topic, four)
     with pytest.raises(SnapshotTopicError) as err:
         node.start()
-    assert kafka.snapshot_topic in str(err.value) and "exactly 1" in str(err.value)
+    assert four in str(err.value) and "exactly 1" in str(err.value)
     assert not node.ready
 
 
 def test_a_history_gap_over_kafka_is_detected_and_recovered_from_a_snapshot(
     kafka: KafkaEnv, procs: Procs
 ) -> None:
-    """A node paused (SIGSTOP) while retention deletes records it has not read -- the mock keeps ~5 MiB
-    per partition -- must not jump ahead when it resumes. It stops being ready, counts the gap, waits for
+    """A node paused (SIGSTOP) while retention deletes records it has not read -- done here with Kafka's
+    DeleteRecords, exactly what retention does to a partition's start, without waiting for the broker's
+    five-minute retention check -- must not jump ahead when it resumes. It stops being ready, counts the gap, waits for
     a snapshot that covers the retained channel, and then rebuilds exactly the table of a node that never
     paused."""
     topic, snap_topic = kafka.channel_topic, kafka.snapshot_topic
@@ -441,9 +443,12 @@ def test_a_history_gap_over_kafka_is_detected_and_recovered_from_a_snapshot(
             produce_all(kafka, topic, batch)
             junk += batch
             wait_for(lambda: positions_at_end(kafka, healthy), 30, message="the healthy node keeps up")
+        # Retention: every partition's start moves past what the paused laggard has read.
+        cut = {p: kafka.transport.watermarks(topic, p)[1] for p in range(MOCK_PARTITIONS)}
+        delete_records(kafka.bootstrap_servers, topic, cut)
         produce_all(kafka, topic, channel_log(rng, bundles, 100, ts0=9_000))
         lows = {p: kafka.transport.watermarks(topic, p)[0] for p in range(MOCK_PARTITIONS)}
-        assert all(lows.values()), f"the mock kept everything: {lows}"
+        assert lows == cut, f"the records were not deleted: {lows} != {cut}"
         wait_for(lambda: positions_at_end(kafka, healthy), 30, message="the healthy node keeps up")
         node.signal_group(signal.SIGCONT)
 
@@ -472,3 +477,14 @@ def test_a_history_gap_over_kafka_is_detected_and_recovered_from_a_snapshot(
     finally:
         node.signal_group(signal.SIGCONT)
         healthy.stop()
+
+
+def delete_records(bootstrap: str, topic: str, before: dict[int, int]) -> None:
+    """Delete every record of ``topic`` before ``before[partition]`` (the admin API's DeleteRecords)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_records([TopicPartition(topic, p, off) for p, off in before.items()])
+    for f in futures.values():
+        f.result(30)

@@ -1,17 +1,10 @@
-"""Per-test Kafka environment on the session's librdkafka mock cluster.
-
-The mock (``trimtab.devkit.kafka_mock.MockCluster``) speaks the real Kafka protocol on loopback, so the real
-confluent-kafka clients and other processes use it like any cluster. What it does *not* do, and tests
-must not rely on:
-
-* **no compaction**: a "compacted" topic keeps every record; tests of compaction-dependent behaviour
-  (snapshot chunk collection, load-report tombstones) see all versions, and readers must cope;
-* **no topic creation through the admin API** (it times out): topics are auto-created, with 4 partitions,
-  by the first metadata request that names them (``MockCluster.create_topics`` does that up front);
-* **no fetch wake-up** when data arrives: latency is bounded by ``fetch.wait.max.ms``.
+"""Per-test Kafka environment on the session's real Kafka (one KRaft node, ``trimtab.devkit.kafka_server``).
 
 Every test gets its own topic names (a unique prefix), so tests never see each other's records even
-though they share one cluster.
+though they share one cluster. The channel topic has four partitions, the snapshot topic one and is
+compacted, as trimtab creates them (cluster/topics.py); other topics are created with four partitions.
+The log cleaner does not run within a test's lifetime here (segments are large): tests of compaction make
+their own topics with small segments.
 """
 
 from __future__ import annotations
@@ -25,16 +18,16 @@ from typing import Any
 from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.snapshot import read_all
 from trimtab.channel.transport import Message
-from trimtab.devkit.kafka_mock import MockCluster
+from trimtab.devkit.kafka_server import KafkaCluster
 
-MOCK_PARTITIONS = 4  # what the mock gives every auto-created topic
+MOCK_PARTITIONS = 4  # the partitions of every topic a test makes (what the librdkafka mock gave every topic)
 
 
 @dataclass
 class KafkaEnv:
     """What the ``kafka`` fixture hands a test: a transport, unique topic names, more on demand."""
 
-    cluster: MockCluster
+    cluster: KafkaCluster
     transport: KafkaTransport
     prefix: str
     channel_topic: str
@@ -46,7 +39,7 @@ class KafkaEnv:
         return self.cluster.bootstrap_servers
 
     def topic(self, name: str) -> str:
-        """A topic name unique to this test (created on the mock right away)."""
+        """A topic name unique to this test (created right away, four partitions)."""
         topic = f"{self.prefix}-{name}"
         self.cluster.create_topics([topic])
         return topic
@@ -58,7 +51,7 @@ class KafkaEnv:
         return t
 
     def dump_args(self, *extra: str) -> list[str]:
-        """``trimtab channel dump`` arguments for this test's channel and snapshot topics on the mock."""
+        """``trimtab channel dump`` arguments for this test's channel and snapshot topics."""
         return [
             "channel",
             "dump",
@@ -68,8 +61,6 @@ class KafkaEnv:
             self.channel_topic,
             "--set",
             f"kafka.snapshot_topic={self.snapshot_topic}",
-            "--set",
-            "kafka.allow_multi_partition_snapshot_topic=true",
             "--timeout",
             "30",
             *extra,
@@ -85,11 +76,12 @@ class KafkaEnv:
         self.transport.close()
 
 
-def make_env(cluster: MockCluster, test_name: str) -> KafkaEnv:
+def make_env(cluster: KafkaCluster, test_name: str) -> KafkaEnv:
     slug = "".join(ch if ch.isalnum() else "-" for ch in test_name)[:40].strip("-")
     prefix = f"t-{slug}-{uuid.uuid4().hex[:8]}"
     channel_topic, snapshot_topic = f"{prefix}-channel", f"{prefix}-snapshot"
-    cluster.create_topics([channel_topic, snapshot_topic])
+    cluster.create_topics([channel_topic], partitions=MOCK_PARTITIONS)
+    cluster.create_topics([snapshot_topic], partitions=1, config={"cleanup.policy": "compact"})
     transport = KafkaTransport(cluster.bootstrap_servers, client_id=f"test-{slug}")
     return KafkaEnv(cluster, transport, prefix, channel_topic, snapshot_topic)
 
