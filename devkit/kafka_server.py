@@ -75,7 +75,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from trimtab.devkit.pki import make_pki, openssl
-from trimtab.devkit.procs import die_with_parent_hook, open_log
+from trimtab.devkit.procs import spawn_logged
 from trimtab.devkit.zkserver import ZooKeeperServerError
 from trimtab.devkit.zkserver import find_java as _find_java
 from trimtab.errors import DevKitError
@@ -889,24 +889,15 @@ class KafkaCluster:
         ]
 
     def _popen(self, node: _Node, cmd: list[str], banner: str) -> subprocess.Popen[bytes]:
-        with open_log(node.log_path) as log:
-            node.log_offset = log.tell()
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log.write(f"\n===== trimtab: {banner} at {stamp} =====\n".encode())
-            log.flush()
-            hook = die_with_parent_hook() if self.die_with_parent else None
-            try:
-                return subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=node.dir,
-                    start_new_session=True,
-                    preexec_fn=hook,  # noqa: PLW1509
-                )
-            except OSError as e:
-                raise KafkaServerError(f"cannot run {cmd[0]!r}: {e}") from e
+        proc, node.log_offset = spawn_logged(
+            cmd,
+            node.log_path,
+            banner,
+            cwd=node.dir,
+            die_with_parent=self.die_with_parent,
+            error=KafkaServerError,
+        )
+        return proc
 
     def _format(self, deadline: float) -> None:
         """Format the storage of every node that has none, under one cluster id (and, under ``sasl_ssl``,

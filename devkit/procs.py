@@ -5,8 +5,10 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -41,3 +43,36 @@ def open_log(path: Path) -> BinaryIO:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "ab")
+
+
+def spawn_logged(
+    cmd: list[str],
+    log_path: Path,
+    banner: str,
+    *,
+    cwd: Path,
+    die_with_parent: bool,
+    error: type[Exception],
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a server process in a session of its own, its output appended to ``log_path`` (0600) after a
+    ``===== trimtab: <banner> at <time> =====`` line; return it and the log offset where its output starts
+    (what a readiness error quotes). A command that cannot run raises ``error``."""
+    with open_log(log_path) as log:
+        offset = log.tell()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log.write(f"\n===== trimtab: {banner} at {stamp} =====\n".encode())
+        log.flush()
+        hook = die_with_parent_hook() if die_with_parent else None
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=hook,  # noqa: PLW1509
+            )
+        except OSError as e:
+            raise error(f"cannot run {cmd[0]!r}: {e}") from e
+    return proc, offset

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trimtab.devkit.procs import die_with_parent_hook, open_log
+from trimtab.devkit.procs import spawn_logged
 from trimtab.errors import DevKitError
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -345,26 +345,15 @@ class ZooKeeperServer:
         cmd = self._command()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
-        with open_log(self.log_path) as log:
-            self._log_offset = log.tell()
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log.write(
-                f"\n===== trimtab: start #{self.starts + 1} on port {self.port} at {stamp} =====\n".encode()
-            )
-            log.flush()
-            hook = die_with_parent_hook() if self.die_with_parent else None
-            try:
-                return subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.data_dir,
-                    start_new_session=True,
-                    preexec_fn=hook,  # noqa: PLW1509
-                )
-            except OSError as e:
-                raise ZooKeeperServerError(f"cannot run {cmd[0]!r}: {e}") from e
+        proc, self._log_offset = spawn_logged(
+            cmd,
+            self.log_path,
+            f"start #{self.starts + 1} on port {self.port}",
+            cwd=self.data_dir,
+            die_with_parent=self.die_with_parent,
+            error=ZooKeeperServerError,
+        )
+        return proc
 
     def start(self, timeout: float = 30.0) -> ZooKeeperServer:
         """Start the server and wait until it serves. Idempotent if it is already running."""
