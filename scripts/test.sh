@@ -23,7 +23,8 @@ step "the wheel: one top-level package, no dev kit, runs from a fresh virtualenv
 bash scripts/check-wheel.sh
 step "pytest"
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# The slowest tests are listed at the end: the CI budget (25 minutes) is watched, not guessed.
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
 code=$?
 set -e
 if [ "$code" = "5" ]; then
