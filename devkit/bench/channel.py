@@ -456,7 +456,11 @@ def _child_env() -> tuple[Path, dict[str, str]]:
 
 class MockClusterProcess:
     """A librdkafka mock cluster owned by a child process (:mod:`trimtab.devkit.bench.mock_process`),
-    alive until :meth:`close`. The benchmarking process connects to it like to any Kafka cluster."""
+    alive until :meth:`close`. The benchmarking process connects to it like to any Kafka cluster.
+
+    Still the mock, and it needs none of the mock's fault injection: the bootstrap figures in
+    docs/benchmarks.md were measured on it, and moving them to a real Kafka (with figures side by side)
+    is open work. It also twins :class:`trimtab.devkit.kafka_mock.MockClusterProcess`."""
 
     def __init__(self, topics: list[str]) -> None:
         root, env = _child_env()

@@ -68,7 +68,7 @@ from trimtab.cluster.zk import ZkPaths
 from trimtab.config.loader import load_settings
 from trimtab.controller.api import create_app as controller_app
 from trimtab.controller.wiring import build_controller
-from trimtab.devkit.kafka_mock import MockCluster
+from trimtab.devkit.kafka_server import KafkaCluster
 from trimtab.devkit.localcluster import LocalCluster, Node
 from trimtab.devkit.zkserver import free_port
 
@@ -661,7 +661,7 @@ def test_zookeeper_digest_from_the_settings_protects_what_a_session_creates(
 
 
 def test_kafka_client_settings_reach_every_client(
-    zk_hosts: str, tmp_path: Path, kafka_cluster: MockCluster
+    zk_hosts: str, tmp_path: Path, kafka_cluster: KafkaCluster
 ) -> None:
     props = tmp_path / "kafka.properties"
     props.write_text(
