@@ -88,6 +88,7 @@ class Agent:
         register_wait_s: float,
         catch_up_timeout_s: float = 300.0,
         tick_s: float = 1.0,
+        prepare_topics: Callable[[], None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``register_wait_s``: how long to wait for a registration of our id left by a previous
@@ -103,6 +104,7 @@ class Agent:
         self.channel = channel
         self.loads = loads
         self.transport = transport
+        self.prepare_topics = prepare_topics
         self.reconciler = reconciler
         self.reporter = reporter
         self.splitter = splitter
@@ -233,6 +235,8 @@ class Agent:
         self.metrics.zk_connected.set(1)
         await asyncio.to_thread(self.registry.start)
         await asyncio.to_thread(self.placement_watch.start)
+        # Every topic exists and can be relied on (cluster/topics.py), or start-up ends here, naming it.
+        await asyncio.to_thread(self.prepare_topics)
         await asyncio.to_thread(self.channel.start)
         self.loads.start()
         self.standby_view.start()  # advice only: start-up does not wait for it

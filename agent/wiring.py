@@ -56,7 +56,7 @@ from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_reg
 from trimtab.cluster.placement_store import PlacementWatch
 from trimtab.cluster.placement_view import LivePlacement
 from trimtab.cluster.standbys import StandbyIndex, StandbySet, prefer_standbys
-from trimtab.cluster.wiring import check_security, kafka_transport, zk_session
+from trimtab.cluster.wiring import check_security, kafka_clients, zk_session
 from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
 from trimtab.config.settings import Settings
 
@@ -134,7 +134,7 @@ def build(
     registry = BrokerRegistry(zk, paths)
     namespaces = NamespaceStore(zk.client, paths, s.namespace.default_bundles)
 
-    transport = transport if transport is not None else kafka_transport(s, f"trimtab-agent-{me}")
+    transport, prepare_topics = kafka_clients(s, f"trimtab-agent-{me}", transport)
     rules = PlacementParts.build(s, zk, paths, registry, transport)
     placement, placement_watch = rules.placement, rules.watch
     standby_index, standby_view, place = rules.standby_index, rules.standby_view, rules.rule
@@ -151,7 +151,6 @@ def build(
         s.kafka.snapshot_topic,
         on_skip=SkipLog(),
         on_ready=on_channel_ready,
-        allow_multi_partition_snapshot_topic=s.kafka.allow_multi_partition_snapshot_topic,
     )
     loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, s.kafka.broker_load_topic, BrokerLoadData)
     events = EventPublisher(transport, s.kafka.events_topic, source=me, role="agent")
@@ -238,6 +237,7 @@ def build(
         renewer=renewer,
         metrics=metrics,
         register_wait_s=s.zookeeper.session_timeout_s * 2 + 5,
+        prepare_topics=prepare_topics,
     )
     api = AgentApi(
         node=agent,

@@ -40,7 +40,6 @@ class ChannelClient:
         on_skip: SkipHook | None = None,
         on_ready: Callable[[TableView], None] | None = None,
         use_snapshot: bool = True,
-        allow_multi_partition_snapshot_topic: bool = False,
         retry_s: float = 2.0,
         max_retry_s: float = 30.0,
     ) -> None:
@@ -48,7 +47,6 @@ class ChannelClient:
         self.topic = topic
         self.snapshot_topic = snapshot_topic
         self.use_snapshot = use_snapshot and snapshot_topic is not None
-        self.allow_multi_partition_snapshot_topic = allow_multi_partition_snapshot_topic
         self._on_skip = on_skip
         self._user_on_ready = on_ready
         self.retry_s = retry_s
@@ -79,11 +77,7 @@ class ChannelClient:
         partitions = self.transport.partitions(self.topic)
         self.table.partitions = partitions
         if self.use_snapshot and self.snapshot_topic is not None:
-            check_snapshot_topic(
-                self.transport,
-                self.snapshot_topic,
-                allow_more_partitions=self.allow_multi_partition_snapshot_topic,
-            )
+            check_snapshot_topic(self.transport, self.snapshot_topic)
         self._reason = "catching up with the channel"
         try:
             self._bootstrap(partitions)

@@ -19,7 +19,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -27,6 +27,7 @@ import structlog
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from trimtab.channel.topics import DEFAULT_PARTITIONS, TopicSpec
 from trimtab.channel.transport import Delivered, Message, report
 from trimtab.errors import HistoryGap, TransportError
 
@@ -129,8 +130,7 @@ class KafkaTransport:
         linger_ms: float = 5.0,
         fetch_wait_max_ms: int = 5,
         delivery_timeout_ms: int = 30_000,
-        compacted_topics: frozenset[str] = frozenset(),
-        topic_partitions: Mapping[str, int] | None = None,
+        topics: Sequence[TopicSpec] = (),
         replication_factor: int = -1,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
@@ -143,8 +143,7 @@ class KafkaTransport:
         self._linger_ms = linger_ms
         self._fetch_wait_max_ms = fetch_wait_max_ms
         self._delivery_timeout_ms = delivery_timeout_ms
-        self._compacted = compacted_topics
-        self._topic_partitions = dict(topic_partitions or {})
+        self._specs = {t.name: t for t in topics}
         self._replication_factor = replication_factor
         self._lock = threading.Lock()
         self._partitions: dict[str, int] = {}
@@ -186,6 +185,7 @@ class KafkaTransport:
         return {
             **self._base,
             "enable.idempotence": True,
+            "acks": "all",  # implied by idempotence; said, so that no client_config can weaken it
             "partitioner": "consistent",
             "compression.type": "lz4",
             "linger.ms": self._linger_ms,
@@ -307,9 +307,10 @@ class KafkaTransport:
         t = md.topics.get(topic)
         if t is not None and t.error is None and t.partitions:
             return len(t.partitions)
-        # Not there: create it with the right policy where the broker allows it...
-        wanted = self._topic_partitions.get(topic, 4)
-        config = {"cleanup.policy": "compact"} if topic in self._compacted else {}
+        # Not there: create it as its spec says (cluster/topics.py) where the broker allows it...
+        spec = self._specs.get(topic)
+        wanted = spec.partitions if spec is not None else DEFAULT_PARTITIONS
+        config = spec.topic_config() if spec is not None else {}
         try:
             fs = admin.create_topics(
                 [NewTopic(topic, wanted, self._replication_factor, config=config)],

@@ -273,21 +273,17 @@ def bootstrap(
     return view
 
 
-def check_snapshot_topic(transport: Transport, topic: str, *, allow_more_partitions: bool) -> int:
+def check_snapshot_topic(transport: Transport, topic: str) -> int:
     """The snapshot topic's partition count, refusing a topic trimtab cannot rely on.
 
     One partition keeps the topic's order total (chunks before their manifest, tombstones after) and lets
-    compaction see a snapshot's keys together. A topic with more partitions is refused with a clear error
-    unless ``allow_more_partitions`` (``kafka.allow_multi_partition_snapshot_topic``): then partition
-    :data:`SNAPSHOT_PARTITION` is used alone, which is equally correct while nothing else writes to the
-    topic -- the option exists for clusters that cannot create a one-partition topic (the librdkafka mock).
+    compaction see a snapshot's keys together: a topic with more partitions is refused with a clear error.
     """
     n = transport.partitions(topic)
-    if n != 1 and not allow_more_partitions:
+    if n != 1:
         raise SnapshotTopicError(
-            f"snapshot topic {topic!r} has {n} partitions; it must have exactly 1 (create it with one "
-            "partition and cleanup.policy=compact, or set kafka.allow_multi_partition_snapshot_topic = true "
-            "to use its partition 0 only)"
+            f"snapshot topic {topic!r} has {n} partitions; it must have exactly 1 (delete it and create it "
+            "with one partition and cleanup.policy=compact: trimtab topics ensure)"
         )
     return n
 

@@ -7,12 +7,15 @@ path -- never the content.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 from trimtab.channel.kafka import KafkaTransport
+from trimtab.channel.transport import Transport
 from trimtab.cluster.auth import Authenticator
 from trimtab.cluster.http import check_tls_files
-from trimtab.cluster.topics import topic_specs
+from trimtab.cluster.topics import prepare_topics, topic_specs
 from trimtab.cluster.zk import ZkSession
 from trimtab.config.settings import Settings, valid_digest
 from trimtab.errors import ConfigError
@@ -68,24 +71,47 @@ def kafka_client_config(s: Settings) -> dict[str, str]:
 
 
 def kafka_transport(s: Settings, client_id: str) -> KafkaTransport:
-    """The Kafka transport every trimtab process uses: compacted topics created compacted, the channel
-    with its configured partition count and the snapshot topic with one, channel readers tuned by
-    ``kafka.fetch_wait_max_ms``; every client it makes (producer, readers, metadata, admin) carries
-    :func:`kafka_client_config` -- TLS and SASL included."""
+    """The Kafka transport every trimtab process uses: topics it creates on first use made as
+    cluster/topics.py says (the channel never compacted, the snapshot topic with one partition...), channel
+    readers tuned by ``kafka.fetch_wait_max_ms``; every client it makes (producer, readers, metadata, admin)
+    carries :func:`kafka_client_config` -- TLS and SASL included."""
     k = s.kafka
-    specs = topic_specs(k)
     return KafkaTransport(
         k.bootstrap_servers,
         client_config=kafka_client_config(s),
         client_id=client_id,
         linger_ms=k.linger_ms,
         fetch_wait_max_ms=k.fetch_wait_max_ms,
-        # One source of truth for what each topic must be (cluster/topics.py); the snapshot topic has
-        # exactly one partition (channel.snapshot.check_snapshot_topic).
-        compacted_topics=frozenset(t.name for t in specs if t.compacted),
-        topic_partitions={t.name: t.partitions for t in specs},
+        topics=topic_specs(k),
         replication_factor=k.replication_factor,
     )
+
+
+def ensure_topics(s: Settings, client_id: str, *, create: bool = True) -> None:
+    """What a daemon runs at start, before it reports ready (and ``trimtab topics ensure`` runs): every
+    topic trimtab needs exists (created where missing and allowed) and can be relied on -- else a
+    :class:`trimtab.errors.TopicError` saying which topic, which setting and the fix."""
+    config = {"bootstrap.servers": s.kafka.bootstrap_servers, "client.id": client_id, "log_level": 3}
+    prepare_topics(
+        {**config, **kafka_client_config(s)},
+        topic_specs(s.kafka),
+        create=create,
+        replication=s.kafka.replication_factor,
+    )
+
+
+def _no_topic_check() -> None:
+    """A transport the caller made (tests, the simulator): its topics are the caller's business."""
+
+
+def kafka_clients(
+    s: Settings, client_id: str, transport: Transport | None = None
+) -> tuple[Transport, Callable[[], None]]:
+    """A daemon's transport and its start-up topic check: the Kafka transport of ``s`` and
+    :func:`ensure_topics`, unless the caller passed a transport of its own."""
+    if transport is not None:
+        return transport, _no_topic_check
+    return kafka_transport(s, client_id), functools.partial(ensure_topics, s, client_id)
 
 
 def zk_auth_digest(s: Settings) -> str | None:

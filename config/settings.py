@@ -122,13 +122,6 @@ class KafkaSettings(Section):
         description="Compacted warm-standby sets, one key per broker (the bundles it should pre-warm), "
         "written by the leader when placement.standby_replicas > 0.",
     )
-    allow_multi_partition_snapshot_topic: bool = Field(
-        False,
-        description="Accept a snapshot topic with more than one partition and use its partition 0 only. For "
-        "clusters that cannot create a one-partition topic (the librdkafka mock auto-creates four); a real "
-        "cluster should create the snapshot topic with one partition, and start-up refuses anything else "
-        "while this is false.",
-    )
     channel_partitions: int = Field(
         4,
         ge=1,
@@ -136,7 +129,42 @@ class KafkaSettings(Section):
         description="Partitions of the channel when trimtab creates it. Never change it later.",
     )
     replication_factor: int = Field(
-        -1, description="Replication factor for topics trimtab creates (-1: broker default)."
+        -1, ge=-1, le=32, description="Replication factor for topics trimtab creates (-1: broker default)."
+    )
+    min_insync_replicas: int | None = Field(
+        None,
+        ge=1,
+        le=32,
+        description="min.insync.replicas of the topics trimtab creates. Unset: 2 when replication_factor is 3 "
+        "or more (an acknowledged write is on two brokers, and one broker may be down), else the broker's "
+        "default.",
+    )
+    channel_retention_ms: int = Field(
+        604_800_000,
+        ge=3_600_000,
+        description="retention.ms of the channel when trimtab creates it (7 days). History older than this is "
+        "deleted; nodes bootstrap from the leader's snapshots, written every channel.snapshot_interval_s.",
+    )
+    compacted_segment_ms: int = Field(
+        3_600_000,
+        ge=1,
+        description="segment.ms of the compacted topics trimtab creates (1 hour). The log cleaner only compacts "
+        "closed segments: this bounds how long a dead broker's tombstoned load report or an old snapshot's "
+        "chunks stay before compaction can remove them.",
+    )
+    min_cleanable_dirty_ratio: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="min.cleanable.dirty.ratio of the compacted topics trimtab creates: how much of a log may "
+        "be superseded values before the cleaner runs (Kafka's default, 0.5, keeps twice what is needed).",
+    )
+    delete_retention_ms: int = Field(
+        86_400_000,
+        ge=1,
+        description="delete.retention.ms of the compacted topics trimtab creates (1 day): how long a tombstone "
+        "stays after compaction, so that a node reading the topic sees the delete and not only the value "
+        "before it. Keep it far above the longest time a node takes to read a topic.",
     )
     fetch_wait_max_ms: int = Field(
         5,

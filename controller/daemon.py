@@ -87,8 +87,10 @@ class Controller:
         metrics: ControllerMetrics,
         liveness: Liveness,
         mono: Callable[[], float] = time.monotonic,
+        prepare_topics: Callable[[], None] = lambda: None,
     ) -> None:
         self.s = settings
+        self.prepare_topics = prepare_topics
         self.leadership = leadership
         self.election = leadership.election
         self.zk = zk
@@ -183,6 +185,8 @@ class Controller:
         await asyncio.to_thread(self.zk.start)
         await asyncio.to_thread(self.registry.start)
         await asyncio.to_thread(self.placement_watch.start)
+        # Every topic exists and can be relied on (cluster/topics.py), or start-up ends here, naming it.
+        await asyncio.to_thread(self.prepare_topics)
         await asyncio.to_thread(self.channel.start)
         self.loads.start()
         self.top.start()

@@ -29,7 +29,7 @@ from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_reg
 from trimtab.cluster.placement_store import PlacementStore, PlacementWatch
 from trimtab.cluster.placement_view import LivePlacement
 from trimtab.cluster.standbys import StandbyIndex, StandbySet
-from trimtab.cluster.wiring import check_security, kafka_transport, zk_session
+from trimtab.cluster.wiring import check_security, kafka_clients, zk_session
 from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
 from trimtab.config.settings import Settings
 from trimtab.controller.admin import Admin
@@ -82,7 +82,7 @@ def build_controller(
     paths = ZkPaths(s.zk_path)
     zk = zk_session(s)
     registry = BrokerRegistry(zk, paths)
-    transport = transport or kafka_transport(s, f"trimtab-controller-{me}")
+    transport, prepare_topics = kafka_clients(s, f"trimtab-controller-{me}", transport)
     k = s.kafka
     channel = ChannelClient(
         transport,
@@ -90,7 +90,6 @@ def build_controller(
         k.snapshot_topic,
         on_skip=SkipLog(),
         on_ready=lambda table: placement.load_table(table.items()),
-        allow_multi_partition_snapshot_topic=k.allow_multi_partition_snapshot_topic,
     )
     loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, k.broker_load_topic, BrokerLoadData)
     top: KeyValueView[TopBundles] = KeyValueView(transport, k.top_bundles_topic, TopBundles)
@@ -235,6 +234,7 @@ def build_controller(
         events=events,
         metrics=metrics,
         liveness=liveness,
+        prepare_topics=prepare_topics,
     )
 
 

@@ -19,7 +19,12 @@ the ``StandardAuthorizer`` with the admin user (``admin``, random password) as i
 admin's SCRAM credential written at format time (``--add-scram``) so that brokers can authenticate to each
 other from their first start. The controller listener speaks SASL_PLAINTEXT/PLAIN with the same admin
 principal: KRaft controllers cannot take SCRAM (its credentials live in the metadata they serve), and an
-unauthenticated controller listener would need ``User:ANONYMOUS`` as a super user.
+unauthenticated controller listener would need ``User:ANONYMOUS`` as a super user. Other principals are
+added by the admin API once the cluster runs: :meth:`KafkaCluster.create_user` (a SCRAM credential),
+:meth:`KafkaCluster.create_acls` / :meth:`KafkaCluster.grant` (e.g. the bindings of
+``trimtab.cluster.kafka_acls.acl_bindings``), each waiting until every broker applies it, and
+:meth:`KafkaCluster.write_client_properties` writes a principal's settings as trimtab's
+``kafka.client_config_file`` (tests/integration/test_kafka_security.py runs trimtab that way).
 
 Start-up time matters because the tests start many clusters: each JVM gets a small serial-GC heap and the
 C1 compiler only (``jvm_args`` can append ``-XX:TieredStopAtLevel=4`` for a benchmark's steady state), and
@@ -441,13 +446,28 @@ class KafkaCluster:
         """Settings for a client with every right (the super user under ``sasl_ssl``)."""
         return self.client_config()
 
+    def write_client_properties(
+        self, path: Path | str, user: str | None = None, password: str | None = None
+    ) -> Path:
+        """Write :meth:`client_config` without ``bootstrap.servers`` as an owner-only ``key=value`` file: what
+        trimtab's ``kafka.client_config_file`` takes (docs/security.md), the password included."""
+        conf = {k: v for k, v in self.client_config(user, password).items() if k != "bootstrap.servers"}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_private(path, _properties(conf))
+        return path
+
     def __repr__(self) -> str:
         running = [n.id for n in self._nodes if n.running()]
         return f"KafkaCluster({self.workdir}, brokers={self.size}, {self.security}, running={running})"
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 120.0) -> KafkaCluster:
-        """Format the storage if needed, start every node and wait until each serves all of them."""
+    def start(self, timeout: float = 120.0, *, keep_ports: bool = False) -> KafkaCluster:
+        """Format the storage if needed, start every node and wait until each serves all of them.
+
+        ``keep_ports`` (what :meth:`restart` passes): never move to other ports -- a port still held (a
+        closed listener's connections in TIME_WAIT, which the JVM binds through) is retried until the
+        deadline, because clients know the cluster by its bootstrap servers."""
         with self._lock:
             if any(n.running() for n in self._nodes):
                 if all(n.running() for n in self._nodes):
@@ -463,7 +483,7 @@ class KafkaCluster:
             (self.workdir / "log4j2.properties").write_text(_LOG4J2)
             if self.security == "sasl_ssl":
                 self._make_keystore()
-            if not all(n.port for n in self._nodes) or not self._ports_free():
+            if not all(n.port for n in self._nodes) or (not keep_ports and not self._ports_free()):
                 self._choose_ports()
             self._format(deadline)
             attempt = 0
@@ -477,6 +497,9 @@ class KafkaCluster:
                     self._await_ready(self._nodes, deadline, timeout)
                 except _BindFailed:
                     self._kill_nodes(self._nodes)
+                    if keep_ports and time.monotonic() < deadline:
+                        time.sleep(0.5)  # polling for the ports under the deadline
+                        continue
                     if attempt >= 5 or time.monotonic() >= deadline:
                         raise KafkaServerError(
                             f"Kafka could not listen on the ports it was given {attempt} times (last: "
@@ -489,6 +512,14 @@ class KafkaCluster:
                     raise
                 self.ready_seconds = time.monotonic() - began
                 return self
+
+    def restart(self, timeout: float = 120.0) -> KafkaCluster:
+        """Start a cluster stopped by :meth:`close` or :meth:`kill_all` again, on the same ports with the same
+        storage (the chaos suite's Kafka outage): clients reconnect to the bootstrap servers they have."""
+        with self._lock:
+            if not self._started or not all(n.port for n in self._nodes):
+                raise KafkaServerError("restart() needs a cluster that was started before: start() it")
+            return self.start(timeout, keep_ports=True)
 
     def start_broker(self, broker_id: int, timeout: float = 90.0) -> BrokerInfo:
         """Start a stopped or killed node again on its port with its storage; wait until it serves."""

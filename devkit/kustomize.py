@@ -1,14 +1,11 @@
-"""A small kustomize, enough for ``deploy/kubernetes``: the test command renders the base and the example
-overlay with it and validates every object, because the real kustomize is a Go binary that no package
-registry this project uses ships (``kubectl kustomize`` gives the same objects where kubectl exists; a
-test compares the two there).
+"""The real kustomize, for ``deploy/kubernetes``: ``kustomize build <dir>`` with the pinned release, its
+YAML parsed into objects (the test command validates every one of them, ``tests/unit/test_kubernetes.py``).
 
-Supported, as kustomize v5 does it: ``resources`` (files and directories holding a kustomization),
-``namespace``, ``images`` (``newName``/``newTag``/``digest`` on the containers of the built-in
-workloads) and ``patches`` with a ``path`` to a strategic-merge patch (the target is the patch's own
-kind and name). Strategic merge merges maps, merges the lists of the built-in workload fields by their
-merge keys (containers and env by name, volume mounts by mountPath, ...) and replaces every other list,
-as kustomize does for custom resources. Anything else in a kustomization is refused, not ignored.
+kustomize is a Go program and no package registry this project uses ships its binary, so
+``scripts/setup.sh`` builds it once from the Go module proxy (``go install
+sigs.k8s.io/kustomize/kustomize/v5@<KUSTOMIZE_VERSION>``, version read from this file) into
+``${XDG_CACHE_HOME:-~/.cache}/trimtab/kustomize-<KUSTOMIZE_VERSION>/kustomize``; later runs find it there
+and need no network. ``$TRIMTAB_KUSTOMIZE`` names another binary (it must be the same version).
 
 Also here: the operator's ``PrometheusRule`` made from ``deploy/prometheus/alerts.yml``, so the
 Kubernetes manifests carry the very rules docker-compose and the dev cluster load
@@ -17,7 +14,9 @@ Kubernetes manifests carry the very rules docker-compose and the dev cluster loa
 
 from __future__ import annotations
 
-import copy
+import functools
+import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,21 +27,12 @@ import yaml
 from trimtab.devkit.prometheus import ALERT_RULES, DEPLOY_DIR
 from trimtab.errors import DevKitError
 
+# docs/dependencies.md says why this one; scripts/setup.sh reads it from this line.
+KUSTOMIZE_VERSION = "v5.8.2"
+KUSTOMIZE_MODULE = "sigs.k8s.io/kustomize/kustomize/v5"
+BINARY_ENV = "TRIMTAB_KUSTOMIZE"
 KUBERNETES_DIR = DEPLOY_DIR / "kubernetes"
 PROMETHEUS_RULE = KUBERNETES_DIR / "base" / "prometheusrule.yaml"
-_SUPPORTED = {"apiVersion", "kind", "resources", "namespace", "images", "patches"}
-# Strategic-merge keys of the lists a patch of a built-in workload may touch (Kubernetes' patchMergeKey).
-_MERGE_KEYS = {
-    "containers": "name",
-    "initContainers": "name",
-    "env": "name",
-    "volumes": "name",
-    "volumeMounts": "mountPath",
-    "ports": "containerPort",
-    "imagePullSecrets": "name",
-}
-_WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "Pod"}
-_CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 
 
 class KustomizeError(DevKitError):
@@ -52,92 +42,60 @@ class KustomizeError(DevKitError):
 Object = dict[str, Any]
 
 
+def default_binary() -> Path:
+    """Where ``scripts/setup.sh`` installs the pinned kustomize."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "trimtab" / f"kustomize-{KUSTOMIZE_VERSION}" / "kustomize"
+
+
+def find_binary() -> Path:
+    """``$TRIMTAB_KUSTOMIZE``, else the cache's; a one-line error naming the fix if it is not there."""
+    explicit = os.environ.get(BINARY_ENV, "").strip()
+    path = Path(explicit) if explicit else default_binary()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise KustomizeError(
+            f"kustomize {KUSTOMIZE_VERSION} not found at {path}: run `bash scripts/setup.sh` "
+            f"(it builds it once with `go install {KUSTOMIZE_MODULE}@{KUSTOMIZE_VERSION}`)"
+        )
+    _check_version(str(path))
+    return path
+
+
+@functools.cache
+def _check_version(binary: str) -> None:
+    out = _run([binary, "version"]).strip()
+    if out != KUSTOMIZE_VERSION:
+        raise KustomizeError(
+            f"{binary} is kustomize {out or '(unknown version)'}, not {KUSTOMIZE_VERSION}: "
+            f"run `bash scripts/setup.sh` or point ${BINARY_ENV} at kustomize {KUSTOMIZE_VERSION}"
+        )
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    except OSError as e:
+        raise KustomizeError(f"cannot run {argv[0]}: {e}") from None
+    if done.returncode != 0:
+        detail = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
+        raise KustomizeError(f"`kustomize {' '.join(argv[1:])}` failed: {detail}")
+    return done.stdout
+
+
+def render(directory: Path) -> str:
+    """``kustomize build <directory>``: the YAML stream, as kustomize prints it."""
+    return _run([str(find_binary()), "build", str(directory)])
+
+
+def build(directory: Path) -> list[Object]:
+    """The objects of ``kustomize build <directory>``, in kustomize's order."""
+    return [d for d in yaml.safe_load_all(render(directory)) if d]
+
+
 def key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
     """(apiVersion, kind, namespace, name): what identifies an object in a rendering."""
     meta = obj.get("metadata", {})
     return (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
-
-
-def load_objects(path: Path) -> list[Object]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def build(directory: Path) -> list[Object]:
-    """The objects ``kubectl kustomize <directory>`` would print (in the order of the resources)."""
-    kfile = directory / "kustomization.yaml"
-    k = yaml.safe_load(kfile.read_text())
-    unknown = set(k) - _SUPPORTED
-    if unknown:
-        raise KustomizeError(f"{kfile}: not supported by this renderer: {sorted(unknown)}")
-    objects: list[Object] = []
-    for res in k.get("resources", []):
-        path = (directory / res).resolve()
-        objects += build(path) if path.is_dir() else load_objects(path)
-    seen = [key(o) for o in objects]
-    if len(set(seen)) != len(seen):
-        raise KustomizeError(f"{directory}: an object is defined twice")
-    for patch in k.get("patches", []):
-        if set(patch) != {"path"}:
-            raise KustomizeError(f"{kfile}: only `patches: - path: <file>` is supported, not {patch}")
-        for p in load_objects(directory / patch["path"]):
-            target = _find(objects, p)
-            target.update(merge(target, p, in_workload=target["kind"] in _WORKLOADS))
-    for obj in objects:
-        if "namespace" in k and obj["kind"] not in _CLUSTER_SCOPED:
-            obj["metadata"]["namespace"] = k["namespace"]
-        for image in k.get("images", []):
-            _set_image(obj, image)
-    return objects
-
-
-def _find(objects: list[Object], patch: Mapping[str, Any]) -> Object:
-    group = patch["apiVersion"].rpartition("/")[0]
-    for o in objects:
-        same = o["kind"] == patch["kind"] and o["metadata"]["name"] == patch["metadata"]["name"]
-        if same and o["apiVersion"].rpartition("/")[0] == group:
-            return o
-    raise KustomizeError(f"no {patch['kind']} {patch['metadata']['name']} to patch")
-
-
-def merge(base: Any, patch: Any, *, field: str = "", in_workload: bool = False) -> Any:
-    """A strategic merge of ``patch`` onto ``base`` (both unchanged; a new value is returned)."""
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = copy.deepcopy(base)
-        for k, v in patch.items():
-            if v is None:
-                out.pop(k, None)  # `field: null` deletes, as in a merge patch
-            else:
-                out[k] = (
-                    merge(base[k], v, field=k, in_workload=in_workload) if k in base else copy.deepcopy(v)
-                )
-        return out
-    merge_key = _MERGE_KEYS.get(field) if in_workload else None
-    if isinstance(base, list) and isinstance(patch, list) and merge_key:
-        out_list = copy.deepcopy(base)
-        added = []
-        for item in patch:
-            at = next((i for i, b in enumerate(out_list) if b.get(merge_key) == item.get(merge_key)), None)
-            if at is None:
-                added.append(copy.deepcopy(item))
-            else:
-                out_list[at] = merge(out_list[at], item, in_workload=in_workload)
-        return added + out_list  # kustomize puts the patch's new items first
-    return copy.deepcopy(patch)
-
-
-def _set_image(obj: Object, image: Mapping[str, str]) -> None:
-    if obj["kind"] not in _WORKLOADS:
-        return
-    spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
-    for c in spec.get("containers", []) + spec.get("initContainers", []):
-        name, _, tag = c["image"].partition(":")
-        if name != image["name"]:
-            continue
-        new = image.get("newName", name)
-        if "digest" in image:
-            c["image"] = f"{new}@{image['digest']}"
-        else:
-            c["image"] = f"{new}:{image.get('newTag', tag)}" if image.get("newTag", tag) else new
 
 
 def prometheus_rule() -> str:
@@ -159,15 +117,25 @@ def prometheus_rule() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``--write-prometheusrule``, or a directory to render (YAML on stdout, as ``kubectl kustomize``)."""
-    if argv == ["--write-prometheusrule"]:
-        PROMETHEUS_RULE.write_text(prometheus_rule())
-        print(f"wrote {PROMETHEUS_RULE}", file=sys.stderr)
-        return 0
-    if len(argv) != 1:
-        print("usage: python -m trimtab.devkit.kustomize DIRECTORY | --write-prometheusrule", file=sys.stderr)
-        return 2
-    print(yaml.safe_dump_all(build(Path(argv[0])), sort_keys=False), end="")
+    """``--write-prometheusrule``, ``--binary`` (print the binary's path), or a directory to render."""
+    try:
+        if argv == ["--write-prometheusrule"]:
+            PROMETHEUS_RULE.write_text(prometheus_rule())
+            print(f"wrote {PROMETHEUS_RULE}", file=sys.stderr)
+            return 0
+        if argv == ["--binary"]:
+            print(find_binary())
+            return 0
+        if len(argv) != 1:
+            print(
+                "usage: python -m trimtab.devkit.kustomize DIRECTORY | --binary | --write-prometheusrule",
+                file=sys.stderr,
+            )
+            return 2
+        print(render(Path(argv[0])), end="")
+    except KustomizeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

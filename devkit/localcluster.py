@@ -41,7 +41,7 @@ from trimtab.cluster.topics import topic_specs
 from trimtab.config.loader import load_settings
 from trimtab.config.settings import Settings
 from trimtab.devkit.kafka_mock import MockCluster, MockClusterProcess
-from trimtab.devkit.kafka_server import KafkaCluster
+from trimtab.devkit.kafka_server import KafkaCluster, Security
 from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptions, PrometheusServer, Target
 from trimtab.devkit.zkserver import ZooKeeperServer, free_port
@@ -142,6 +142,10 @@ class LocalCluster:
     # compaction, replication, failover or security: a fallback, and what kafka_process runs).
     kafka_mode: Literal["real", "mock"] = "real"
     kafka_brokers: int = 1
+    # "sasl_ssl": SCRAM over TLS with the StandardAuthorizer (real Kafka only); every node then uses the
+    # admin (super user) credentials, written to <workdir>/security/kafka-admin.properties, unless its
+    # args set kafka.client_config_file to a principal of its own (tests/integration/test_kafka_security.py).
+    kafka_security: Security = "plaintext"
     # A real Prometheus server scraping every agent and controller, with the alert rules loaded
     # (trimtab.devkit.prometheus); None: no Prometheus.
     prometheus: PrometheusOptions | None = None
@@ -192,6 +196,7 @@ class LocalCluster:
                 self.kafka = KafkaCluster(
                     self.workdir / "kafka",
                     brokers=self.kafka_brokers,
+                    security=self.kafka_security,
                     extra_config={"auto.create.topics.enable": "false"},
                 ).start()
             self._write_config()
@@ -269,6 +274,9 @@ class LocalCluster:
             base["kafka"]["allow_multi_partition_snapshot_topic"] = True
         else:
             base["kafka"]["replication_factor"] = min(3, self.kafka_brokers)
+            if isinstance(self.kafka, KafkaCluster) and self.kafka.security == "sasl_ssl":
+                props = self.kafka.write_client_properties(self.security_dir / "kafka-admin.properties")
+                base["kafka"]["client_config_file"] = str(props)
         cfg = _merge(base, self.settings)
         self.config_path.write_text(_toml(cfg))
 

@@ -340,7 +340,6 @@ def compact_cmd(
                 snapshot_topic=s.kafka.snapshot_topic,
                 client_config=cfg,
                 term=term,
-                allow_multi_partition_snapshot_topic=s.kafka.allow_multi_partition_snapshot_topic,
                 chunk_bundles=s.channel.snapshot_chunk_bundles,
             )
             progress(f"published snapshot {sid} (term {used}) to {s.kafka.snapshot_topic}")
@@ -413,7 +412,15 @@ def report_cmd(
             or session_conf("local", "", {}).get("spark.sql.shuffle.partitions", "4")
         )
         r = write_report(
-            spark, history, out, target_std=target, bucket_s=bucket_s, top=top, tasks=tasks, progress=progress
+            spark,
+            history,
+            out,
+            target_std=target,
+            load_ttl_s=s.load.ttl_s,
+            bucket_s=bucket_s,
+            top=top,
+            tasks=tasks,
+            progress=progress,
         )
         return {
             "report": str(r.out / "index.html"),

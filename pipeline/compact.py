@@ -300,7 +300,6 @@ def publish_snapshot(
     snapshot_topic: str,
     client_config: dict[str, str] | None = None,
     term: int | None = None,
-    allow_multi_partition_snapshot_topic: bool = False,
     chunk_bundles: int = 2000,
     writer: str = "trimtab-pipeline",
 ) -> tuple[str, int]:
@@ -319,9 +318,7 @@ def publish_snapshot(
         raise PipelineError("only a table resolved from the live channel can be published (its positions)")
     transport = KafkaTransport(bootstrap_servers, client_config=client_config, client_id="trimtab-pipeline")
     try:
-        check_snapshot_topic(
-            transport, snapshot_topic, allow_more_partitions=allow_multi_partition_snapshot_topic
-        )
+        check_snapshot_topic(transport, snapshot_topic)
         if term is None:
             term = current_term(read_snapshot_topic(transport, snapshot_topic), channel_topic)
         w = SnapshotWriter(

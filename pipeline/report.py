@@ -4,13 +4,18 @@ Spark computes the aggregates over the history (``pipeline ingest``); they are s
 each one as a Parquet file (``aggregates/<name>.parquet``, the figures behind every plot) and draws the PNGs
 with matplotlib:
 
-* ``broker_load``     per broker and time bucket: mean and max ``weighted_max_ema``, throughput, bundles
-* ``load_std``        per bucket: the spread of the brokers' loads (population std) and mean, beside the
+* ``broker_load``     per time bucket, every broker live as of the bucket's end (its latest report, not a
+                      tombstone, younger than ``load.ttl_s``): that report's ``weighted_max_ema``,
+                      throughput and bundles, the highest load in force during the bucket, the reports
+                      published in it (:func:`asof_loads`: a report is a state, not an event)
+* ``load_std``        per bucket: the spread (population std) and mean of those brokers' loads, beside the
                       shedder's target (``shedding.target_std``)
 * ``moves``           per hour and reason: shedder moves (by the shedder's reason), healing reassignments,
                       operators' transfers and unloads, splits, stuck states forced onward (events topic)
 * ``healing``         per failed broker: recorded -> healed (or cancelled), and the bundles moved for it
-* ``hottest_bundles`` the bundles with the highest reported throughput (top-bundles topic)
+* ``hottest_bundles`` the bundles with the highest reported throughput (top-bundles topic); its mean is
+                      over the reports that listed the bundle (a bundle outside a broker's top k is not
+                      reported at all), so it is labelled as such, not as a mean over time
 * ``assignment_latency`` per hour: Assigning -> Owned, from the records' timestamps of the transitions the
                       channel accepted -- decided by the nodes' own replay (``pipeline.fold.transitions``)
 * ``poison``          per table, the values the decoders refused, by reason
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from trimtab.config.settings import LoadSettings
 from trimtab.pipeline.common import Progress
 from trimtab.pipeline.fold import Transition, transitions
 from trimtab.pipeline.ingest import TABLES, History, read_table
@@ -39,6 +45,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
+#: The load TTL when the caller gives none: the settings' default (``load.ttl_s``, 30 min).
+DEFAULT_LOAD_TTL_S = float(LoadSettings.model_fields["ttl_s"].default)
 _BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 _TRANSITION_ARROW = pa.schema(
     [
@@ -70,6 +78,109 @@ def choose_bucket_s(span_ms: int, points: int = 150) -> int:
         if b >= want:
             return b
     return _BUCKETS_S[-1]
+
+
+def _load_span_ms(bl: DataFrame) -> int:
+    """Milliseconds from the first to the last load report or tombstone (0 without any)."""
+    from pyspark.sql import functions as sf
+
+    got = _load_events(bl).agg(sf.min("t").alias("lo"), sf.max("t").alias("hi")).first()
+    if got is None or got["lo"] is None:
+        return 0
+    return int(got["hi"]) - int(got["lo"])
+
+
+def _load_events(bl: DataFrame) -> DataFrame:
+    """The broker-load rows that change a broker's state: decoded reports and tombstones, each with ``t``
+    (when it was published: ``reported_at``, else the Kafka timestamp) and ``fresh_from`` (what the
+    balancer's ``is_fresh`` ages: ``updated_at``, the sample's time, else ``t``). Refused values are left
+    out: a node's reader ignores them and keeps the broker's previous report."""
+    from pyspark.sql import functions as sf
+
+    t = sf.when(sf.col("reported_at") > 0, sf.col("reported_at")).otherwise(sf.col("timestamp"))
+    return (
+        bl.where(sf.col("skip_reason").isNull() & sf.col("broker").isNotNull())
+        .withColumn("t", t.cast("long"))
+        .withColumn(
+            "fresh_from",
+            sf.when(sf.col("updated_at") > 0, sf.col("updated_at")).otherwise(sf.col("t")).cast("long"),
+        )
+    )
+
+
+def asof_loads(bl: DataFrame, bucket_ms: int, ttl_ms: int) -> DataFrame:
+    """Per time bucket, every broker that is live as of the bucket's end, with its state then.
+
+    A load report is a *state*: it holds from when it was published until the broker's next report or
+    tombstone replaces it, or until it is older than the load TTL (``load.ttl_s``: the balancer ignores a
+    report whose ``updated_at`` is more than that old, ``balance.load.is_fresh``). A steady broker publishes
+    only every ``load.report_max_interval_s`` (15 min by default), so most buckets hold no report of it:
+    taking the reports that fell into a bucket would count only the brokers that happened to publish then.
+    Instead each bucket ``[b, b + bucket_ms)`` is judged as of its last millisecond (the last bucket as of
+    the last report in the history, which may end inside it): the brokers whose latest report published by
+    then is not a tombstone and is still fresh, and what that report says.
+
+    Columns: ``bucket`` (ms), ``broker``, ``load`` (``weighted_max_ema`` as of the end), ``load_max`` (the
+    highest ``weighted_max_ema`` in force at any moment of the bucket), ``throughput`` (in + out, as of the
+    end), ``bundles`` (as of the end), ``reports`` (reports the broker published within the bucket).
+
+    Each report becomes one row per bucket it is in force in -- at most one report per broker and instant,
+    so at most brokers x buckets rows (plus the reports themselves) -- and no state crosses a task."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as sf
+
+    ev = _load_events(bl)
+    ends = ev.agg(sf.max("t").alias("hi")).first()
+    if ends is None or ends["hi"] is None:
+        return ev.sparkSession.createDataFrame(
+            [],
+            "bucket long, broker string, load double, load_max double, throughput double, bundles long, "
+            "reports long",
+        )
+    hi = int(ends["hi"])
+    last_k = hi // bucket_ms  # the history's last bucket, judged as of ``hi``
+    order = Window.partitionBy("broker").orderBy("t", "partition", "offset")
+    # [t, until): when the report is in force -- until the broker's next report or tombstone, or until the
+    # TTL has passed (fresh while asof - fresh_from <= ttl_ms).
+    until = sf.least(
+        sf.coalesce(sf.lead("t").over(order), sf.lit(2**62)), sf.col("fresh_from") + sf.lit(ttl_ms + 1)
+    )
+    spans = (
+        ev.withColumn("until", until)
+        .where(~sf.col("tombstone") & (sf.col("until") > sf.col("t")))
+        .withColumn("k0", sf.floor(sf.col("t") / bucket_ms).cast("long"))
+        .withColumn(
+            "k1",
+            sf.when(sf.col("until") > hi, sf.lit(last_k)).otherwise(
+                sf.least(sf.lit(last_k), sf.floor((sf.col("until") - 1) / bucket_ms).cast("long"))
+            ),
+        )
+    )
+    per_bucket = spans.withColumn("k", sf.explode(sf.sequence("k0", "k1"))).withColumn(
+        "asof", sf.least(sf.col("k") * bucket_ms + (bucket_ms - 1), sf.lit(hi))
+    )
+    thr = sf.col("msg_throughput_in") + sf.col("msg_throughput_out")
+    in_force = sf.col("until") > sf.col("asof")  # still the broker's state at the bucket's end
+    state = sf.struct(
+        sf.col("t"),
+        sf.col("weighted_max_ema").alias("load"),
+        thr.alias("throughput"),
+        sf.col("bundles").alias("bundles"),
+    )
+    grouped = per_bucket.groupBy("k", "broker").agg(
+        sf.max_by(sf.when(in_force, state), sf.when(in_force, sf.col("t"))).alias("end"),
+        sf.max("weighted_max_ema").alias("load_max"),
+        sf.sum(sf.when(sf.col("k") == sf.col("k0"), 1).otherwise(0)).cast("long").alias("reports"),
+    )
+    return grouped.where(sf.col("end").isNotNull()).select(
+        (sf.col("k") * bucket_ms).cast("long").alias("bucket"),
+        "broker",
+        sf.col("end.load").alias("load"),
+        "load_max",
+        sf.col("end.throughput").alias("throughput"),
+        sf.col("end.bundles").cast("long").alias("bundles"),
+        "reports",
+    )
 
 
 def _transitions_task(partitions: int | None) -> Any:
@@ -118,6 +229,7 @@ def aggregates(
     history_dir: str | Path,
     *,
     target_std: float,
+    load_ttl_s: float = DEFAULT_LOAD_TTL_S,
     bucket_s: int | None = None,
     top: int = 20,
     tasks: int = 4,
@@ -144,25 +256,9 @@ def aggregates(
     assert poison is not None
     out["poison"] = poison.select("table", sf.col("skip_reason").alias("reason"), "count").toPandas()
 
-    loads = bl.where(sf.col("skip_reason").isNull() & ~sf.col("tombstone")).withColumn(
-        "t", sf.when(sf.col("reported_at") > 0, sf.col("reported_at")).otherwise(sf.col("timestamp"))
-    )
-    span = loads.agg(sf.min("t").alias("lo"), sf.max("t").alias("hi")).first()
-    lo, hi = (span["lo"], span["hi"]) if span is not None else (None, None)
-    bucket = bucket_s or choose_bucket_s((hi - lo) if lo is not None and hi is not None else 0)
-    bucket_ms = bucket * 1000
-    say(f"broker load in {bucket} s buckets")
-    per_broker = (
-        loads.withColumn("bucket", (sf.floor(sf.col("t") / bucket_ms) * bucket_ms).cast("long"))
-        .groupBy("bucket", "broker")
-        .agg(
-            sf.avg("weighted_max_ema").alias("load"),
-            sf.max("weighted_max_ema").alias("load_max"),
-            sf.avg(sf.col("msg_throughput_in") + sf.col("msg_throughput_out")).alias("throughput"),
-            sf.max("bundles").alias("bundles"),
-            sf.count(sf.lit(1)).alias("reports"),
-        )
-    )
+    say("broker load (as of each bucket's end)")
+    bucket = bucket_s or choose_bucket_s(_load_span_ms(bl))
+    per_broker = asof_loads(bl, bucket * 1000, int(load_ttl_s * 1000))
     out["broker_load"] = per_broker.orderBy("bucket", "broker").toPandas()
     out["load_std"] = (
         per_broker.groupBy("bucket")
@@ -529,6 +625,7 @@ def write_report(
     out: str | Path,
     *,
     target_std: float,
+    load_ttl_s: float = DEFAULT_LOAD_TTL_S,
     bucket_s: int | None = None,
     top: int = 20,
     tasks: int = 4,
@@ -541,7 +638,14 @@ def write_report(
     out = Path(out)
     (out / "aggregates").mkdir(parents=True, exist_ok=True)
     aggs = aggregates(
-        spark, history_dir, target_std=target_std, bucket_s=bucket_s, top=top, tasks=tasks, progress=say
+        spark,
+        history_dir,
+        target_std=target_std,
+        load_ttl_s=load_ttl_s,
+        bucket_s=bucket_s,
+        top=top,
+        tasks=tasks,
+        progress=say,
     )
     result = ReportResult(out)
     for name, df in aggs.items():

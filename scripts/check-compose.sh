@@ -20,3 +20,14 @@ if [ ! -x "$V/bin/docker-compose" ]; then
 fi
 "$V/bin/docker-compose" -f docker-compose.yml config -q
 echo "docker-compose.yml is valid ($("$V/bin/docker-compose" -f docker-compose.yml config --services | wc -l) services)"
+
+# The compose Kafka is the Kafka the tests run: the kafka service's apache/kafka:<version> must be the version
+# devkit/kafka/pom.xml pins (tests/integration/test_compose_processes.py runs compose's services against it).
+pom_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' devkit/kafka/pom.xml)
+compose_image=$("$V/bin/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["services"]["kafka"]["image"])' docker-compose.yml)
+if [ "$compose_image" != "apache/kafka:$pom_version" ]; then
+  echo "docker-compose.yml's kafka service runs $compose_image, but the tests run Kafka $pom_version" \
+    "(devkit/kafka/pom.xml): make it apache/kafka:$pom_version" >&2
+  exit 1
+fi
+echo "docker-compose.yml's Kafka is $compose_image, the version the tests run"

@@ -99,4 +99,24 @@ if [ -z "${TRIMTAB_KAFKA_CLASSPATH:-}" ] && [ "$(cat "$kafka_home/.complete" 2>/
   log "$(tail -1 "$kafka_home/check.log")"
   echo "$kafka_sum" >"$kafka_home/.complete"
 fi
+
+# kustomize, for the Kubernetes manifests' tests (devkit/kustomize.py pins the version): built once from the
+# Go module proxy with `go install` into the cache, skipped when the binary is there (offline afterwards).
+kustomize_version=$(sed -n 's/^KUSTOMIZE_VERSION = "\(.*\)"$/\1/p' devkit/kustomize.py)
+kustomize_dir="${XDG_CACHE_HOME:-$HOME/.cache}/trimtab/kustomize-$kustomize_version"
+if [ -z "${TRIMTAB_KUSTOMIZE:-}" ] && [ ! -x "$kustomize_dir/kustomize" ]; then
+  go_bin=$(command -v go || echo /usr/local/go/bin/go)
+  if [ ! -x "$go_bin" ]; then
+    log "Go is needed once to build kustomize $kustomize_version (go install); install Go and re-run"; exit 1
+  fi
+  log "building kustomize $kustomize_version with go install into $kustomize_dir"
+  rm -rf "$kustomize_dir.new" && mkdir -p "$kustomize_dir.new"
+  if ! GOBIN="$kustomize_dir.new" "$go_bin" install "sigs.k8s.io/kustomize/kustomize/v5@$kustomize_version" \
+      >"$kustomize_dir.log" 2>&1; then
+    cat "$kustomize_dir.log" >&2
+    log "go install of kustomize $kustomize_version failed (full output above, also in $kustomize_dir.log)"
+    exit 1
+  fi
+  rm -rf "$kustomize_dir" && mv "$kustomize_dir.new" "$kustomize_dir"
+fi
 log "ready: $(.venv/bin/python --version), $(java -version 2>&1 | head -1)"

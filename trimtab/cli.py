@@ -359,7 +359,6 @@ def channel_dump(
         s.kafka.channel_topic,
         s.kafka.snapshot_topic,
         use_snapshot=not no_snapshot,
-        allow_multi_partition_snapshot_topic=s.kafka.allow_multi_partition_snapshot_topic,
     )
     try:
         try:
@@ -719,6 +718,71 @@ def config_docs(output: Path | None) -> None:
         output.write_text(text)
     else:
         click.echo(text)
+
+
+# ---------------------------------------------------------------------------------------------- topics
+@main.group("topics")
+def topics_group() -> None:
+    """Make and check trimtab's Kafka topics (cluster/topics.py is the one source of truth)."""
+
+
+def _topics_run(config_file: str | None, sets: tuple[str, ...], kafka: str | None, *, create: bool) -> None:
+    from trimtab.cluster.topics import topic_specs
+    from trimtab.cluster.wiring import ensure_topics
+    from trimtab.errors import TrimtabError
+
+    s = settings_from(config_file, sets, **{"kafka.bootstrap_servers": kafka})
+    try:
+        ensure_topics(s, "trimtab-topics", create=create)
+    except TrimtabError as e:
+        click.echo(f"topics: {e}", err=True)
+        sys.exit(1)
+    for spec in topic_specs(s.kafka):
+        click.echo(f"{spec.name}: ok")
+
+
+@topics_group.command("ensure")
+@config_option
+@set_option
+@click.option("--kafka", default=None, help="Kafka bootstrap servers (kafka.bootstrap_servers).")
+def topics_ensure(config_file: str | None, sets: tuple[str, ...], kafka: str | None) -> None:
+    """Create every missing topic as trimtab needs it, then check them all; exit 1 naming each problem.
+    What docker-compose's kafka-init runs, and what to run as a principal allowed to create topics where
+    the daemons' principals are not (docs/operations.md)."""
+    _topics_run(config_file, sets, kafka, create=True)
+
+
+@topics_group.command("check")
+@config_option
+@set_option
+@click.option("--kafka", default=None, help="Kafka bootstrap servers (kafka.bootstrap_servers).")
+def topics_check(config_file: str | None, sets: tuple[str, ...], kafka: str | None) -> None:
+    """Check, without creating anything, that every topic exists and can be relied on (cleanup policy,
+    partition count); exit 1 naming each problem -- what a daemon checks at start."""
+    _topics_run(config_file, sets, kafka, create=False)
+
+
+@topics_group.command("show")
+@config_option
+@set_option
+def topics_show(config_file: str | None, sets: tuple[str, ...]) -> None:
+    """Print every topic trimtab needs with its partitions and configuration, as JSON."""
+    from trimtab.cluster.topics import topic_specs
+
+    s = settings_from(config_file, sets)
+    _emit_json(
+        [
+            {
+                "name": t.name,
+                "setting": t.setting,
+                "partitions": t.partitions,
+                "exact_partitions": t.exact_partitions,
+                "replication_factor": s.kafka.replication_factor,
+                "config": t.topic_config(),
+            }
+            for t in topic_specs(s.kafka)
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------- chaos

@@ -15,7 +15,8 @@ The tree::
     ├── BadExportLine               a line of a channel export that is not one (``channel replay``)
     ├── TransportError              Kafka refused or could not be reached
     │   ├── HistoryGap              records were deleted before this node read them
-    │   └── SnapshotTopicError      the snapshot topic is unusable as configured
+    │   ├── SnapshotTopicError      the snapshot topic is unusable as configured
+    │   └── TopicError              a topic is missing or misconfigured (policy, partitions)
     ├── ZooKeeperError
     │   ├── ZkUnavailable           no ZooKeeper session
     │   └── NamespaceUnreadable     a namespace's policy znode does not decode
@@ -74,6 +75,11 @@ class HistoryGap(TransportError):
 
 class SnapshotTopicError(TransportError):
     """The snapshot topic is not usable as configured (the message names it and says what to do)."""
+
+
+class TopicError(TransportError):
+    """A topic trimtab needs is missing and cannot be created, or exists in a form it cannot rely on (the
+    wrong cleanup policy or partition count): each problem names the topic, the setting and the fix."""
 
 
 class ZooKeeperError(TrimtabError):

@@ -3,15 +3,15 @@
 Everything is measured on one realistic, seeded channel log (:func:`generate_log`) and every measured run
 is checked against what the generator intended -- accepted, rejected and skipped counts by reason and the
 final state of every bundle -- so a fast but wrong result raises :class:`BenchError` instead of printing a
-number. The Kafka part talks to a librdkafka mock cluster running in a separate process, so this process
-is an ordinary Kafka client, like a node at startup.
+number. The Kafka part talks to a real Apache Kafka broker (JVM processes of their own), so this process is
+an ordinary Kafka client, like a node at startup.
 
 Figures (targets in brackets):
 
 * ``replay_records_per_s`` -- encoded messages applied to a fresh :class:`channel.table.TableView` in
   batches, as the Kafka follower feeds it; median of ``runs`` (>= 500 000 on one core);
 * ``bootstrap_1m_s`` -- a fresh :class:`channel.client.ChannelClient` from ``start()`` to ready over the
-  Kafka protocol, no snapshot (< 5 s for 1 M records); ``kafka_consume_only_1m_s`` is the same read with
+  Kafka protocol, no snapshot (< 3 s for 1 M records on real Kafka); ``kafka_consume_only_1m_s`` is the same read with
   an apply that does nothing, and ``bootstrap_snapshot_1m_s`` the same node bootstrapping from a snapshot;
 * ``bytes_per_bundle`` -- traced memory of the replayed table divided by its bundles (<= 500).
 """
@@ -47,10 +47,10 @@ from trimtab.channel.transport import Message
 from trimtab.devkit.bench.common import BenchError, Progress, environment, loadavg, progress_printer
 
 REPLAY_TARGET_RECORDS_PER_S = 500_000
-BOOTSTRAP_TARGET_S = 5.0
+BOOTSTRAP_TARGET_S = 3.0
 BYTES_PER_BUNDLE_TARGET = 500
 
-PARTITIONS = 4  # what the librdkafka mock gives every auto-created topic
+PARTITIONS = 4  # the channel's partitions (kafka.channel_partitions' default)
 BATCH = 5000  # what channel.transport.Follower hands TableView.apply_all
 BASE_TS = 1_700_000_000_000
 LEADER = "controller-0"
@@ -454,53 +454,43 @@ def _child_env() -> tuple[Path, dict[str, str]]:
     return root, env
 
 
-class MockClusterProcess:
-    """A librdkafka mock cluster owned by a child process (:mod:`trimtab.devkit.bench.mock_process`),
-    alive until :meth:`close`. The benchmarking process connects to it like to any Kafka cluster.
+class BenchKafka:
+    """A real Apache Kafka (one KRaft broker, :mod:`trimtab.devkit.kafka_server`) in a scratch directory,
+    with the bench's channel and snapshot topics made as trimtab makes them (cluster/topics.py): the
+    channel with :data:`PARTITIONS` partitions and delete policy, the snapshot topic with one partition,
+    compacted. The benchmarking process connects to it like a node at start-up."""
 
-    Still the mock, and it needs none of the mock's fault injection: the bootstrap figures in
-    docs/benchmarks.md were measured on it, and moving them to a real Kafka (with figures side by side)
-    is open work. It also twins :class:`trimtab.devkit.kafka_mock.MockClusterProcess`."""
+    def __init__(self, topic: str, snapshot_topic: str) -> None:
+        import tempfile
 
-    def __init__(self, topics: list[str]) -> None:
-        root, env = _child_env()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trimtab.devkit.bench.mock_process", *topics],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=root,
-            env=env,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line:
-            self.close()
-            raise BenchError(f"the mock cluster process exited ({self.proc.returncode}) without an address")
-        self.bootstrap_servers = line
+        from trimtab.channel.topics import TopicSpec
+        from trimtab.devkit.kafka_server import KafkaCluster
+
+        self._dir = tempfile.TemporaryDirectory(prefix="trimtab-bench-kafka-")
+        # 1 M records of ~50 B in lz4 batches: well within one broker's defaults; a 1 GiB heap keeps the
+        # broker's GC out of the figures.
+        self.cluster = KafkaCluster(Path(self._dir.name), brokers=1, heap_mb=1024).start()
+        for spec in (
+            TopicSpec(topic, PARTITIONS, compacted=False),
+            TopicSpec(snapshot_topic, 1, compacted=True),
+        ):
+            self.cluster.create_topics([spec.name], partitions=spec.partitions, config=spec.topic_config())
+        self.bootstrap_servers = self.cluster.bootstrap_servers
 
     def close(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
         try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.cluster.close()
+        finally:
+            self._dir.cleanup()
 
 
-# The mock cluster keeps at most 5 MiB of (compressed) batches per partition and silently deletes the
-# oldest beyond that (rdkafka_mock.c: mpart->max_size); it cannot be configured. 1 M records over 4
-# partitions must therefore fit in 20 MiB, ~21 bytes per record: lz4 (~47 B/record here) loses more than
-# half the log, zstd level 9 in 16 MiB batches keeps all of it. A lost head is caught by check_watermarks.
+# The log goes out as trimtab's own producer writes (lz4, idempotent), in large batches so that producing
+# it is not the slow part of the run.
 BULK_PRODUCER: dict[str, Any] = {
-    "compression.type": "zstd",
-    "compression.level": 9,
+    "compression.type": "lz4",
     "linger.ms": 50,
     "batch.num.messages": 1_000_000,
-    "batch.size": 16 << 20,
-    "message.max.bytes": (16 << 20) + (1 << 20),
+    "batch.size": 1 << 20,
     "queue.buffering.max.messages": 2_000_000,
     "queue.buffering.max.kbytes": 1 << 21,
     "enable.idempotence": True,
@@ -554,15 +544,7 @@ def check_watermarks(transport: Any, topic: str, log: ChannelLog) -> None:
     for p in range(log.partitions):
         low, high = transport.watermarks(topic, p)
         if (low, high) != (0, log.ends.get(p, 0)):
-            raise BenchError(
-                f"{topic}[{p}] has offsets {low}..{high}, the log has 0..{log.ends.get(p, 0)}"
-                + (
-                    " (the mock cluster deleted the head of the partition: it keeps only 5 MiB of "
-                    "compressed batches per partition; use fewer --records)"
-                    if low
-                    else ""
-                )
-            )
+            raise BenchError(f"{topic}[{p}] has offsets {low}..{high}, the log has 0..{log.ends.get(p, 0)}")
 
 
 def table_digest(items: Iterator[tuple[str, Record]] | list[tuple[str, Record]]) -> str:
@@ -606,10 +588,7 @@ def time_bootstrap(
     from trimtab.channel.kafka import KafkaTransport
 
     transport = KafkaTransport(bootstrap, client_id=f"bench-node-{uuid.uuid4().hex[:6]}")
-    # The mock auto-creates the snapshot topic with four partitions; trimtab uses its partition 0.
-    client = ChannelClient(
-        transport, topic, snapshot_topic=snapshot_topic, allow_multi_partition_snapshot_topic=True
-    )
+    client = ChannelClient(transport, topic, snapshot_topic=snapshot_topic)
     c0 = time.process_time()
     t0 = time.perf_counter()
     client.start()
@@ -671,12 +650,12 @@ def write_snapshot(bootstrap: str, snapshot_topic: str, topic: str, log: Channel
 def kafka_part(
     log: ChannelLog, kafka_runs: int, progress: Progress, timeout: float = 300.0
 ) -> dict[str, Any]:
-    """Every Kafka measurement against one mock cluster, in this order: produce the log, bootstrap in
+    """Every Kafka measurement against one real Kafka broker, in this order: produce the log, bootstrap in
     this process, in a fresh process, consume only, then bootstrap from a snapshot written for it."""
     suffix = uuid.uuid4().hex[:8]
     topic, snapshot_topic = f"bench-channel-{suffix}", f"bench-channel-snapshot-{suffix}"
-    progress("starting the librdkafka mock cluster in a separate process...")
-    cluster = MockClusterProcess([topic, snapshot_topic])
+    progress("starting Apache Kafka (one KRaft broker)...")
+    cluster = BenchKafka(topic, snapshot_topic)
     try:
         kafka = KafkaRuns(
             log, cluster.bootstrap_servers, topic, snapshot_topic, kafka_runs, timeout, progress
@@ -694,7 +673,7 @@ def kafka_part(
 
 @dataclass
 class KafkaRuns:
-    """The Kafka measurements of :func:`kafka_part`, one method each, all on one topic of one mock cluster.
+    """The Kafka measurements of :func:`kafka_part`, one method each, all on one topic of one Kafka broker.
 
     Each method returns its figures under the keys :func:`run` reads, and checks what it measured against
     the generated log first: a bootstrap that is fast because it read less than the log is not a figure.
@@ -709,7 +688,7 @@ class KafkaRuns:
     progress: Progress
 
     def produce(self) -> dict[str, Any]:
-        """Write the log to the topic and check that the mock kept all of it (it drops old batches)."""
+        """Write the log to the topic and check that Kafka holds all of it, from offset 0."""
         from trimtab.channel.kafka import KafkaTransport
 
         log, topic = self.log, self.topic
@@ -1118,13 +1097,10 @@ def _replay_section(fig: Figures, runs: int, gc_freeze: bool) -> dict[str, Any]:
 def _kafka_section(kafka: dict[str, Any], kafka_runs: int) -> dict[str, Any]:
     consume_cpu = statistics.median(kafka["kafka_consume_only_1m_cpu_s_runs"])
     return {
-        "cluster": "librdkafka mock cluster (1 broker) in a separate process, over loopback",
+        "cluster": "Apache Kafka 4.4.0 (one KRaft broker, 1 GiB heap) in JVM processes of its own, over loopback",
         "produce_s": kafka["kafka_produce_s"],
         "producer": {**BULK_PRODUCER, "partition": "explicit, crc32(key) % 4"},
-        "producer_note": (
-            "zstd, not lz4: the mock keeps only 5 MiB of compressed batches per partition and deletes "
-            "older ones; with lz4 it kept 42% of the 1M-record log. Watermarks are checked after produce"
-        ),
+        "producer_note": "lz4 like trimtab's own producer; watermarks are checked after produce",
         "runs": kafka_runs,
         "bootstrap": (
             "fresh KafkaTransport + ChannelClient(snapshot_topic=None), perf_counter from start() until "
@@ -1153,7 +1129,7 @@ def _kafka_section(kafka: dict[str, Any], kafka_runs: int) -> dict[str, Any]:
         "consume_only": "fresh KafkaTransport + Follower with a no-op apply, start() to ready",
         "cpu_s": (
             "time.process_time over the same span: every thread of the measuring process (follower "
-            "and librdkafka threads; the mock cluster runs in another process); wall-clock is the headline"
+            "and librdkafka threads; Kafka runs in its own processes); wall-clock is the headline"
         ),
         "snapshot": {
             **kafka["snapshot"],

@@ -3,7 +3,9 @@ own serving timelines (``trimtab chaos``; a short run is part of the test comman
 
 The cluster (:class:`devkit.localcluster.LocalCluster`) runs every simulated broker as a process of its own
 behind the webhook adapter (so a paused or killed agent leaves its broker running, as beside a real
-broker) and the mock Kafka cluster in a process of its own (so "Kafka" can be paused). A client thread keeps
+broker) and a real Apache Kafka cluster (KRaft, :class:`devkit.kafka_server.KafkaCluster`; 3 brokers by
+default, replication factor 3, min.insync.replicas 2), each broker a JVM process of its own that can be
+paused, killed and restarted. A client thread keeps
 looking up one topic of every bundle, as reconnecting clients would: a bundle that was given up gets
 assigned again, and a bundle nobody serves any more shows up as lost.
 
@@ -16,7 +18,13 @@ kill_leader         SIGKILL the leading controller, start a replacement
 pause_agent         SIGSTOP an agent past its session timeout until its bundles are owned elsewhere
 pause_broker        SIGSTOP a broker process for a lease and a half, then SIGCONT
 zk_restart          stop the ZooKeeper server for a few seconds, start it again (same data)
-kafka_pause         SIGSTOP the Kafka cluster's process for a few seconds, then SIGCONT
+kafka_pause         SIGSTOP every Kafka broker process at once for a few seconds, then SIGCONT (the whole
+                    cluster frozen, as by a stalled host or VM)
+kill_kafka_leader   SIGKILL the Kafka broker leading the most channel partitions (from the topic metadata);
+                    start it again (same port, same log dirs) once the channel has new leaders, and wait
+                    until every channel partition is in sync on every broker again
+stop_kafka          stop the whole Kafka cluster for a few seconds, then start it again on the same ports
+                    with the same log dirs
 poison              hostile values on every topic trimtab reads
 pause_leader_heal   SIGKILL an agent, and SIGSTOP the leader the moment it sees the agent gone (mid-
                     reassignment) past its own session timeout; SIGCONT; restart the agent
@@ -49,6 +57,14 @@ from trimtab.agent.adapters.simulated import LoadModel
 from trimtab.config.loader import load_settings
 from trimtab.config.settings import Settings
 from trimtab.devkit.chaos.history import load_history, summarize
+from trimtab.devkit.chaos.kafka_faults import (
+    busiest_leader,
+    channel_leaders,
+    disagreement,
+    fully_replicated,
+    ownership_tables,
+    real_kafka,
+)
 from trimtab.devkit.chaos.report import ChaosReport, Fault
 from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node, _merge
 
@@ -61,6 +77,8 @@ FAULT_KINDS = (
     "pause_broker",
     "zk_restart",
     "kafka_pause",
+    "kill_kafka_leader",
+    "stop_kafka",
     "poison",
     "pause_leader_heal",
 )
@@ -86,6 +104,8 @@ class ChaosConfig:
     faults: Sequence[str] = FAULT_KINDS
     quiet_s: float = 2.0  # between faults
     settle_s: float = 60.0  # after the faults, for every bundle to be served again
+    kafka_brokers: int = 3  # of the real Kafka cluster (1: no replication, so kill_kafka_leader is an outage)
+    kafka_outage_s: float = 5.0  # how long stop_kafka keeps Kafka down (its restart takes longer on 2 cores)
     settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -159,7 +179,8 @@ class ChaosRun:
             controllers=cfg.controllers,
             settings=_merge(CHAOS_SETTINGS, cfg.settings),
             broker_processes=True,
-            kafka_process=True,
+            kafka_mode="real",
+            kafka_brokers=cfg.kafka_brokers,
         )
         self.s: Settings | None = None
         self.client: LookupClient | None = None
@@ -277,12 +298,56 @@ class ChaosRun:
         self.cluster.wait_ready(90)
 
     def kafka_pause(self) -> None:
-        kafka = self.cluster.kafka
-        pid = getattr(kafka, "pid", None)
-        assert pid is not None, "the chaos cluster runs Kafka in a process of its own"
+        """Every broker at once: one paused broker is only a slow follower or, past its session timeout, a
+        leader failover (kill_kafka_leader covers that); the whole cluster frozen is what the clients of a
+        stalled Kafka see, and what the mock's pause modelled before."""
+        kafka = real_kafka(self.cluster)
+        pids = [b.pid for b in kafka.brokers if b.pid is not None]
         seconds = 3.0
-        self._note("kafka_pause", "kafka", f"SIGSTOP {seconds:g}s")
-        self._pause(pid, seconds)
+        self._note("kafka_pause", "kafka", f"SIGSTOP {len(pids)} brokers {seconds:g}s")
+        for pid in pids:
+            os.killpg(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)  # the fault itself
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGCONT)
+
+    def kill_kafka_leader(self) -> None:
+        kafka = real_kafka(self.cluster)
+        topic = self.settings.kafka.channel_topic
+        broker, partitions = busiest_leader(kafka, topic)
+        start = time.monotonic()
+        kafka.kill(broker)
+        # Down until the channel has other leaders (the controller fences the dead broker after its session
+        # timeout), or at most 30 s; then back on its port with its log dirs.
+        if kafka.size > 1:
+            self._wait(lambda: broker not in channel_leaders(kafka, topic), 30, "new channel leaders")
+        moved = time.monotonic() - start
+        self._note(
+            "kill_kafka_leader",
+            f"kafka-{broker}",
+            f"SIGKILL, leader of channel partitions {partitions}; new leaders after {moved:.1f}s",
+            started=start,
+        )
+        kafka.start_broker(broker)
+        self._wait(lambda: fully_replicated(kafka, topic), 60, "channel replicas in sync")
+
+    def stop_kafka(self) -> None:
+        kafka = real_kafka(self.cluster)
+        seconds = self.cfg.kafka_outage_s
+        start = time.monotonic()
+        kafka.close()
+        time.sleep(seconds)  # the outage itself
+        kafka.restart()
+        self._note(
+            "stop_kafka",
+            "kafka",
+            f"all {kafka.size} brokers down {time.monotonic() - start:.1f}s ({seconds:g}s + restart)",
+            started=start,
+        )
+        self._wait(lambda: fully_replicated(kafka, self.settings.kafka.channel_topic), 60, "channel replicas")
 
     def poison(self) -> None:
         k = self.settings.kafka
@@ -341,7 +406,13 @@ class ChaosRun:
                 False,
                 f"{len(wrong)} owned bundles not served by exactly their owner, {len(extra)} served unowned",
             )
-        return True, f"{len(owned)} bundles served by their owners"
+        # Every agent and the leader replay the same table (the channel's first-valid-transition rule).
+        tables = ownership_tables(self.cluster)
+        tables[leader.name] = self.cluster.ownership(leader)
+        differ = disagreement(tables)
+        if differ is not None:
+            return False, f"the nodes' ownership tables differ: {differ}"
+        return True, f"{len(owned)} bundles served by their owners; {len(tables)} nodes agree"
 
     def run(self) -> ChaosReport:
         cfg = self.cfg

@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from tests.support.procs import REPO_ROOT, Procs
 from tests.support.waiting import wait_for
+from trimtab.cluster.wiring import parse_properties
 from trimtab.devkit import kafka_server
 from trimtab.devkit.kafka_server import KafkaCluster, KafkaServerError, find_classpath
 
@@ -293,6 +294,26 @@ def test_sasl_ssl_accepts_the_right_scram_password(secure: KafkaCluster) -> None
     sent = produce(conf, topic, b"over tls")  # replicated to all three over SASL_SSL (acks=all)
     assert not isinstance(sent, KafkaError), sent
     assert consume_all(conf, topic, 1, group=f"{user}-group") == [b"over tls"]
+
+
+@pytest.mark.slow
+def test_a_principal_s_properties_file_is_what_trimtab_reads(secure: KafkaCluster, tmp_path: Path) -> None:
+    """``write_client_properties``: an owner-only ``kafka.client_config_file`` that, with the bootstrap
+    servers, is a working client of that principal (trimtab's own parser reads it)."""
+    user, topic = unique("carol"), unique("props")
+    secure.create_user(user, "carol-secret-1")
+    secure.grant(user, ["READ"], topic=topic)
+    secure.create_topics([topic], partitions=1)
+    path = secure.write_client_properties(tmp_path / "carol.properties", user, "carol-secret-1")
+    assert path.stat().st_mode & 0o777 == 0o600
+    props = parse_properties(path.read_text(), str(path))
+    assert props == {
+        k: str(v) for k, v in secure.client_config(user, "carol-secret-1").items() if k != "bootstrap.servers"
+    }
+    admin = AdminClient({"bootstrap.servers": secure.bootstrap_servers, **props, **QUIET})
+    md = admin.list_topics(timeout=30)
+    # READ implies DESCRIBE; the other tests' topics (and the internal ones) it may not even see.
+    assert set(md.topics) == {topic} and md.topics[topic].error is None, md.topics
 
 
 @pytest.mark.slow

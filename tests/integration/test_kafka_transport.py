@@ -330,10 +330,11 @@ def test_channel_client_bootstrap_from_snapshot_plus_tail_equals_full_replay(kaf
     snap_msgs = kafka.read_all(snap_topic)
     newest = choose(((m.key, m.value) for m in snap_msgs), channel=topic)
     assert newest is not None and newest.manifest.id == writer.last_id == second.id
-    # The mock does not compact: the first snapshot's chunks are still there, next to their tombstones.
+    # The cleaner does not run within this test (large segments): the first snapshot's chunks are still
+    # there, next to their tombstones.
     assert any(m.value is None for m in snap_msgs)
 
-    node = ChannelClient(kafka.transport, topic, snap_topic, allow_multi_partition_snapshot_topic=True)
+    node = ChannelClient(kafka.transport, topic, snap_topic)
     node.start()
     try:
         assert node.wait_ready(15), f"not ready: {node.error}"
@@ -378,7 +379,7 @@ def test_channel_client_ignores_a_snapshot_past_the_end_of_the_channel(kafka: Ka
         kafka.transport.produce(snap_topic, key, value, partition=SNAPSHOT_PARTITION).result(10)
     assert choose(read_snapshot_topic(kafka.transport, snap_topic), channel=topic) is not None
 
-    node = ChannelClient(kafka.transport, topic, snap_topic, allow_multi_partition_snapshot_topic=True)
+    node = ChannelClient(kafka.transport, topic, snap_topic)
     node.start()
     try:
         assert node.wait_ready(15)
@@ -427,7 +428,7 @@ def test_a_history_gap_over_kafka_is_detected_and_recovered_from_a_snapshot(
         lines = [e for e in node.json_lines() if e.get("event") == "status"]
         return lines[-1] if lines else {}
 
-    healthy = ChannelClient(kafka.transport, topic, snap_topic, allow_multi_partition_snapshot_topic=True)
+    healthy = ChannelClient(kafka.transport, topic, snap_topic)
     healthy.start()
     try:
         assert healthy.wait_ready(15)

@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
         transport,
         args.topic,
         args.snapshot_topic,
-        allow_multi_partition_snapshot_topic=True,
         max_retry_s=args.max_retry_s,
     )
     end = time.monotonic() + args.duration

@@ -55,15 +55,14 @@ def client(clients: list[ChannelClient], log: MemoryLog, **kw: object) -> Channe
     return c
 
 
-def test_a_snapshot_topic_with_more_partitions_is_refused_unless_allowed(
-    log: MemoryLog, clients: list[ChannelClient]
-) -> None:
+def test_a_snapshot_topic_with_more_partitions_is_refused(log: MemoryLog, clients: list[ChannelClient]) -> None:
     log.create("snap4", 4)
     c = ChannelClient(MemoryTransport(log), CHANNEL, "snap4")
     clients.append(c)
-    with pytest.raises(SnapshotTopicError, match="snap4"):
+    with pytest.raises(SnapshotTopicError, match="snap4.*exactly 1"):
         c.start()
-    ok = ChannelClient(MemoryTransport(log), CHANNEL, "snap4", allow_multi_partition_snapshot_topic=True)
+    log.create("snap1", 1)
+    ok = ChannelClient(MemoryTransport(log), CHANNEL, "snap1")
     clients.append(ok)
     ok.start()
     assert ok.wait_ready(10)

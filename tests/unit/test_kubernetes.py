@@ -1,5 +1,5 @@
-"""deploy/kubernetes, validated offline: the base and the example overlay are rendered
-(trimtab.devkit.kustomize), every built-in object is checked against the Kubernetes JSON schemas
+"""deploy/kubernetes, validated offline: the base and the example overlay are rendered by the real
+kustomize (trimtab.devkit.kustomize runs the pinned binary scripts/setup.sh installs), every built-in object is checked against the Kubernetes JSON schemas
 (kubernetes-validate, strict: no unknown fields), the Prometheus operator's objects against the fields
 the operator defines, and the properties an operator relies on are asserted one by one."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,16 @@ import pytest
 import yaml
 
 from trimtab.config.loader import load_settings
-from trimtab.devkit.kustomize import KUBERNETES_DIR, PROMETHEUS_RULE, build, key, merge, prometheus_rule
+from trimtab.devkit import kustomize
+from trimtab.devkit.kustomize import (
+    KUBERNETES_DIR,
+    KUSTOMIZE_VERSION,
+    PROMETHEUS_RULE,
+    KustomizeError,
+    build,
+    key,
+    prometheus_rule,
+)
 from trimtab.devkit.prometheus import AGENT_JOB, ALERT_RULES, CONTROLLER_JOB
 
 # The oldest Kubernetes the manifests are meant for (PodDisruptionBudget policy/v1 needs 1.21; the schemas
@@ -27,6 +35,7 @@ from trimtab.devkit.prometheus import AGENT_JOB, ALERT_RULES, CONTROLLER_JOB
 KUBERNETES_VERSION = "1.28"
 RENDERINGS = ["base", "overlays/example"]
 README = KUBERNETES_DIR / "README.md"
+REPO_ROOT = KUBERNETES_DIR.parents[1]
 Obj = dict[str, Any]
 
 # --------------------------------------------------------------------------- Prometheus operator objects
@@ -444,23 +453,6 @@ def test_the_overlay_changes_what_it_says(tmp_path: Path) -> None:
     assert trimtab_settings(overlay, agent, tmp_path).cluster.name == "pulsar-prod"
 
 
-def test_strategic_merge_merges_lists_by_their_keys() -> None:
-    base = {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}], "args": ["p", "q"]}]}
-    patch = {
-        "containers": [{"name": "a", "env": [{"name": "Y", "value": "2"}], "args": ["r"]}, {"name": "b"}]
-    }
-    out = merge(base, patch, in_workload=True)
-    assert out == {
-        "containers": [
-            {"name": "b"},
-            {"name": "a", "env": [{"name": "Y", "value": "2"}, {"name": "X", "value": "1"}], "args": ["r"]},
-        ]
-    }
-    assert merge({"endpoints": [{"port": "a"}]}, {"endpoints": [{"port": "b"}]}) == {
-        "endpoints": [{"port": "b"}]
-    }
-
-
 def test_prometheus_rule_is_the_deployed_alert_rules() -> None:
     assert PROMETHEUS_RULE.read_text() == prometheus_rule(), (
         "deploy/kubernetes/base/prometheusrule.yaml is stale: "
@@ -470,16 +462,49 @@ def test_prometheus_rule_is_the_deployed_alert_rules() -> None:
     assert rule["spec"]["groups"] == yaml.safe_load(ALERT_RULES.read_text())["groups"]
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed: nothing to compare with")
-@pytest.mark.parametrize("directory", RENDERINGS)
-def test_the_renderer_agrees_with_kubectl_kustomize(directory: str) -> None:
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(KUBERNETES_DIR / directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    theirs = {key(o): o for o in yaml.safe_load_all(out) if o}
-    ours = {key(o): o for o in build(KUBERNETES_DIR / directory)}
-    assert ours == theirs
+# --------------------------------------------------------------------------- the kustomize binary
+def test_kustomize_is_the_pinned_release_that_setup_installs() -> None:
+    binary = kustomize.find_binary()
+    assert subprocess_out([str(binary), "version"]) == KUSTOMIZE_VERSION
+    setup = (REPO_ROOT / "scripts" / "setup.sh").read_text()
+    assert "sigs.k8s.io/kustomize/kustomize/v5@" in setup and "devkit/kustomize.py" in setup
+    assert re.search(r'^KUSTOMIZE_VERSION = "(v[0-9.]+)"$', Path(kustomize.__file__).read_text(), re.M)
+
+
+def test_a_missing_kustomize_is_one_line_naming_setup(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TRIMTAB_KUSTOMIZE", str(tmp_path / "nowhere" / "kustomize"))
+    with pytest.raises(KustomizeError) as e:
+        build(KUBERNETES_DIR / "base")
+    message = str(e.value)
+    assert "\n" not in message and "bash scripts/setup.sh" in message and KUSTOMIZE_VERSION in message
+
+
+def test_kustomize_errors_are_reported(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [missing.yaml]\n"
+    )
+    with pytest.raises(KustomizeError, match=re.escape("missing.yaml")):
+        build(tmp_path)
+
+
+def test_patches_merge_by_kubernetes_merge_keys() -> None:
+    """What the overlay relies on from kustomize's strategic merge: containers and volume mounts merged
+    by their keys (not replaced), fields the patch does not name kept."""
+    base, overlay = (
+        one(build(KUBERNETES_DIR / "base"), "StatefulSet"),
+        one(build(KUBERNETES_DIR / "overlays/example"), "StatefulSet"),
+    )
+    assert [c["name"] for c in pod_spec(overlay)["containers"]] == [
+        c["name"] for c in pod_spec(base)["containers"]
+    ]
+    agent, base_agent = container(overlay, "agent"), container(base, "agent")
+    assert agent["readinessProbe"]["httpGet"]["path"] == base_agent["readinessProbe"]["httpGet"]["path"]
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert mounts == {m["mountPath"] for m in base_agent["volumeMounts"]} | {"/run/trimtab-secrets/tls"}
+    assert container(overlay, "broker")["args"] == container(base, "broker")["args"]
+
+
+def subprocess_out(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
