@@ -128,7 +128,7 @@ class KafkaTransport:
         client_config: Mapping[str, Any] | None = None,
         client_id: str = "trimtab",
         linger_ms: float = 5.0,
-        fetch_wait_max_ms: int = 5,
+        fetch_wait_max_ms: int = 100,
         delivery_timeout_ms: int = 30_000,
         topics: Sequence[TopicSpec] = (),
         replication_factor: int = -1,

@@ -81,7 +81,7 @@ KAFKA_ACLS: tuple[KafkaAcl, ...] = (
     _acl("agent", "topic", "top_bundles_topic", "WRITE", _CHECK),
     _acl("agent", "topic", "standby_topic", "READ", _CHECK),
     _acl("agent", "topic", "events_topic", "WRITE", _CHECK),
-    # MUTATION _groups("agent"),
+    _groups("agent"),
     _acl("controller", "topic", "channel_topic", "READ", "WRITE", _CHECK),
     _acl("controller", "topic", "snapshot_topic", "READ", "WRITE", _CHECK),
     _acl("controller", "topic", "broker_load_topic", "READ", _CHECK),

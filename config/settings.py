@@ -167,11 +167,13 @@ class KafkaSettings(Section):
         "before it. Keep it far above the longest time a node takes to read a topic.",
     )
     fetch_wait_max_ms: int = Field(
-        5,
+        100,
         ge=1,
         le=500,
-        description="fetch.wait.max.ms of channel readers: bounds channel latency on brokers that do not wake a "
-        "waiting fetch (the librdkafka mock).",
+        description="fetch.wait.max.ms of channel readers: how long Kafka may hold a fetch that finds no new "
+        "record. Kafka answers a waiting fetch as soon as a record arrives, so this does not delay the "
+        "channel; it bounds how often an idle reader asks again (each node, each broker). Lower it only for a "
+        "Kafka that does not wake waiting fetches (librdkafka's mock cluster).",
     )
     linger_ms: float = Field(
         5.0,

@@ -108,7 +108,7 @@ workdir_option = click.option(
 @click.option(
     "--alternative-fetch-wait-ms",
     type=click.IntRange(min=0, max=500),
-    default=1,
+    default=5,
     show_default=True,
     help="Repeat with this kafka.fetch_wait_max_ms (0: no repeat).",
 )

@@ -82,8 +82,8 @@ def test_bench_lookup_small() -> None:
     )
     assert out["bench"] == "lookup"
     assert_number(out, *headline)
-    assert out["assign_vs_rtt_ratio_target"] == 3.0
-    assert out["settings"]["kafka.fetch_wait_max_ms"] == 5  # the default
+    assert out["assign_vs_rtt_ratio_target"] == 2.0
+    assert out["settings"]["kafka.fetch_wait_max_ms"] == 100  # the default
     assert out["owned"]["concurrency"] == 3 and out["owned"]["lookups"] == 50
     assert out["assign"]["samples"] == 50 and out["raw_rtt"]["samples"] == 50
     assert out["assign"]["breakdown"]["segments_ms"]["assigning_to_owned"]["n"] == 50

@@ -93,22 +93,18 @@ def test_shipped_config_is_valid_with_compose_environment(monkeypatch) -> None:
     assert load_settings(ROOT / "deploy/config/trimtab.toml", environ=False).namespace.auto_create == []
 
 
-def test_compose_creates_every_topic_the_config_names() -> None:
+def test_compose_makes_the_topics_with_the_specs_the_daemons_check() -> None:
+    """One source of truth (cluster/topics.py): kafka-init runs ``trimtab topics ensure`` from the trimtab
+    image with the nodes' configuration file, before any node starts."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    script = "\n".join(compose["services"]["kafka-init"]["command"])
-    s = load_settings(ROOT / "deploy/config/trimtab.toml", environ=False)
-    for topic in (
-        s.kafka.channel_topic,
-        s.kafka.snapshot_topic,
-        s.kafka.broker_load_topic,
-        s.kafka.top_bundles_topic,
-    ):
-        assert f"--topic {topic} " in script, topic
-    # The channel must never be compacted (docs/protocol.md); snapshots and load reports must be.
-    assert re.search(rf"--topic {s.kafka.channel_topic} .*cleanup.policy=delete", script)
-    assert re.search(rf"--topic {s.kafka.snapshot_topic} .*cleanup.policy=compact", script)
-    for compacted in (s.kafka.broker_load_topic, s.kafka.top_bundles_topic, s.kafka.standby_topic):
-        assert re.search(rf"--topic {compacted} .*cleanup.policy=compact", script), compacted
+    init = compose["services"]["kafka-init"]
+    assert init["image"] == compose["services"]["controller-1"]["image"]
+    assert init["command"] == ["topics", "ensure"]
+    assert init["environment"]["TRIMTAB_CONFIG"] == "/etc/trimtab/trimtab.toml"
+    assert "./deploy/config/trimtab.toml:/etc/trimtab/trimtab.toml:ro" in init["volumes"]
+    for name, svc in compose["services"].items():
+        if svc.get("image") == init["image"] and name not in ("kafka-init", "trimtab-secrets"):
+            assert svc["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully", name
 
 
 def test_configuration_reference_is_generated_from_the_code() -> None:
