@@ -13,13 +13,12 @@ import functools
 import re
 import subprocess
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 from kazoo.security import make_digest_acl_credential
 
@@ -33,16 +32,14 @@ from tests.support.compose import (
     dockerfile_image,
     executable,
     hosts_entries,
+    interpolate,
     pom_kafka_version,
 )
 from tests.support.procs import Proc, Procs
 from tests.support.waiting import wait_for
-from trimtab.cluster.topics import topic_specs
 from trimtab.config.loader import load_settings
-from trimtab.devkit.kafka_server import KAFKA_VERSION, cache_root
+from trimtab.devkit.kafka_server import KAFKA_VERSION
 from trimtab.devkit.zkserver import ZooKeeperServer, four_letter_word
-
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The header's own instructions: the lookup, and the admin token read from a controller's secrets volume.
 LOOKUP = re.compile(r"curl '(http://localhost:(\d+)(/v1/lookup\?topic=[^']+))'")
@@ -53,7 +50,9 @@ STATUS = re.compile(r"curl -H \"Authorization: Bearer \$T\" http://localhost:(\d
 class Stack:
     """The services of one compose run, started in dependency order; what it skipped, and why."""
 
-    def __init__(self, compose: Compose, image: Image, procs: Procs, work: Path, stack: Any) -> None:
+    def __init__(
+        self, compose: Compose, image: Image, procs: Procs, work: Path, stack: contextlib.ExitStack
+    ) -> None:
         self.compose = compose
         self.image = image
         self.procs = procs
@@ -61,7 +60,6 @@ class Stack:
         self.exit = stack
         self.daemons: dict[str, Proc] = {}
         self.skipped: list[str] = []
-        self.notes: list[str] = []
         self.timings: list[tuple[str, float]] = []  # (service, when its start began)
 
     def up(self) -> None:
@@ -74,7 +72,7 @@ class Stack:
             elif self.compose.runs_trimtab(s):
                 self.trimtab(s)
             elif self.compose.one_shot(s):
-                self.foreign_one_shot(s)
+                raise ComposeError(f"{s.name}: a one-shot service on {s.image} is not emulated")
             else:
                 self.skipped.append(s.name)  # Prometheus, Grafana: nothing depends on them
 
@@ -111,6 +109,8 @@ class Stack:
         admin.list_topics(timeout=10)
 
     def trimtab(self, s: Service) -> None:
+        if not self.procs.procs:  # stop trimtab's processes before the ZooKeeper and Kafka they use
+            self.exit.callback(self.procs.close)
         proc = self.procs.spawn(
             self.compose.argv(s, self.image), name=s.name, env=self.compose.env(s, self.image)
         )
@@ -118,44 +118,6 @@ class Stack:
             proc.wait(30).check()
         else:
             self.daemons[s.name] = proc
-
-    def foreign_one_shot(self, s: Service) -> None:
-        """A one-shot service on another image: only kafka-init on apache/kafka is known (it creates the
-        topics with kafka-topics.sh)."""
-        script = "\n".join(s.command)
-        if "kafka-topics.sh" not in script:
-            raise ComposeError(f"{s.name}: a one-shot service on {s.image} is not emulated")
-        bin_dir = cache_root() / f"kafka-{KAFKA_VERSION}" / "bin"
-        if (bin_dir / "kafka-topics.sh").is_file():
-            entry = s.entrypoint or []
-            argv = [*entry, *s.command]
-            argv = [a.replace("/opt/kafka/bin", str(bin_dir)) for a in argv]
-            self.procs.spawn(argv, name=s.name, env=s.environment).wait(60).check()
-            return
-        # No Kafka distribution here (the dev kit has the server jars only): create what trimtab's own
-        # topic list says, with the settings every trimtab service of this file runs with.
-        note = (
-            f"{s.name} runs kafka-topics.sh from {s.image} and there is no {bin_dir}/kafka-topics.sh: "
-            "its topics were created from trimtab.cluster.topics.topic_specs instead"
-        )
-        self.notes.append(note)
-        warnings.warn(note, stacklevel=1)
-        settings = self.trimtab_settings()
-        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-        futures = admin.create_topics(
-            [
-                NewTopic(
-                    spec.name,
-                    spec.partitions,
-                    settings.kafka.replication_factor,
-                    config=spec.topic_config(),
-                )
-                for spec in topic_specs(settings.kafka)
-            ],
-            request_timeout=15,
-        )
-        for future in futures.values():
-            future.result(timeout=30)
 
     def trimtab_settings(self) -> Any:
         """The settings of the first long-running trimtab service (the shared config file and env)."""
@@ -182,21 +144,27 @@ class Stack:
 
     def report(self) -> str:
         died = {n: p.returncode for n, p in self.daemons.items() if not p.is_running()}
-        return f"daemons that exited: {died}\n{self.procs.report()}"
+        return f"{self.timeline()}\ndaemons that exited: {died}\n{self.procs.report()}"
+
+    def timeline(self) -> str:
+        t0 = self.timings[0][1] if self.timings else 0.0
+        return "\n".join(f"{t - t0:6.1f}s {what}" for what, t in self.timings)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_compose_services_run_as_processes_up_to_a_lookup(tmp_path: Path, procs: Procs) -> None:
     compose = Compose(volumes_root=tmp_path / "volumes")
     image = dockerfile_image()
     assert image.entrypoint == ["trimtab"], image
-    # Only container paths in commands and environments are mapped to the host: the mounted config file
-    # must not name any (outside comments).
-    config_text = "\n".join(
-        line.split("#", 1)[0] for line in (Path(__file__).parents[2] / "deploy/config/trimtab.toml").open()
-    )
+    # Only container paths in commands and environments are mapped to the host: a mounted file (the
+    # config) must not name any, outside comments.
+    targets = {t for s in compose.services.values() for t in compose.mounts(s)}
     for s in compose.services.values():
-        for target in compose.mounts(s):
-            assert target not in config_text, f"deploy/config/trimtab.toml names {target}, a mount target"
+        for host in compose.mounts(s).values():
+            if Path(host).is_file():
+                text = "\n".join(ln.split("#", 1)[0] for ln in Path(host).read_text().splitlines())
+                assert not [t for t in targets if t in text], f"{host} names a mount target"
 
     header = compose.text.split("\nx-", 1)[0]
     lookup = LOOKUP.search(header)
@@ -223,7 +191,7 @@ def test_compose_services_run_as_processes_up_to_a_lookup(tmp_path: Path, procs:
             return r.json()
 
         answer = wait_for(
-            looked_up, timeout=35, interval=0.2, message=stack.report, ignore=(httpx.TransportError,)
+            looked_up, timeout=60, interval=0.2, message=stack.report, ignore=(httpx.TransportError,)
         )
         stack.timings.append(("(lookup answered)", time.monotonic()))
         brokers = {compose.service(n).command[-1] for n in stack.daemons if n.startswith("agent-")}
@@ -238,8 +206,7 @@ def test_compose_services_run_as_processes_up_to_a_lookup(tmp_path: Path, procs:
 
         assert_admin_status_works(compose, header)
         assert_znodes_belong_to_the_generated_digest(stack)
-        t0 = stack.timings[0][1]
-        print("\n".join(f"{t - t0:6.1f}s {what}" for what, t in stack.timings))
+        print(stack.timeline())  # shown with -s: where the time went
 
 
 def assert_admin_status_works(compose: Compose, header: str) -> None:
@@ -268,3 +235,48 @@ def assert_znodes_belong_to_the_generated_digest(stack: Stack) -> None:
         zk.close()
     ids = {(a.id.scheme, a.id.id) for a in acls}
     assert ("digest", make_digest_acl_credential(user, password)) in ids, ids
+
+
+# --------------------------------------------------------------------------- the emulation itself (fast)
+def test_the_emulation_reads_compose_as_docker_would(tmp_path: Path) -> None:
+    compose = Compose(volumes_root=tmp_path)
+    image = dockerfile_image()
+    agent = compose.service("agent-1")
+    # Anchors merged: the shared environment plus the agent's own; the image's ENV beneath.
+    env = compose.env(agent, image)
+    assert env["TRIMTAB_CONFIG"] == str(compose.path.parent / "deploy/config/trimtab.toml")
+    assert env["TRIMTAB_SECURITY__ADMIN_TOKENS_FILE"] == str(tmp_path / "trimtab-secrets" / "admin.tokens")
+    assert env["TRIMTAB_HTTP__HOST"] == compose.addresses["agent-1"] != compose.addresses["agent-2"]
+    assert env["TRIMTAB_HTTP__PORT"] == "8080" and env["TRIMTAB_HTTP__ADVERTISED_HOST"] == "agent-1"
+    assert compose.argv(agent, image)[1:] == ["agent", "--broker-id", "agent-1:8080"]
+    assert Path(compose.argv(agent, image)[0]).name == "trimtab"
+    names = [s.name for s in compose.order()]
+    assert (
+        names.index("zookeeper") < names.index("kafka") < names.index("kafka-init") < names.index("agent-1")
+    )
+    assert compose.one_shot(compose.service("trimtab-secrets")) and not compose.one_shot(agent)
+    kafka = compose.service("kafka")
+    props = compose.kafka_server_properties(kafka)
+    assert props["auto.create.topics.enable"] == "false" and "listeners" not in props
+    assert compose.kafka_advertised(kafka) == ("kafka", 9092)
+
+
+def test_interpolation_and_mount_rewriting() -> None:
+    assert interpolate("a $$t b") == "a $t b"
+    with pytest.raises(ComposeError):
+        interpolate("${HOME}/x")
+    compose = Compose()
+    s = Service("x", {"volumes": ["./deploy/config:/etc/cfg:ro"]})
+    assert compose.localize(s, "/etc/cfg/a.toml /etc/cfgX '/etc/cfg'") == (
+        f"{compose.path.parent}/deploy/config/a.toml /etc/cfgX '{compose.path.parent}/deploy/config'"
+    )
+
+
+def test_hosts_entries_are_removed_after(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text(
+        "127.0.0.1 localhost\n# >>> trimtab compose test\n127.0.1.9 stale\n# <<< trimtab compose test\n"
+    )
+    with hosts_entries({"kafka": "127.0.1.3"}, path=hosts):
+        assert "127.0.1.3 kafka\n" in hosts.read_text() and "stale" not in hosts.read_text()
+    assert hosts.read_text() == "127.0.0.1 localhost\n"
