@@ -64,6 +64,7 @@ class ChannelClient:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._recovery: threading.Thread | None = None
+        self._again = False  # a follower failed while the recovery loop was finishing: go round again
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -115,17 +116,20 @@ class ChannelClient:
         self.snapshot = snap
         if snap is not None:
             log.info("snapshot_loaded", snapshot=snap.manifest.id, bundles=len(snap.states), positions=start)
-        self.follower = Follower(
-            self.transport,
-            self.topic,
-            self._apply,
-            start=start,
-            name="channel",
-            on_ready=self._became_ready,
-            on_error=self._failed,
-            on_gap=self._gap,
-        )
-        self.follower.start()
+        with self._lock:  # against stop(): a recovery that was bootstrapping as it ran starts nothing
+            if self._stopping.is_set():
+                return
+            self.follower = Follower(
+                self.transport,
+                self.topic,
+                self._apply,
+                start=start,
+                name="channel",
+                on_ready=self._became_ready,
+                on_error=self._failed,
+                on_gap=self._gap,
+            )
+            self.follower.start()
 
     def _apply(self, msgs: list[Message]) -> None:
         self.table.apply_all(msgs)
@@ -155,13 +159,16 @@ class ChannelClient:
             return
         with self._lock:
             if self._recovery is not None and self._recovery.is_alive():
-                return  # the recovery loop is already at work and will see the failure
+                self._again = True  # the recovery loop is at work: it must not return without this one
+                return
             self._recovery = threading.Thread(target=self._recover, name="channel-recover", daemon=True)
             self._recovery.start()
 
     def _recover(self) -> None:
         delay = 0.0 if isinstance(self.last_error, HistoryGap) else self.retry_s
         while not self._stopping.wait(delay):
+            with self._lock:
+                self._again = False  # failures of the follower about to be replaced are moot
             old = self.follower
             if old is not None:
                 old.stop()
@@ -175,7 +182,12 @@ class ChannelClient:
                 self.recoveries += 1
                 log.warning("channel_recovering", reason=self._reason, attempt=self.recoveries)
                 self._bootstrap(partitions)
-                return
+                with self._lock:
+                    if not self._again:
+                        return
+                # The follower just started failed before this thread was done: _stopped left it to us.
+                delay = 0.0 if isinstance(self.last_error, HistoryGap) else self.retry_s
+                continue
             except HistoryGap as e:
                 self.gaps += 1
                 self.last_error = e
@@ -215,8 +227,10 @@ class ChannelClient:
 
     def stop(self) -> None:
         self._stopping.set()
-        if self.follower is not None:
-            self.follower.stop()
+        with self._lock:  # a follower a recovery started before this point is the one stopped here
+            follower = self.follower
+        if follower is not None:
+            follower.stop()
         rec = self._recovery
         if rec is not None and rec is not threading.current_thread():
             rec.join(5.0)

@@ -122,7 +122,8 @@ def snapshot_order(snapshot_id: str) -> tuple[int, int] | None:
 
 def manifest_key(channel: str, term: int) -> bytes:
     """One manifest key per channel topic and leader term: a stale leader's late manifest cannot replace a
-    newer one, and channels sharing a snapshot topic do not collide."""
+    newer one. (Chunk keys do not name their channel, and :func:`garbage` collects older chunks whatever
+    their channel: each channel needs a snapshot topic of its own -- docs/protocol.md section 5.)"""
     return MANIFEST_PREFIX + f"{channel}/{term:012d}".encode()
 
 

@@ -12,8 +12,10 @@ re-read the topic until the cleaner has done its work, under a deadline.
 Everything that writes or reads here is product code: the agent's :class:`agent.reporter.LoadReporter`,
 the controller's :class:`controller.snapshots.SnapshotJob` with its :class:`channel.snapshot.SnapshotWriter`,
 :class:`channel.client.ChannelClient` for every node, :func:`channel.snapshot.read_all` for raw reads and
-:func:`channel.table.replay` as the reference. The only stand-in is :class:`FixedLeadership`: a leader of a
-given term without a ZooKeeper election, which is all the snapshot job asks of its leadership.
+:func:`channel.table.replay` as the reference. Two stand-ins: :class:`FixedLeadership`, a leader of a given
+term without a ZooKeeper election (all the snapshot job asks of its leadership), and
+:meth:`ChannelArchive.retain_from`, which does to the channel what time or size retention would, at a moment
+the test chooses, through the admin API's DeleteRecords (the low watermark moves; nothing else changes).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from tests.support.channel_race import NOTHING, propose
@@ -128,6 +132,7 @@ class CompactingKafka:
     def close(self) -> None:
         for t in self._transports:
             t.close()
+        self._transports.clear()  # and let their clients go now, before the cluster does
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -193,6 +198,47 @@ class SnapshotTopicState:
 
 def snapshot_topic_state(transport: KafkaTransport, topic: str) -> SnapshotTopicState:
     return SnapshotTopicState.of(read_snapshot_topic(transport, topic))
+
+
+class ChannelArchive:
+    """Every record the channel ever held, read (with the product's reader) before retention deletes it:
+    the reference a node's table is checked against once the channel's beginning is gone."""
+
+    def __init__(self, transport: KafkaTransport, topic: str) -> None:
+        self.transport = transport
+        self.topic = topic
+        self.messages: list[Message] = []
+        self.positions = dict.fromkeys(range(transport.partitions(topic)), 0)
+        self.deleted_before = dict(self.positions)
+
+    def catch_up(self, timeout: float = 30.0) -> None:
+        highs = high_watermarks(self.transport, self.topic)
+        if all(self.positions[p] >= h for p, h in highs.items()):
+            return
+        reader = self.transport.reader(self.topic, dict(self.positions))
+        deadline = time.monotonic() + timeout
+        try:
+            pos = dict(self.positions)
+            while any(pos[p] < h for p, h in highs.items()):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"reading {self.topic} to {highs} took over {timeout}s (at {pos})")
+                self.messages += [m for m in reader.poll(10_000, 0.1) if m.offset < highs[m.partition]]
+                pos.update(reader.positions())
+        finally:
+            reader.close()
+        self.positions = highs
+
+    def retain_from(self, positions: dict[int, int]) -> None:
+        """What time or size retention does to the channel: delete every record before ``positions`` (once
+        this archive holds them), so a node must bootstrap from a snapshot at or after them."""
+        self.catch_up()
+        todo = [TopicPartition(self.topic, p, o) for p, o in positions.items() if o > self.deleted_before[p]]
+        if not todo:
+            return
+        admin = AdminClient({"bootstrap.servers": self.transport.bootstrap_servers})
+        for fut in admin.delete_records(todo, request_timeout=30, operation_timeout=30).values():
+            fut.result(30)
+        self.deleted_before.update((tp.partition, tp.offset) for tp in todo)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -310,7 +356,9 @@ class Bootstrapped:
 
 class BootstrappingNode(threading.Thread):
     """A node that starts now: a ChannelClient bootstraps (newest usable snapshot + the channel after it)
-    on this thread, which waits until it is ready, records how it went and stops it."""
+    on this thread, which waits until it is ready, records how it went and stops it. The table is taken at
+    the exact moment the node turned ready (``on_ready``, on the follower's thread), with the positions it
+    covers: the channel may go on growing after that."""
 
     def __init__(
         self,
@@ -322,9 +370,21 @@ class BootstrappingNode(threading.Thread):
         timeout: float = 20.0,
     ) -> None:
         super().__init__(name=name, daemon=True)
-        self.client = ChannelClient(transport, channel_topic, snapshot_topic, retry_s=0.1, max_retry_s=0.5)
+        self.client = ChannelClient(
+            transport,
+            channel_topic,
+            snapshot_topic,
+            on_ready=self._on_ready,
+            retry_s=0.1,
+            max_retry_s=0.5,
+        )
         self.timeout = timeout
+        self.at_ready: tuple[dict[str, Record], dict[int, int]] | None = None
         self.result: Bootstrapped | None = None
+
+    def _on_ready(self, table: TableView) -> None:
+        if self.at_ready is None:
+            self.at_ready = table.snapshot()
 
     def run(self) -> None:
         c = self.client
@@ -338,7 +398,7 @@ class BootstrappingNode(threading.Thread):
             error = e
         finally:
             c.stop()
-        states, positions = c.table.snapshot()
+        states, positions = self.at_ready or ({}, {})
         self.result = Bootstrapped(
             name=self.name,
             ready=ready,
@@ -364,7 +424,7 @@ def mismatch(got: dict[str, Record], want: dict[str, Record]) -> str:
 
 
 def bootstrap_during(
-    write: Callable[[], str],
+    work: Callable[[], object],
     transport: KafkaTransport,
     channel_topic: str,
     snapshot_topic: str,
@@ -372,38 +432,40 @@ def bootstrap_during(
     nodes: int,
     prefix: str,
     timeout: float = 40.0,
-) -> tuple[str, list[Bootstrapped]]:
-    """Run ``write`` (a snapshot write) on a thread while nodes bootstrap: one starts with the write, more
-    start each time the snapshot topic has grown under it (up to ``nodes - 1`` in all), and one more after
-    it. Returns the id ``write`` returned and how every node's bootstrap ended."""
-    out: list[str] = []
+) -> list[Bootstrapped]:
+    """Run ``work`` (the leader at work: channel history and snapshot writes) on a thread while nodes
+    bootstrap: one starts with it, more start each time the snapshot topic has grown (up to ``nodes - 1``
+    in all), and one more after it. Returns how every node's bootstrap ended."""
     failed: list[BaseException] = []
+
+    done = threading.Event()
 
     def run() -> None:
         try:
-            out.append(write())
+            work()
         except BaseException as e:  # raised below, on the test's thread
             failed.append(e)
+        finally:
+            done.set()
 
-    def node() -> BootstrappingNode:
+    def node() -> None:
         n = BootstrappingNode(f"{prefix}-n{len(started)}", transport, channel_topic, snapshot_topic)
         started.append(n)
         n.start()
-        return n
 
-    writer = threading.Thread(target=run, name=f"{prefix}-snapshot-write", daemon=True)
+    leader = threading.Thread(target=run, name=f"{prefix}-leader", daemon=True)
     started: list[BootstrappingNode] = []
     node()
-    writer.start()
+    leader.start()
     seen = high_watermarks(transport, snapshot_topic)
-    while writer.is_alive() and len(started) < nodes - 1:
+    while not done.wait(0.005) and len(started) < nodes - 1:  # poll the topic's growth until done
         now = high_watermarks(transport, snapshot_topic)
         if now != seen:
             seen = now
             node()
-    writer.join(timeout)
-    if failed or writer.is_alive():
-        raise AssertionError(f"the snapshot write failed or hangs: {failed}")
+    leader.join(timeout)
+    if failed or leader.is_alive():
+        raise AssertionError(f"the leader's work failed or hangs: {failed}")
     node()
     results: list[Bootstrapped] = []
     for n in started:
@@ -411,7 +473,12 @@ def bootstrap_during(
         if n.result is None:
             raise AssertionError(f"{n.name} did not finish bootstrapping within {timeout}s")
         results.append(n.result)
-    return out[0], results
+    return results
+
+
+def replay_up_to(messages: Sequence[Message], positions: dict[int, int], partitions: int) -> TableView:
+    """The full replay of the channel's first records, up to ``positions`` (exclusive) in each partition."""
+    return replay((m for m in messages if m.offset < positions.get(m.partition, 0)), partitions=partitions)
 
 
 def write_until_compacted(

@@ -5,7 +5,9 @@ covers what is retained. It never jumps over records it has not read."""
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ from trimtab.channel.memory import MemoryLog, MemoryTransport
 from trimtab.channel.records import Record, State, encode, make
 from trimtab.channel.snapshot import SnapshotWriter
 from trimtab.channel.table import replay
-from trimtab.errors import SnapshotTopicError
+from trimtab.errors import SnapshotTopicError, TransportError
 
 CHANNEL, SNAPSHOTS = "chan", "snap"
 BUNDLES = BundleLayout.default("t/ns", 8).bundles
@@ -55,11 +57,13 @@ def client(clients: list[ChannelClient], log: MemoryLog, **kw: object) -> Channe
     return c
 
 
-def test_a_snapshot_topic_with_more_partitions_is_refused(log: MemoryLog, clients: list[ChannelClient]) -> None:
+def test_a_snapshot_topic_with_more_partitions_is_refused(
+    log: MemoryLog, clients: list[ChannelClient]
+) -> None:
     log.create("snap4", 4)
     c = ChannelClient(MemoryTransport(log), CHANNEL, "snap4")
     clients.append(c)
-    with pytest.raises(SnapshotTopicError, match="snap4.*exactly 1"):
+    with pytest.raises(SnapshotTopicError, match=r"snap4.*exactly 1"):
         c.start()
     log.create("snap1", 1)
     ok = ChannelClient(MemoryTransport(log), CHANNEL, "snap1")
@@ -133,3 +137,87 @@ def test_a_history_gap_waits_for_a_covering_snapshot(log: MemoryLog, clients: li
     assert lagging.wait_ready(10), lagging.health()
     assert not lagging.history_gap and lagging.recoveries >= 1
     assert lagging.table.as_dict() == healthy.table.as_dict()
+
+
+class _FlakyReaders(MemoryTransport):
+    """reader() refuses ``fail`` more times (a broker refusing a fetch session), counting refusals."""
+
+    def __init__(self, log: MemoryLog, fail: int) -> None:
+        super().__init__(log)
+        self.fail = fail
+        self.refused = 0
+
+    def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> Any:
+        if self.fail > 0:
+            self.fail -= 1
+            self.refused += 1
+            raise TransportError("fetch refused")
+        return super().reader(topic, start, low_latency=low_latency)
+
+
+def test_a_follower_failing_before_its_recovery_returned_is_recovered_too(log: MemoryLog) -> None:
+    """The recovery's own follower fails while the recovery thread has not returned yet (descheduled): the
+    failure must not be dropped because "a recovery is running" -- the node would stay unready for good."""
+    t = _FlakyReaders(log, fail=2)
+
+    handled = threading.Event()
+
+    class Descheduled(ChannelClient):
+        def _bootstrap(self, partitions: int) -> None:
+            super()._bootstrap(partitions)
+            if threading.current_thread().name == "channel-recover" and self.recoveries == 1:
+                # Hold the recovery thread until the failure of the follower it just started is handled.
+                assert handled.wait(5), "the second follower never failed"
+
+        def _stopped(self, e: BaseException, reason: str) -> None:
+            super()._stopped(e, reason)
+            if t.refused == 2:
+                handled.set()
+
+    c = Descheduled(t, CHANNEL, None, use_snapshot=False, retry_s=0.01, max_retry_s=0.05)
+    try:
+        c.start()
+        assert c.wait_ready(10), c.health()
+        assert c.recoveries == 2
+    finally:
+        c.stop()
+
+
+def test_stop_during_a_recovery_leaves_no_follower_running(log: MemoryLog) -> None:
+    """stop() while a recovery is bootstrapping: the recovery must not start a follower after it."""
+    gate, entered = threading.Event(), threading.Event()
+
+    class SlowSnapshots(MemoryTransport):
+        def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+            if topic == SNAPSHOTS and not gate.is_set():
+                entered.set()
+                gate.wait(10)
+            return super().watermarks(topic, partition)
+
+    gate.set()
+    t = SlowSnapshots(log)
+    b = BUNDLES[0]
+    for v in (1, 2, 3):
+        step(log, b, v)
+    c = ChannelClient(t, CHANNEL, SNAPSHOTS, retry_s=0.0, max_retry_s=0.05)
+    c.start()
+    assert c.wait_ready(5)
+    p = zlib.crc32(b.encode()) % 2
+    # A snapshot covering one record more than the channel has yet (the next one, written below).
+    ends = {q: log.watermarks(CHANNEL, q)[1] + (q == p) for q in range(2)}
+    SnapshotWriter(t, SNAPSHOTS, CHANNEL, writer="leader").write(dict(c.table.items()), ends, 2, term=1)
+    gate.clear()
+    with log._cond:  # a record the follower has not read, deleted by retention: a history gap
+        step(log, b, 4)
+        log.truncate(CHANNEL, p, ends[p])
+    assert entered.wait(5), "the recovery never read the snapshot topic"
+    stopper = threading.Thread(target=c.stop)
+    stopper.start()
+    wait_for(c._stopping.is_set, 5)
+    gate.set()  # the recovery goes on with its bootstrap
+    stopper.join(10)
+    rec = c._recovery
+    assert rec is not None
+    wait_for(lambda: not rec.is_alive(), 10, message="the recovery thread ends")
+    assert c.recoveries == 1  # it got as far as a bootstrap from the snapshot
+    assert c.follower is None or not c.follower.running
