@@ -1,6 +1,6 @@
 """``trimtab dev up``: the local cluster with a skewed synthetic load, a live view, and a JSON summary.
 
-Steps: start ZooKeeper + Kafka (real, or the mock with --kafka mock) + agents + controllers (:class:`trimtab.devkit.localcluster.LocalCluster`);
+Steps: start ZooKeeper + Apache Kafka + agents + controllers (:class:`trimtab.devkit.localcluster.LocalCluster`);
 look up every synthetic topic so its bundle gets an owner; pile the hot namespaces' bundles onto the first
 broker (the skew the shedder then has to undo); show the cluster live until Ctrl-C or ``--duration``;
 stop everything; print the summary. The live view goes to stderr and the summary to stdout, so scripts
@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import orjson
@@ -248,7 +248,6 @@ def dev_up(
     settings: dict[str, Any],
     broker_processes: bool = False,
     prometheus: bool | None = None,
-    kafka_mode: Literal["real", "mock"] = "real",
     kafka_brokers: int = 1,
 ) -> dict[str, Any]:
     """Run the dev cluster (the module docstring's steps) until Ctrl-C, SIGTERM or ``duration``; return the
@@ -274,7 +273,6 @@ def dev_up(
         settings=cfg,
         broker_processes=broker_processes,
         prometheus=PrometheusOptions() if prometheus else None,
-        kafka_mode=kafka_mode,
         kafka_brokers=kafka_brokers,
     )
     stop = threading.Event()
@@ -284,7 +282,7 @@ def dev_up(
     tally: EventTally | None = None
     try:
         with console.status(
-            f"starting ZooKeeper, {'the Kafka mock' if kafka_mode == 'mock' else f'Kafka ({kafka_brokers} brokers)'}, "
+            f"starting ZooKeeper, Kafka ({kafka_brokers} brokers), "
             f"{brokers} agents and {controllers} controllers..."
         ):
             cluster.start()

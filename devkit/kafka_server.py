@@ -1,5 +1,5 @@
-"""A real Apache Kafka cluster (KRaft) as child processes: what users run, for the tests, the benchmarks and
-(later) the local cluster, in place of the librdkafka mock (``trimtab.devkit.kafka_mock``).
+"""A real Apache Kafka cluster (KRaft) as child processes: what users run, for the tests, the benchmarks, the
+chaos suite and the local cluster.
 
 No pytest here. Every node is a combined broker + controller (``process.roles=broker,controller``) started
 as ``java -cp <jars> kafka.Kafka server.properties`` on free loopback ports, with its storage formatted by
@@ -481,7 +481,10 @@ class KafkaCluster:
             self.workdir.mkdir(parents=True, exist_ok=True)
             self._load_or_create_state()
             (self.workdir / "log4j2.properties").write_text(_LOG4J2)
-            if self.security == "sasl_ssl":
+            # A restart keeps the certificates its clients already trust.
+            if self.security == "sasl_ssl" and not (
+                keep_ports and (self.workdir / "pki" / "node.p12").is_file()
+            ):
                 self._make_keystore()
             if not all(n.port for n in self._nodes) or (not keep_ports and not self._ports_free()):
                 self._choose_ports()

@@ -2,10 +2,8 @@
 tests and benchmarks.
 
 It starts a real ZooKeeper server (``trimtab.devkit.zkserver``) and a real Apache Kafka KRaft cluster of
-``kafka_brokers`` nodes (``trimtab.devkit.kafka_server``; its topics created as trimtab needs them,
-cluster/topics.py) -- or, with ``kafka_mode="mock"``, owns a librdkafka mock cluster for its lifetime (the
-explicit fallback for a machine without Java or the Kafka jars, and the chaos suite's pausable Kafka) --
-writes one TOML config for every node, and runs agents (each with
+``kafka_brokers`` nodes (``trimtab.devkit.kafka_server``; its topics created by ``trimtab topics ensure``'s
+code from cluster/topics.py, as docker-compose's kafka-init does), writes one TOML config for every node, and runs agents (each with
 its built-in simulated broker) and controllers as separate ``trimtab`` processes. Every process is put in
 its own process group and killed on exit, whatever happens.
 
@@ -32,15 +30,13 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import orjson
 
-from trimtab.cluster.topics import topic_specs
+from trimtab.cluster.wiring import ensure_topics
 from trimtab.config.loader import load_settings
-from trimtab.config.settings import Settings
-from trimtab.devkit.kafka_mock import MockCluster, MockClusterProcess
 from trimtab.devkit.kafka_server import KafkaCluster, Security
 from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptions, PrometheusServer, Target
@@ -137,10 +133,6 @@ class LocalCluster:
     env: Mapping[str, str] | None = None
     zk_port: int = 0
     broker_processes: bool = False
-    kafka_process: bool = False  # the mock Kafka cluster in its own process (the chaos suite pauses it)
-    # "real": Apache Kafka (KRaft) from the dev kit's cache; "mock": librdkafka's mock cluster (no
-    # compaction, replication, failover or security: a fallback, and what kafka_process runs).
-    kafka_mode: Literal["real", "mock"] = "real"
     kafka_brokers: int = 1
     # "sasl_ssl": SCRAM over TLS with the StandardAuthorizer (real Kafka only); every node then uses the
     # admin (super user) credentials, written to <workdir>/security/kafka-admin.properties, unless its
@@ -154,7 +146,7 @@ class LocalCluster:
         self.workdir = Path(self.workdir)
         self.nodes: dict[str, Node] = {}
         self.zk: ZooKeeperServer | None = None
-        self.kafka: KafkaCluster | MockCluster | MockClusterProcess | None = None
+        self.kafka: KafkaCluster | None = None
         self.prometheus_server: PrometheusServer | None = None
         self.config_path = self.workdir / "trimtab.toml"
         # Security on, as in production (docs/security.md): an admin and a read token and ZooKeeper digest
@@ -185,23 +177,16 @@ class LocalCluster:
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
             self.zk = ZooKeeperServer(self.workdir / "zookeeper", port=self.zk_port).start()
-            if self.mock_kafka:
-                self.kafka = (
-                    MockClusterProcess(self.python, self.workdir / "logs" / "kafka.log")
-                    if self.kafka_process
-                    else MockCluster()
-                )
-            else:
-                # Topics only as trimtab makes them: nothing auto-created by a stray metadata request.
-                self.kafka = KafkaCluster(
-                    self.workdir / "kafka",
-                    brokers=self.kafka_brokers,
-                    security=self.kafka_security,
-                    extra_config={"auto.create.topics.enable": "false"},
-                ).start()
+            # Topics only as trimtab makes them: nothing auto-created by a stray metadata request.
+            self.kafka = KafkaCluster(
+                self.workdir / "kafka",
+                brokers=self.kafka_brokers,
+                security=self.kafka_security,
+                extra_config={"auto.create.topics.enable": "false"},
+            ).start()
             self._write_config()
-            s = load_settings(self.config_path, environ=False)
-            self._create_topics(s)
+            # What docker-compose's kafka-init runs (trimtab topics ensure), with the nodes' configuration.
+            ensure_topics(load_settings(self.config_path, environ=False), "trimtab-dev")
             for _ in range(self.brokers):
                 self.add_agent(wait=False)
             for _ in range(self.controllers):
@@ -220,25 +205,6 @@ class LocalCluster:
             self.stop()
             raise
         return self
-
-    @property
-    def mock_kafka(self) -> bool:
-        return self.kafka_mode == "mock" or self.kafka_process
-
-    def _create_topics(self, s: Settings) -> None:
-        """Every topic trimtab uses, made as cluster/topics.py says (the mock cannot: it gets the names)."""
-        specs = topic_specs(s.kafka)
-        if isinstance(self.kafka, KafkaCluster):
-            replicas = min(3, self.kafka_brokers)
-            for spec in specs:
-                config = spec.topic_config()
-                if replicas >= 3:
-                    config["min.insync.replicas"] = "2"  # acks=all survives one broker down
-                self.kafka.create_topics(
-                    [spec.name], partitions=spec.partitions, replication=replicas, config=config
-                )
-        elif self.kafka is not None:
-            self.kafka.create_topics([t.name for t in specs])
 
     def _write_config(self) -> None:
         assert self.zk is not None and self.kafka is not None
@@ -269,14 +235,10 @@ class LocalCluster:
                 key.write_text(secrets.token_urlsafe(32) + "\n")
                 key.chmod(0o600)
             base["broker"] = {"adapter": {"kind": "simulated", "hmac_key_file": str(key)}}
-        if self.mock_kafka:
-            # The mock auto-creates every topic with four partitions: use the snapshot topic's first only.
-            base["kafka"]["allow_multi_partition_snapshot_topic"] = True
-        else:
-            base["kafka"]["replication_factor"] = min(3, self.kafka_brokers)
-            if isinstance(self.kafka, KafkaCluster) and self.kafka.security == "sasl_ssl":
-                props = self.kafka.write_client_properties(self.security_dir / "kafka-admin.properties")
-                base["kafka"]["client_config_file"] = str(props)
+        base["kafka"]["replication_factor"] = min(3, self.kafka_brokers)
+        if self.kafka.security == "sasl_ssl":
+            props = self.kafka.write_client_properties(self.security_dir / "kafka-admin.properties")
+            base["kafka"]["client_config_file"] = str(props)
         cfg = _merge(base, self.settings)
         self.config_path.write_text(_toml(cfg))
 

@@ -485,20 +485,12 @@ def dev() -> None:
     "its URL is printed and the live view shows its alerts. Default: when the prometheus binary is installed.",
 )
 @click.option(
-    "--kafka",
-    "kafka_mode",
-    type=click.Choice(["real", "mock"]),
-    default="real",
-    show_default=True,
-    help="real: Apache Kafka (KRaft) from the dev kit's cache (scripts/setup.sh fetches it); mock: "
-    "librdkafka's mock cluster -- no compaction, replication or failover: only for a machine without Java.",
-)
-@click.option(
     "--kafka-brokers",
     type=click.IntRange(min=1, max=5),
     default=1,
     show_default=True,
-    help="Kafka brokers (real Kafka only); with 3 or more the topics are replicated 3 times, min.insync.replicas 2.",
+    help="Apache Kafka (KRaft) brokers, from the dev kit's cache (scripts/setup.sh fetches it); with 3 or more "
+    "the topics are replicated 3 times, min.insync.replicas 2.",
 )
 @config_option
 @set_option
@@ -515,7 +507,6 @@ def dev_up(
     production_timers: bool,
     broker_processes: bool,
     prometheus: bool | None,
-    kafka_mode: str,
     kafka_brokers: int,
     config_file: str | None,
     sets: tuple[str, ...],
@@ -532,8 +523,6 @@ def dev_up(
 
     if brokers < 1 or controllers < 0:
         raise click.BadParameter("need at least one broker")
-    if kafka_mode == "mock" and kafka_brokers != 1:
-        raise click.BadParameter("--kafka-brokers needs --kafka real (the mock is one process)")
     overrides: dict[str, Any] = {}
     if config_file:
         import tomllib
@@ -560,7 +549,6 @@ def dev_up(
         settings=overrides,
         broker_processes=broker_processes,
         prometheus=prometheus,
-        kafka_mode=kafka_mode,
         kafka_brokers=kafka_brokers,
     )
     _emit_json(summary)

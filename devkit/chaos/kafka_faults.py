@@ -34,10 +34,10 @@ _QUIET: dict[str, Any] = {"log_level": 0, "error_cb": lambda err: None}
 
 
 def real_kafka(cluster: LocalCluster) -> KafkaCluster:
-    """The local cluster's :class:`KafkaCluster` (faults need real broker processes, not the mock)."""
+    """The local cluster's :class:`KafkaCluster` (started: the faults act on its broker processes)."""
     kafka = cluster.kafka
-    if not isinstance(kafka, KafkaCluster):
-        raise TypeError(f"Kafka faults need a real Kafka cluster (kafka_mode='real'), not {kafka!r}")
+    if kafka is None:
+        raise TypeError("the local cluster has no Kafka: start() it first")
     return kafka
 
 
@@ -94,17 +94,18 @@ class Answer:
     owner: str | None = None
     version: int | None = None
     how: str | None = None
+    error: str | None = None  # the error body's message, when one came
 
 
 def lookup(http: httpx.Client, node: Node, topic: str) -> Answer:
     sent = time.monotonic()
     try:
         r = http.get(f"{node.http}/v1/lookup", params={"topic": topic})
-    except httpx.HTTPError:
-        return Answer(topic, node.name, sent, time.monotonic(), 0)
+    except httpx.HTTPError as e:
+        return Answer(topic, node.name, sent, time.monotonic(), 0, error=type(e).__name__)
     done = time.monotonic()
     if r.status_code != 200:
-        return Answer(topic, node.name, sent, done, r.status_code)
+        return Answer(topic, node.name, sent, done, r.status_code, error=r.text[:300])
     body = r.json()
     return Answer(
         topic, node.name, sent, done, 200, body["bundle"], body["owner"], int(body["version"]), body["how"]

@@ -179,7 +179,6 @@ class ChaosRun:
             controllers=cfg.controllers,
             settings=_merge(CHAOS_SETTINGS, cfg.settings),
             broker_processes=True,
-            kafka_mode="real",
             kafka_brokers=cfg.kafka_brokers,
         )
         self.s: Settings | None = None
@@ -324,11 +323,13 @@ class ChaosRun:
         # timeout), or at most 30 s; then back on its port with its log dirs.
         if kafka.size > 1:
             self._wait(lambda: broker not in channel_leaders(kafka, topic), 30, "new channel leaders")
-        moved = time.monotonic() - start
+            after = f"new leaders after {time.monotonic() - start:.1f}s"
+        else:
+            after = "the only broker: Kafka is down until it is back"
         self._note(
             "kill_kafka_leader",
             f"kafka-{broker}",
-            f"SIGKILL, leader of channel partitions {partitions}; new leaders after {moved:.1f}s",
+            f"SIGKILL, leader of channel partitions {partitions}; {after}",
             started=start,
         )
         kafka.start_broker(broker)

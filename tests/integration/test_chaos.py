@@ -1,6 +1,6 @@
-"""The chaos suite, short: every fault kind once on a real local cluster (separate broker processes, Kafka
-in its own process), then the history checker's verdict over every broker's serving timeline. The long run
-is ``trimtab chaos`` (docs/reliability.md).
+"""The chaos suite, short: every fault kind once on a real local cluster (separate broker processes, a real
+Apache Kafka broker that is paused, killed and stopped), then the history checker's verdict over every
+broker's serving timeline. The long run is ``trimtab chaos`` (docs/reliability.md).
 
 And the suite's own check: with a broker that ignores leases, pausing an agent past its session timeout
 must be caught as double serving -- a chaos suite that cannot fail proves nothing."""
@@ -17,7 +17,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_every_fault_once_never_two_servers_and_nothing_lost(tmp_path: Path) -> None:
-    report = run_chaos(ChaosConfig(workdir=tmp_path / "chaos", duration_s=0, brokers=4, seed=7))
+    # One Kafka broker here (CI time: a 3-broker cluster starts and restarts about twice as slowly on 2
+    # cores); kill_kafka_leader is then an outage of the only broker. `trimtab chaos` runs 3.
+    cfg = ChaosConfig(workdir=tmp_path / "chaos", duration_s=0, brokers=4, seed=7, kafka_brokers=1)
+    report = run_chaos(cfg)
     d = report.to_dict()
     s = report.summary
     assert set(FAULT_KINDS) <= set(report.fault_counts), report.fault_counts
@@ -26,7 +29,7 @@ def test_every_fault_once_never_two_servers_and_nothing_lost(tmp_path: Path) -> 
     assert s["bundles_served"] >= 20 and s["unavailability"]["open_gaps"] == 0
     assert report.passed, d
     # Faults cost service somewhere (a killed agent's broker stops at its leases' end): the figures are real.
-    assert s["unavailability"]["gaps"] > 0 and s["unavailability"]["max_s"] > 0
+    assert s["unavailability"]["gaps"] > 0 and (s["unavailability"]["max_s"] or 0) > 0
 
 
 def test_the_checker_catches_a_broker_that_ignores_its_leases(tmp_path: Path) -> None:
@@ -35,6 +38,7 @@ def test_the_checker_catches_a_broker_that_ignores_its_leases(tmp_path: Path) ->
         duration_s=0,
         brokers=3,
         faults=("pause_agent",),
+        kafka_brokers=1,
         settings={"sim": {"honour_leases": False}},
     )
     report = run_chaos(cfg)
