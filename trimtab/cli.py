@@ -785,8 +785,15 @@ def topics_show(config_file: str | None, sets: tuple[str, ...]) -> None:
 @click.option(
     "--faults",
     default=None,
-    help="Comma-separated fault kinds (default: all of kill_agent, kill_leader, pause_agent, pause_broker, "
-    "zk_restart, kafka_pause, poison, pause_leader_heal).",
+    help="Comma-separated fault kinds (default: all; `trimtab chaos --faults help` lists them, "
+    "docs/reliability.md says what each does).",
+)
+@click.option(
+    "--kafka-brokers",
+    type=click.IntRange(min=1, max=5),
+    default=3,
+    show_default=True,
+    help="Apache Kafka brokers (with 1, kill_kafka_leader is a Kafka outage until the broker is back).",
 )
 @click.option(
     "--workdir",
@@ -807,6 +814,7 @@ def chaos_cmd(
     namespaces: int,
     seed: int,
     faults: str | None,
+    kafka_brokers: int,
     workdir: Path,
     out: Path | None,
     markdown: Path | None,
@@ -820,6 +828,9 @@ def chaos_cmd(
 
     configure_logging("info", json_logs=False, role="chaos")  # progress on stderr, the report on stdout
     runner = _devkit("trimtab.devkit.chaos.runner")
+    if faults == "help":
+        click.echo("\n".join(runner.FAULT_KINDS))
+        return
     kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) if faults else runner.FAULT_KINDS
     unknown = sorted(set(kinds) - set(runner.FAULT_KINDS))
     if unknown:
@@ -836,6 +847,7 @@ def chaos_cmd(
         namespaces=namespaces,
         seed=seed,
         faults=kinds,
+        kafka_brokers=kafka_brokers,
     )
     report = runner.run_chaos(cfg)
     text = report.to_json()
