@@ -100,20 +100,28 @@ def run_job(
     confs: tuple[str, ...],
     quiet: bool,
     body: Callable[[SparkSession, Progress], T],
+    *,
+    reads_kafka: bool = False,
+    reader: str | None = None,
 ) -> T:
     """Check the spark extra, start (or reuse) the session, watch its stages, run ``body``; a
-    :class:`PipelineError` becomes a clean exit with its message."""
+    :class:`PipelineError` becomes a clean exit with its message. A job reading Kafka names its
+    ``reader`` (``reads_kafka``; None: the default reader): the connector's jars then go on the new
+    session's classpath."""
     from trimtab.pipeline.common import spark_missing
 
     missing = spark_missing()
     if missing is not None:
         raise click.ClickException(missing)
     from trimtab.pipeline.common import PipelineError, Progress
-    from trimtab.pipeline.session import spark_session, watch_stages
+    from trimtab.pipeline.session import spark_session, watch_stages, with_connector
+    from trimtab.pipeline.sources import reader_name
 
     progress = Progress(job, quiet=quiet)
     conf = _parse_conf(confs)
     try:
+        if reads_kafka and reader_name(reader) == "connector":
+            conf = with_connector(conf)
         with (
             spark_session(f"trimtab-pipeline-{job}", master=master, conf=conf, progress=progress) as spark,
             watch_stages(spark, progress),
@@ -149,12 +157,19 @@ def pipeline() -> None:
     scale, reports with plots. Needs the spark extra: pip install 'trimtab[spark]'."""
 
 
-_SOURCES = click.Choice(["python", "spark"])
-_SOURCE_HELP = (
-    "Kafka reader: 'python' (default: the built-in Spark Python data source over confluent-kafka) or 'spark' "
-    "(the official spark-sql-kafka connector; its jar must be on the classpath, e.g. --conf "
-    "spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>)."
+_READERS = click.Choice(["python", "connector", "spark"])
+_READER_HELP = (
+    "Kafka reader: 'python' (the built-in Spark Python data source over confluent-kafka) or 'connector' "
+    "(Spark's official spark-sql-kafka connector; scripts/setup.sh fetches its jars). Default: "
+    "trimtab.pipeline.sources.DEFAULT_READER, chosen by `trimtab bench pipeline` (docs/pipeline.md). "
+    "--kafka-source and 'spark' are the earlier names."
 )
+
+
+def _reader_option(fn: F) -> F:
+    return click.option(
+        "--reader", "--kafka-source", "reader", type=_READERS, default=None, help=_READER_HELP
+    )(fn)
 
 
 @pipeline.command("ingest")
@@ -166,7 +181,7 @@ _SOURCE_HELP = (
     show_default=True,
     help="Which topics to read (their names come from the kafka.*_topic settings).",
 )
-@click.option("--kafka-source", type=_SOURCES, default="python", show_default=True, help=_SOURCE_HELP)
+@_reader_option
 @click.option(
     "--max-records-per-task",
     type=click.IntRange(min=1),
@@ -179,7 +194,7 @@ def ingest_cmd(
     out: str,
     bootstrap_servers: str | None,
     tables: str,
-    kafka_source: str,
+    reader: str | None,
     max_records_per_task: int,
     master: str | None,
     confs: tuple[str, ...],
@@ -213,13 +228,13 @@ def ingest_cmd(
             bootstrap_servers=k.bootstrap_servers,
             topics={t: names[t] for t in wanted},
             client_config=cfg,
-            connector=kafka_source,
+            reader=reader,
             max_records=max_records_per_task,
             progress=progress,
         )
         return r.summary()
 
-    _emit(run_job("ingest", master, confs, quiet, body))
+    _emit(run_job("ingest", master, confs, quiet, body, reads_kafka=True, reader=reader))
 
 
 @pipeline.command("compact")
@@ -254,7 +269,7 @@ def ingest_cmd(
     default=None,
     help="With --input: the channel's partition count for the home-partition rule (default: the export header's).",
 )
-@click.option("--kafka-source", type=_SOURCES, default="python", show_default=True, help=_SOURCE_HELP)
+@_reader_option
 @click.option(
     "--tasks",
     type=click.IntRange(min=1),
@@ -277,7 +292,7 @@ def compact_cmd(
     publish: bool,
     term: int | None,
     partitions: int | None,
-    kafka_source: str,
+    reader: str | None,
     tasks: int | None,
     split_bytes: int,
     master: str | None,
@@ -323,7 +338,7 @@ def compact_cmd(
                 s.kafka.bootstrap_servers,
                 s.kafka.channel_topic,
                 client_config=cfg,
-                connector=kafka_source,
+                reader=reader,
                 tasks=tasks,
                 progress=progress,
             )
@@ -353,7 +368,7 @@ def compact_cmd(
         return r.report
 
     published: dict[str, Any] = {}
-    result = run_job("compact", master, confs, quiet, body)
+    result = run_job("compact", master, confs, quiet, body, reads_kafka=input_file is None, reader=reader)
     from trimtab.channel.replayfile import report_json
 
     if output is not None:

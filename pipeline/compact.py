@@ -222,7 +222,7 @@ def compact_kafka(
     topic: str,
     *,
     client_config: dict[str, str] | None = None,
-    connector: str = "python",
+    reader: str | None = None,
     tasks: int | None = None,
     max_records: int = 1_000_000,
     progress: Progress | None = None,
@@ -251,7 +251,7 @@ def compact_kafka(
         topic,
         bounds,
         client_config=client_config,
-        connector=connector,
+        reader=reader,
         max_records=max_records,
     )
     messages = raw.select(

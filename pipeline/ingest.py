@@ -241,7 +241,7 @@ def _stage(
     bootstrap_servers: str,
     topics: Mapping[str, str],
     client_config: dict[str, str] | None,
-    connector: str,
+    reader: str | None,
     max_records: int,
     say: Progress,
 ) -> None:
@@ -262,7 +262,7 @@ def _stage(
             topic,
             bounds,
             client_config=client_config,
-            connector=connector,
+            reader=reader,
             max_records=max_records,
         )
         rows = raw.mapInArrow(decoder(table, plan.partitions[table]), from_arrow_schema(SCHEMAS[table]))
@@ -314,7 +314,7 @@ def ingest(
     bootstrap_servers: str,
     topics: Mapping[str, str],
     client_config: dict[str, str] | None = None,
-    connector: str = "python",
+    reader: str | None = None,
     max_records: int = 1_000_000,
     progress: Progress | None = None,
     crash_at: str | None = None,
@@ -340,7 +340,7 @@ def ingest(
             bootstrap_servers=bootstrap_servers,
             topics=topics,
             client_config=client_config,
-            connector=connector,
+            reader=reader,
             max_records=max_records,
             say=say,
         )

@@ -13,9 +13,9 @@ with matplotlib:
 * ``moves``           per hour and reason: shedder moves (by the shedder's reason), healing reassignments,
                       operators' transfers and unloads, splits, stuck states forced onward (events topic)
 * ``healing``         per failed broker: recorded -> healed (or cancelled), and the bundles moved for it
-* ``hottest_bundles`` the bundles with the highest reported throughput (top-bundles topic); its mean is
-                      over the reports that listed the bundle (a bundle outside a broker's top k is not
-                      reported at all), so it is labelled as such, not as a mean over time
+* ``hottest_bundles`` the bundles with the highest reported throughput (top-bundles topic), and their
+                      mean throughput while listed, each report weighted by how long it held
+                      (:func:`hottest_bundles`)
 * ``assignment_latency`` per hour: Assigning -> Owned, from the records' timestamps of the transitions the
                       channel accepted -- decided by the nodes' own replay (``pipeline.fold.transitions``)
 * ``poison``          per table, the values the decoders refused, by reason
@@ -183,6 +183,52 @@ def asof_loads(bl: DataFrame, bucket_ms: int, ttl_ms: int) -> DataFrame:
     )
 
 
+def hottest_bundles(tb: DataFrame, ttl_ms: int, top: int) -> DataFrame:
+    """The ``top`` bundles by the highest throughput any broker reported, with the mean while listed.
+
+    A top-bundles report is a state too: a broker publishes one with each load report -- when its load
+    moved, else every ``load.report_max_interval_s`` -- and it holds until the broker's next one (or
+    tombstone), for at most the load TTL, and no later than the history's last report. A plain mean over
+    the reports would weigh a minute of churn, reported ten times, above an hour of steady traffic reported
+    four times; ``mean_throughput`` weighs each report by how long it held (the plain mean where no report
+    held for any time: one report at the very end). A bundle outside a broker's top k is not reported at
+    all, so this is the mean *while listed*, not over the whole history."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as sf
+
+    good = tb.where(sf.col("skip_reason").isNull() & sf.col("broker").isNotNull()).withColumn(
+        "t", sf.when(sf.col("reported_at") > 0, sf.col("reported_at")).otherwise(sf.col("timestamp"))
+    )
+    reports = good.select("broker", "partition", "offset", "t").distinct()
+    hi = reports.agg(sf.max("t").alias("hi")).first()
+    end = int(hi["hi"]) if hi is not None and hi["hi"] is not None else 0
+    order = Window.partitionBy("broker").orderBy("t", "partition", "offset")
+    held = reports.select(
+        "partition",
+        "offset",
+        sf.greatest(
+            sf.lit(0),
+            sf.least(sf.coalesce(sf.lead("t").over(order), sf.lit(end)), sf.col("t") + ttl_ms, sf.lit(end))
+            - sf.col("t"),
+        ).alias("held_ms"),
+    )
+    thr = sf.col("msg_throughput_in") + sf.col("msg_throughput_out")
+    listed = good.where(sf.col("bundle").isNotNull()).join(held, ["partition", "offset"])
+    weighted = sf.sum(thr * sf.col("held_ms")) / sf.sum("held_ms")
+    return (
+        listed.groupBy("bundle")
+        .agg(
+            sf.max(thr).alias("max_throughput"),
+            sf.when(sf.sum("held_ms") > 0, weighted).otherwise(sf.avg(thr)).alias("mean_throughput"),
+            sf.max(sf.col("msg_rate_in") + sf.col("msg_rate_out")).alias("max_msg_rate"),
+            sf.count(sf.lit(1)).alias("reports"),
+            sf.max_by("broker", "t").alias("last_broker"),
+        )
+        .orderBy(sf.col("max_throughput").desc(), "bundle")
+        .limit(top)
+    )
+
+
 def _transitions_task(partitions: int | None) -> Any:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         def messages() -> Iterator[tuple[Any, ...]]:
@@ -330,21 +376,7 @@ def aggregates(
     out["healing"] = _healing(failures.orderBy("ts").toPandas(), heals.orderBy("ts").toPandas(), until)
 
     say("hottest bundles")
-    thr = sf.col("msg_throughput_in") + sf.col("msg_throughput_out")
-    out["hottest_bundles"] = (
-        tb.where(sf.col("bundle").isNotNull())
-        .groupBy("bundle")
-        .agg(
-            sf.max(thr).alias("max_throughput"),
-            sf.avg(thr).alias("mean_throughput"),
-            sf.max(sf.col("msg_rate_in") + sf.col("msg_rate_out")).alias("max_msg_rate"),
-            sf.count(sf.lit(1)).alias("reports"),
-            sf.max_by("broker", "reported_at").alias("last_broker"),
-        )
-        .orderBy(sf.col("max_throughput").desc(), "bundle")
-        .limit(top)
-        .toPandas()
-    )
+    out["hottest_bundles"] = hottest_bundles(tb, int(load_ttl_s * 1000), top).toPandas()
 
     say("assignment latency (transitions the channel accepted)")
     valid = ch.where(sf.col("key").isNotNull())
@@ -537,14 +569,15 @@ PLOTS: tuple[tuple[str, str, str, Any, float], ...] = (
     (
         "broker_load",
         "Load per broker over time",
-        "Each broker's weighted-max EMA (the figure decisions compare), per time bucket.",
+        "Each broker's weighted-max EMA (the figure decisions compare) as of each time bucket's end: its latest "
+        "report, while fresh (load.ttl_s).",
         _draw_broker_load,
         4.5,
     ),
     (
         "load_std",
         "Load spread against the shedder's target",
-        "Population std of the brokers' loads per bucket; shedding aims below the dashed line.",
+        "Population std of the live brokers' loads as of each bucket's end; shedding aims below the dashed line.",
         _draw_load_std,
         4.0,
     ),

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trimtab.pipeline.common import PipelineError, Progress
@@ -22,6 +23,54 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+
+#: The official Spark Kafka connector (``--reader connector``): ``spark-sql-kafka-0-10_2.13`` at this
+#: version, which devkit/spark/pom.xml pins (a test checks they agree) and scripts/setup.sh fetches from
+#: Maven Central into :func:`connector_dir`. It should be the installed PySpark's version; Maven Central has
+#: no Spark 4.3.0 artifact yet, so it is 4.2.0, the newest there (tests/integration/test_pipeline.py reads
+#: the same ranges with both readers on a real Kafka and compares the tables).
+CONNECTOR_VERSION = "4.2.0"
+CONNECTOR_ARTIFACT = "spark-sql-kafka-0-10_2.13"
+#: A directory of connector jars of your own (another version, a cluster's copy) instead of the cache.
+CONNECTOR_ENV = "TRIMTAB_SPARK_KAFKA_JARS"
+
+
+def connector_dir() -> Path:
+    """Where the connector's jars are: ``$TRIMTAB_SPARK_KAFKA_JARS``, else the cache setup.sh fills."""
+    own = os.environ.get(CONNECTOR_ENV)
+    if own:
+        return Path(own)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "trimtab" / f"spark-kafka-{CONNECTOR_VERSION}" / "jars"
+
+
+def connector_jars() -> list[str]:
+    """The connector's jars (it, spark-token-provider-kafka, kafka-clients, commons-pool2), or a
+    :class:`PipelineError` of one line saying how to get them."""
+    where = connector_dir()
+    jars = sorted(str(p) for p in where.glob("*.jar")) if where.is_dir() else []
+    if not any(Path(j).name.startswith(CONNECTOR_ARTIFACT) for j in jars):
+        raise PipelineError(
+            f"the Spark Kafka connector ({CONNECTOR_ARTIFACT}) is not in {where}: run `bash scripts/setup.sh` "
+            f"to fetch it (or set {CONNECTOR_ENV}, or use --reader python)"
+        )
+    return jars
+
+
+def with_connector(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` with the connector's jars added to ``spark.jars`` (for a session about to start: the
+    driver and every executor get them)."""
+    jars = connector_jars()
+    have = [j for j in conf.get("spark.jars", "").split(",") if j]
+    return {**conf, "spark.jars": ",".join(have + [j for j in jars if j not in have])}
+
+
+def add_connector(spark: SparkSession) -> None:
+    """Add the connector's jars to a session that is already running (a notebook, the tests' shared
+    session): ``ADD JAR`` puts them on the executors' classpath and on this thread's class loader, which
+    is where ``spark.read.format("kafka")`` looks the source up."""
+    for jar in connector_jars():
+        spark.sql(f"ADD JAR '{jar}'")
 
 
 def session_conf(master: str, app: str, conf: Mapping[str, str]) -> dict[str, str]:

@@ -217,6 +217,26 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(ExportSource)
 
 
+#: The two ways of reading Kafka offset ranges into a DataFrame: ``python`` (``trimtab_kafka`` above,
+#: confluent-kafka in Spark's Python workers) and ``connector`` (Spark's official spark-sql-kafka, in the
+#: JVM). Both give the same rows for the same ranges (tests/integration/test_pipeline.py).
+READERS = ("python", "connector")
+#: The reader every command uses unless told otherwise (``--reader``), chosen by `trimtab bench pipeline`
+#: (docs/pipeline.md has the figures): compacting 1 M records took the same time with either reader (the
+#: Python fold dominates), so the one with no jar, no version skew and the daemons' TLS/SASL settings.
+DEFAULT_READER = "python"
+
+
+def reader_name(name: str | None) -> str:
+    """A reader's name (``spark``, the connector's earlier name, is accepted), ``None`` -> the default."""
+    if name is None:
+        return DEFAULT_READER
+    name = "connector" if name == "spark" else name
+    if name not in READERS:
+        raise PipelineError(f"unknown Kafka reader {name!r}: choose from {', '.join(READERS)}")
+    return name
+
+
 def kafka_frame(
     spark: SparkSession,
     bootstrap_servers: str,
@@ -224,15 +244,15 @@ def kafka_frame(
     bounds: dict[int, tuple[int, int]],
     *,
     client_config: dict[str, str] | None = None,
-    connector: str = "python",
+    reader: str | None = None,
     max_records: int = DEFAULT_MAX_RECORDS,
 ) -> Any:
     """The records of ``topic`` in ``bounds`` (partition -> [start, end)) as a DataFrame with the columns
-    topic, partition, offset, timestamp (ms), key, value -- through this module's source (``python``) or
-    the official Spark Kafka connector (``spark``, when its jar is on the classpath)."""
-    if connector == "spark":
+    topic, partition, offset, timestamp (ms), key, value -- through ``reader`` (:data:`READERS`; default
+    :data:`DEFAULT_READER`)."""
+    if reader_name(reader) == "connector":
         return spark_connector_frame(spark, bootstrap_servers, topic, bounds, client_config or {})
-    reader = (
+    frame = (
         spark.read.format("trimtab_kafka")
         .option("bootstrap.servers", bootstrap_servers)
         .option("topic", topic)
@@ -240,15 +260,17 @@ def kafka_frame(
         .option("maxRecordsPerPartition", str(max_records))
     )
     for k, v in (client_config or {}).items():
-        reader = reader.option(f"kafka.{k}", v)
-    return reader.load()
+        frame = frame.option(f"kafka.{k}", v)
+    return frame.load()
 
 
 def spark_connector_options(
     bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int, int]], client_config: dict[str, str]
 ) -> dict[str, str]:
     """Options of the official connector (spark-sql-kafka) for the same ranges: ``assign`` the partitions
-    with records, from their starts to their (exclusive) ends."""
+    with records, from their starts to their (exclusive) ends. ``client_config`` holds librdkafka settings;
+    the ones the Java client spells the same way (``security.protocol``, ``sasl.mechanism``,
+    ``ssl.truststore.location``...) pass through as ``kafka.*``."""
     parts = {str(p): (s, e) for p, (s, e) in sorted(bounds.items()) if e > s}
     return {
         "kafka.bootstrap.servers": bootstrap_servers,
@@ -261,6 +283,29 @@ def spark_connector_options(
     }
 
 
+#: librdkafka settings the Java client spells differently (TLS files, SASL credentials): given to the
+#: connector they would be ignored and it would fail to connect, so it refuses them instead.
+LIBRDKAFKA_ONLY = frozenset(
+    {
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "ssl.key.password",
+        "ssl.ca.pem",
+        "ssl.certificate.pem",
+        "ssl.key.pem",
+        "sasl.username",
+        "sasl.password",
+        "sasl.oauthbearer.config",
+    }
+)
+
+
+def _missing_kafka_source(e: Exception) -> bool:
+    text = str(e)
+    return "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source: kafka" in text
+
+
 def spark_connector_frame(
     spark: SparkSession,
     bootstrap_servers: str,
@@ -268,21 +313,36 @@ def spark_connector_frame(
     bounds: dict[int, tuple[int, int]],
     client_config: dict[str, str],
 ) -> Any:
+    """The ranges through Spark's connector. A session started by a pipeline command has its jars
+    (``session.with_connector``); one that was already running gets them added here."""
     from pyspark.sql import functions as sf
 
+    from trimtab.pipeline.session import add_connector
+
+    foreign = sorted(LIBRDKAFKA_ONLY & set(client_config))
+    if foreign:
+        raise PipelineError(
+            f"the connector's Java Kafka client does not take the librdkafka settings {', '.join(foreign)} "
+            "(kafka.client_config): use --reader python"
+        )
     opts = spark_connector_options(bootstrap_servers, topic, bounds, client_config)
     if not any(e > s for s, e in bounds.values()):
         return spark.createDataFrame([], KAFKA_SCHEMA)
     try:
         df = spark.read.format("kafka").options(**opts).load()
-    except Exception as e:  # AnalysisException: the connector's jar is not on the classpath
-        if "kafka" in str(e).lower() and "data source" in str(e).lower():
-            raise PipelineError(
-                "--kafka-source spark needs the spark-sql-kafka connector on the classpath: add --conf "
-                "spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:<Spark version> (or use the "
-                "default --kafka-source python)"
-            ) from e
-        raise
+    except Exception as e:  # AnalysisException DATA_SOURCE_NOT_FOUND: the jars are not on the classpath
+        if not _missing_kafka_source(e):
+            raise
+        add_connector(spark)  # a PipelineError naming scripts/setup.sh when the jars are not there
+        try:
+            df = spark.read.format("kafka").options(**opts).load()
+        except Exception as again:
+            if _missing_kafka_source(again):
+                raise PipelineError(
+                    "Spark cannot load the Kafka connector even with its jars added: start the session with "
+                    "--conf spark.jars=<the jars of `bash scripts/setup.sh`>"
+                ) from None
+            raise
     return df.select(
         sf.col("topic"),
         sf.col("partition").cast("int"),

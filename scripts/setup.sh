@@ -119,4 +119,31 @@ if [ -z "${TRIMTAB_KUSTOMIZE:-}" ] && [ ! -x "$kustomize_dir/kustomize" ]; then
   fi
   rm -rf "$kustomize_dir" && mv "$kustomize_dir.new" "$kustomize_dir"
 fi
+
+# Spark's Kafka connector for `trimtab pipeline --reader connector` (devkit/spark/pom.xml pins it; only the
+# jars PySpark lacks): once from Maven Central into the cache, as the Kafka jars above (pom checksum stamp,
+# Maven offline first). $TRIMTAB_SPARK_KAFKA_JARS (a directory of your own) skips the step.
+spark_pom=devkit/spark/pom.xml
+spark_kafka_version=$(sed -n 's:.*<connector.version>\(.*\)</connector.version>.*:\1:p' "$spark_pom")
+spark_kafka_home="${XDG_CACHE_HOME:-$HOME/.cache}/trimtab/spark-kafka-$spark_kafka_version"
+spark_kafka_sum=$(sha256sum "$spark_pom" | cut -d' ' -f1)
+if [ -z "${TRIMTAB_SPARK_KAFKA_JARS:-}" ] \
+    && [ "$(cat "$spark_kafka_home/.complete" 2>/dev/null)" != "$spark_kafka_sum" ]; then
+  command -v mvn >/dev/null 2>&1 || apt_install maven
+  log "fetching Spark's Kafka connector $spark_kafka_version from Maven Central into $spark_kafka_home/jars"
+  mkdir -p "$spark_kafka_home"
+  copy_connector_jars() {  # $1: -o (offline) or nothing
+    rm -rf "$spark_kafka_home/jars.new"
+    # shellcheck disable=SC2086
+    mvn -B -q -C $1 -f "$spark_pom" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+      "-DoutputDirectory=$spark_kafka_home/jars.new" >"$spark_kafka_home/maven.log" 2>&1
+  }
+  if ! copy_connector_jars -o && ! copy_connector_jars ""; then
+    cat "$spark_kafka_home/maven.log" >&2
+    log "fetching the Spark Kafka connector failed (full output above, also in $spark_kafka_home/maven.log)"
+    exit 1
+  fi
+  rm -rf "$spark_kafka_home/jars" && mv "$spark_kafka_home/jars.new" "$spark_kafka_home/jars"
+  echo "$spark_kafka_sum" >"$spark_kafka_home/.complete"
+fi
 log "ready: $(.venv/bin/python --version), $(java -version 2>&1 | head -1)"

@@ -15,6 +15,15 @@ The measurements, each from the same file:
   whole file, timed from the job's start to the table and counts collected on the driver. Its
   ``{"table", "stats"}`` must equal the in-process replay's byte for byte, or no figure is reported.
 
+**The Kafka readers** (``--reader python|connector``, docs/pipeline.md): the same generator's first
+``kafka_records`` records (at most 1 000 000 by default) produced into a real one-node Apache Kafka
+(``devkit.kafka_server``), then, once per round in a fresh JVM on the last master (``pipeline_worker``),
+each reader warmed up and timed twice: reading every record of the topic (count and bytes of every value:
+every record crosses into Spark) and ``compact_kafka`` of the topic, whose table must equal the in-process
+replay of what was produced, for both readers, or no figure is reported. The readers run back to back in
+one JVM, their order swapped every round. ``readers.fastest`` is the reader with the lower median compact
+time; ``readers.default`` what ``pipeline.sources.DEFAULT_READER`` says.
+
 records/s = records in the file / wall seconds. The scaling figure is local[2] / local[1]; its target is
 1.7. The machine's cores are shared (see ``loadavg``); CPU seconds of each run's process tree are reported
 beside the wall time.
@@ -42,6 +51,8 @@ from trimtab.devkit.bench.common import BenchError, Progress, environment, loada
 
 TARGET_SCALING = 1.7
 WARMUP_RECORDS = 20_000
+KAFKA_RECORDS = 1_000_000
+READERS = ("python", "connector")
 
 
 def _export(path: Path, records: int, bundles: int, seed: int, progress: Progress) -> dict[str, Any]:
@@ -91,6 +102,7 @@ def run(
     progress: Progress,
     rounds: int = 1,
     warmup_records: int = WARMUP_RECORDS,
+    kafka_records: int | None = None,
 ) -> dict[str, Any]:
     from trimtab.channel.replayfile import replay_lines, report_json, table_report
 
@@ -168,8 +180,151 @@ def run(
         result["scaling_local2_over_local1"] = round(scaling, 3)
         result["target_scaling"] = TARGET_SCALING
         result["meets_target"] = scaling >= TARGET_SCALING
+    result["readers"] = _readers(
+        min(records, kafka_records or KAFKA_RECORDS),
+        bundles,
+        seed,
+        masters[-1],
+        tasks,
+        driver_memory,
+        rounds,
+        workdir,
+        progress,
+    )
     result["environment"] = environment(load_start, "pyspark", "pyarrow", "msgspec")
     return result
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+Produced = list[tuple[bytes | None, bytes | None, int, int]]
+
+
+def _kafka_log(records: int, bundles: int, seed: int) -> tuple[Produced, int, bytes]:
+    """The generator's log as (key, value, partition, Kafka offset) in produce order, its partition count,
+    and the in-process replay's ``{"table", "stats"}`` of it: what compacting the topic must give."""
+    from trimtab.channel.replayfile import report_json, table_report
+    from trimtab.channel.table import TableView
+    from trimtab.devkit.bench.channel import generate_log
+
+    log = generate_log(records, min(bundles, max(1, records // 2)), seed=seed)
+    ends = [0] * log.partitions
+    produced: Produced = []
+    for m in log.messages:
+        produced.append((m.key, m.value, m.partition, ends[m.partition]))
+        ends[m.partition] += 1
+    view = TableView(log.partitions)
+    view.apply_all(produced)
+    return produced, log.partitions, report_json(table_report(view))
+
+
+def _produce(bootstrap_servers: str, topic: str, produced: Produced) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+            "queue.buffering.max.messages": 500_000,
+        }
+    )
+    for key, value, part, _ in produced:
+        while True:
+            try:
+                p.produce(topic, value=value, key=key, partition=part)
+                break
+            except BufferError:
+                p.poll(0.1)
+    if p.flush(120) != 0:
+        raise BenchError("producing the readers' topic did not finish")
+
+
+def _readers(
+    records: int,
+    bundles: int,
+    seed: int,
+    master: str,
+    tasks: int,
+    driver_memory: str,
+    rounds: int,
+    workdir: Path,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Both Kafka readers on the same topic of a real Kafka (see the module docstring)."""
+    import shutil
+
+    from trimtab.devkit.kafka_server import KafkaCluster
+    from trimtab.pipeline.common import PipelineError
+    from trimtab.pipeline.session import connector_jars
+    from trimtab.pipeline.sources import DEFAULT_READER
+
+    try:
+        connector_jars()
+    except PipelineError as e:
+        raise BenchError(str(e)) from None
+    produced, partitions, reference = _kafka_log(records, bundles, seed)
+    kdir = workdir / "kafka"
+    shutil.rmtree(kdir, ignore_errors=True)
+    topic = "bench-channel"
+    progress(f"readers: starting a one-node Kafka, producing {records} records")
+    with KafkaCluster(kdir, brokers=1) as cluster:
+        cluster.create_topics([topic], partitions=partitions)
+        _produce(cluster.bootstrap_servers, topic, produced)
+        del produced
+        runs: dict[str, list[dict[str, Any]]] = {r: [] for r in READERS}
+        for r in range(rounds):
+            order = list(READERS) if r % 2 == 0 else list(reversed(READERS))
+            out, table = workdir / "readers.json", workdir / "readers-table"
+            progress(f"readers (round {r + 1}/{rounds}, {master}): {', '.join(order)}")
+            cmd = [
+                sys.executable,
+                "-m",
+                "trimtab.devkit.bench.pipeline_worker",
+                *("--master", master, "--bootstrap-servers", cluster.bootstrap_servers, "--topic", topic),
+                *("--readers", ",".join(order), "--tasks", str(tasks), "--driver-memory", driver_memory),
+                *("--result", str(out), "--table", str(table)),
+            ]
+            if subprocess.run(cmd, check=False).returncode != 0:
+                raise BenchError(f"the readers' run on {master} failed")
+            got = json.loads(out.read_text())
+            for reader in READERS:
+                done = Path(f"{table}.{reader}")
+                if _digest(done.read_bytes()) != _digest(reference):
+                    raise BenchError(
+                        f"reader {reader} compacted a different table than the in-process replay"
+                    )
+                done.unlink()
+                one = got["readers"][reader]
+                if one["records"] != records:
+                    raise BenchError(f"reader {reader} read {one['records']} records, not {records}")
+                one["round"] = r + 1
+                one["position"] = order.index(reader) + 1
+                runs[reader].append(one)
+    figures: dict[str, Any] = {}
+    for reader, got_runs in runs.items():
+        read_s = [g["read_seconds"] for g in got_runs]
+        compact_s = [g["compact_seconds"] for g in got_runs]
+        figures[reader] = {
+            "read_seconds": _spread(read_s),
+            "read_records_per_s": round(records / statistics.median(read_s)),
+            "compact_seconds": _spread(compact_s),
+            "compact_records_per_s": round(records / statistics.median(compact_s)),
+            "runs": got_runs,
+        }
+    fastest = min(READERS, key=lambda r: figures[r]["compact_seconds"]["median"])
+    return {
+        "records": records,
+        "master": master,
+        "rounds": rounds,
+        **figures,
+        "fastest": fastest,
+        "default": DEFAULT_READER,
+        "default_is_fastest": fastest == DEFAULT_READER,
+    }
 
 
 def _spark_run(

@@ -1,5 +1,7 @@
 """One Spark measurement of ``trimtab bench pipeline`` in a process of its own (a fresh JVM per master):
-``python -m trimtab.devkit.bench.pipeline_worker --master local[2] --input FILE --result OUT.json ...``."""
+``python -m trimtab.devkit.bench.pipeline_worker --master local[2] --input FILE --result OUT.json ...``,
+or, with ``--bootstrap-servers`` and ``--topic``, the Kafka readers (``--readers python,connector``) on the
+same topic in one JVM: each warmed up, then each timed reading every record and compacting the topic."""
 
 from __future__ import annotations
 
@@ -33,17 +35,81 @@ def _jvm_times(spark: Any) -> tuple[int, int]:
     return int(mgmt.getCompilationMXBean().getTotalCompilationTime()), int(gc_ms)
 
 
+def readers(args: argparse.Namespace) -> None:
+    """Each reader, in the order given: warm-up reads, then a timed full read (every value's bytes summed,
+    so every record crosses into Spark) and a timed ``compact_kafka``; its table goes to ``TABLE.<reader>``."""
+    from pyspark.sql import functions as sf
+
+    from trimtab.channel.replayfile import report_json
+    from trimtab.pipeline import kafka_io
+    from trimtab.pipeline.common import Progress
+    from trimtab.pipeline.compact import compact_kafka
+    from trimtab.pipeline.session import spark_session, with_connector
+    from trimtab.pipeline.sources import kafka_frame, register
+
+    progress = Progress(f"bench readers {args.master}")
+    conf = with_connector(
+        {
+            "spark.sql.shuffle.partitions": str(args.tasks),
+            "spark.default.parallelism": str(args.tasks),
+            "spark.driver.memory": args.driver_memory,
+        }
+    )
+    names = [r for r in args.readers.split(",") if r]
+    config = kafka_io.client_config(args.bootstrap_servers)
+    bounds = kafka_io.resolve_bounds(config, args.topic)
+    small = {p: (s, min(e, s + 5_000)) for p, (s, e) in bounds.items()}
+    out: dict[str, Any] = {"master": args.master, "order": names, "readers": {}}
+    with spark_session("trimtab-bench-readers", master=args.master, conf=conf, progress=progress) as spark:
+        register(spark)
+
+        def read_all(reader: str, ranges: dict[int, tuple[int, int]]) -> tuple[int, int]:
+            df = kafka_frame(spark, args.bootstrap_servers, args.topic, ranges, reader=reader)
+            row = df.agg(sf.count(sf.lit(1)).alias("n"), sf.sum(sf.length("value")).alias("b")).first()
+            assert row is not None
+            return int(row["n"]), int(row["b"] or 0)
+
+        for reader in names:  # warm: both paths' classes loaded and Python workers started
+            read_all(reader, small)
+            compact_kafka(spark, args.bootstrap_servers, args.topic, reader=reader, tasks=args.tasks)
+        progress("warm; timing each reader")
+        for reader in names:
+            cpu0, t0 = _tree_cpu(), time.perf_counter()
+            records, value_bytes = read_all(reader, bounds)
+            read_s, read_cpu = time.perf_counter() - t0, _tree_cpu() - cpu0
+            cpu0, t0 = _tree_cpu(), time.perf_counter()
+            r = compact_kafka(spark, args.bootstrap_servers, args.topic, reader=reader, tasks=args.tasks)
+            compact_s, compact_cpu = time.perf_counter() - t0, _tree_cpu() - cpu0
+            Path(f"{args.table}.{reader}").write_bytes(report_json(r.report))
+            out["readers"][reader] = {
+                "records": records,
+                "value_bytes": value_bytes,
+                "read_seconds": round(read_s, 3),
+                "read_cpu_seconds": round(read_cpu, 2),
+                "compact_seconds": round(compact_s, 3),
+                "compact_cpu_seconds": round(compact_cpu, 2),
+            }
+            progress(f"{reader}: read {read_s:.2f} s, compact {compact_s:.2f} s")
+    Path(args.result).write_text(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--master", required=True)
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--warmup", required=True)
+    ap.add_argument("--input")
+    ap.add_argument("--warmup")
+    ap.add_argument("--bootstrap-servers")
+    ap.add_argument("--topic")
+    ap.add_argument("--readers", default="python,connector")
     ap.add_argument("--tasks", type=int, required=True)
-    ap.add_argument("--split-bytes", type=int, required=True)
+    ap.add_argument("--split-bytes", type=int, default=64 << 20)
     ap.add_argument("--driver-memory", default="4g")
     ap.add_argument("--result", required=True)
     ap.add_argument("--table", required=True)
     args = ap.parse_args()
+    if args.bootstrap_servers:
+        readers(args)
+        return
 
     from trimtab.channel.replayfile import report_json
     from trimtab.pipeline.common import Progress
