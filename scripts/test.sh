@@ -24,7 +24,16 @@ bash scripts/check-wheel.sh
 step "pytest"
 set +e
 # The slowest tests are listed at the end: the CI budget (25 minutes) is watched, not guessed.
-.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
+# Two workers (pytest-xdist), each test file on one of them (its module fixtures -- a Kafka, a local cluster
+# -- started once): most integration tests wait on servers and processes, so two files at a time roughly
+# halve the wall time on two cores. Every worker starts its own session ZooKeeper, Kafka and Spark on free
+# ports. TRIMTAB_TEST_WORKERS=0 runs everything in this process, one test at a time.
+workers="${TRIMTAB_TEST_WORKERS:-2}"
+parallel=()
+if [ "$workers" != "0" ]; then
+  parallel=(-n "$workers" --dist loadfile)
+fi
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "${parallel[@]}" "$@"
 code=$?
 set -e
 if [ "$code" = "5" ]; then
