@@ -700,7 +700,7 @@ class KafkaRuns:
                     f"{topic} has {parts} partitions, the log was generated for {log.partitions}"
                 )
             self.progress(
-                f"producing {len(log.messages)} records to {topic} (zstd bulk producer, explicit partitions)..."
+                f"producing {len(log.messages)} records to {topic} (lz4 bulk producer, explicit partitions)..."
             )
             produce_s = round(bulk_produce(self.bootstrap, topic, log.messages), 3)
             check_watermarks(meta, topic, log)
