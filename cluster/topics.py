@@ -164,7 +164,8 @@ def prepare_topics(
     client_config: dict[str, Any], specs: Sequence[TopicSpec], *, create: bool = True, replication: int = -1
 ) -> dict[str, FoundTopic]:
     """Create the missing topics of ``specs`` (when ``create`` and the principal may), then check every one:
-    a :class:`TopicError` lists each problem on its own line. Kafka not answering is a
+    a :class:`TopicError` names every problem, joined by "; " into the one line a daemon exits with. Kafka
+    not answering is a
     :class:`TransportError` naming the servers and librdkafka's last error (an authentication failure
     says so). Returns what was found."""
     errors = _Errors()
