@@ -165,9 +165,8 @@ def prepare_topics(
 ) -> dict[str, FoundTopic]:
     """Create the missing topics of ``specs`` (when ``create`` and the principal may), then check every one:
     a :class:`TopicError` names every problem, joined by "; " into the one line a daemon exits with. Kafka
-    not answering is a
-    :class:`TransportError` naming the servers and librdkafka's last error (an authentication failure
-    says so). Returns what was found."""
+    not answering is a :class:`TransportError` naming the servers and librdkafka's last error (an
+    authentication failure says so). Returns what was found."""
     errors = _Errors()
     config: dict[str, Any] = {**client_config, "error_cb": errors}
     admin = AdminClient(config)
