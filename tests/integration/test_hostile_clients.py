@@ -57,6 +57,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 # ---------------------------------------------------------------------------------------------- the attack run
+#: A /healthz answer slower than this while attacked is a stall, not noise (the bench's target is 100 ms).
+STALL_MS = 1000.0
+
+
 def test_an_attacked_agent_keeps_its_leases_and_answers_probes(cluster: LocalCluster) -> None:
     """The attacks of ``trimtab bench hostile`` (devkit/bench/hostile.py), asserted."""
     run = hostile.attack_run(cluster)
@@ -90,7 +94,10 @@ def test_an_attacked_agent_keeps_its_leases_and_answers_probes(cluster: LocalClu
     hz = run["healthz"]
     assert not hz["failures"], hz["failures"][:5]
     assert hz["probes"] > 50, "the prober hardly ran"
-    assert hz["max_ms"] < hostile.HEALTHZ_TARGET_S * 1000, f"/healthz slow (attack, ms): {hz['over_target']}"
+    # No stall: unguarded, one body stalled /healthz for seconds (4.3 s). The 100-ms figure itself is the
+    # benchmark's to measure (trimtab bench hostile, docs/benchmarks.md), on a machine not shared with the
+    # other test worker: here a bound that tells a stall from a busy machine.
+    assert hz["max_ms"] < STALL_MS, f"/healthz stalled (attack, ms): {hz['over_target']}"
     assert run["agent_rss"]["peak_growth_mb"] < run["agent_rss"]["target_growth_mb"], run["agent_rss"]
     # No lease ran out: the broker still serves everything it served, and never expired a bundle.
     leases = run["leases"]
