@@ -320,8 +320,10 @@ class KafkaTransport:
             fs[topic].result()
             log.info("topic_created", topic=topic, partitions=wanted, config=config)
         except KafkaException as e:
-            # ...and otherwise let the broker auto-create it (the mock cluster path).
-            log.warning("topic_create_fallback", topic=topic, error=str(e), fallback="auto-create on produce")
+            # ...and otherwise see whether it exists after all (another client created it meanwhile, or the
+            # broker auto-creates topics); the daemons never get here: cluster.topics.prepare_topics made or
+            # refused every topic before their transport reads one.
+            log.warning("topic_create_failed", topic=topic, error=str(e))
         md = self._meta_consumer().list_topics(topic, timeout=10)
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:

@@ -61,6 +61,26 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
+# The runtime jars a pom in the repository declares, copied by Maven into a directory of the cache: Maven
+# first offline (-o, from what ~/.m2 already has), then from Maven Central; the directory is replaced only
+# when the copy succeeded. $1 pom, $2 directory, $3 what it is (for the messages).
+maven_jars() {
+  local pom=$1 dest=$2 what=$3 mode
+  local mvn_log="$dest.maven.log"
+  for mode in -o ""; do
+    rm -rf "$dest.new"
+    # shellcheck disable=SC2086  # an empty $mode is no argument at all
+    if mvn -B -q -C $mode -f "$pom" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+        "-DoutputDirectory=$dest.new" >"$mvn_log" 2>&1; then
+      rm -rf "$dest" && mv "$dest.new" "$dest"
+      return 0
+    fi
+  done
+  cat "$mvn_log" >&2
+  log "fetching $what with Maven failed (full output above, also in $mvn_log)"
+  exit 1
+}
+
 # Apache Kafka (KRaft) for devkit/kafka_server.py: the server jars and their declared runtime dependencies
 # from Maven Central (devkit/kafka/pom.xml pins the version), once, into a cache outside git. The stamp
 # holds the pom's checksum: an unchanged pom never calls Maven again, so later runs work offline; Maven
@@ -77,20 +97,7 @@ if [ -z "${TRIMTAB_KAFKA_CLASSPATH:-}" ] && [ "$(cat "$kafka_home/.complete" 2>/
   fi
   log "fetching Apache Kafka $kafka_version (server jars) from Maven Central into $kafka_home/libs"
   mkdir -p "$kafka_home"
-  mvn_log="$kafka_home/maven.log"
-  copy_kafka_jars() {  # $1: -o (offline, from ~/.m2 only) or nothing
-    rm -rf "$kafka_home/libs.new"
-    # shellcheck disable=SC2086  # an empty $1 is no argument at all
-    mvn -B -q -C $1 -f "$kafka_pom" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-      "-DoutputDirectory=$kafka_home/libs.new" >"$mvn_log" 2>&1
-  }
-  if ! copy_kafka_jars -o && ! copy_kafka_jars ""; then
-    cat "$mvn_log" >&2
-    log "fetching Apache Kafka $kafka_version with Maven failed (full output above, also in $mvn_log)"
-    exit 1
-  fi
-  rm -rf "$kafka_home/libs"
-  mv "$kafka_home/libs.new" "$kafka_home/libs"
+  maven_jars "$kafka_pom" "$kafka_home/libs" "Apache Kafka $kafka_version"
   if ! .venv/bin/python -m trimtab.devkit.kafka_server --check >"$kafka_home/check.log" 2>&1; then
     cat "$kafka_home/check.log" >&2
     log "Apache Kafka $kafka_version does not start here (output above, also in $kafka_home/check.log)"
@@ -132,18 +139,7 @@ if [ -z "${TRIMTAB_SPARK_KAFKA_JARS:-}" ] \
   command -v mvn >/dev/null 2>&1 || apt_install maven
   log "fetching Spark's Kafka connector $spark_kafka_version from Maven Central into $spark_kafka_home/jars"
   mkdir -p "$spark_kafka_home"
-  copy_connector_jars() {  # $1: -o (offline) or nothing
-    rm -rf "$spark_kafka_home/jars.new"
-    # shellcheck disable=SC2086
-    mvn -B -q -C $1 -f "$spark_pom" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-      "-DoutputDirectory=$spark_kafka_home/jars.new" >"$spark_kafka_home/maven.log" 2>&1
-  }
-  if ! copy_connector_jars -o && ! copy_connector_jars ""; then
-    cat "$spark_kafka_home/maven.log" >&2
-    log "fetching the Spark Kafka connector failed (full output above, also in $spark_kafka_home/maven.log)"
-    exit 1
-  fi
-  rm -rf "$spark_kafka_home/jars" && mv "$spark_kafka_home/jars.new" "$spark_kafka_home/jars"
+  maven_jars "$spark_pom" "$spark_kafka_home/jars" "the Spark Kafka connector $spark_kafka_version"
   echo "$spark_kafka_sum" >"$spark_kafka_home/.complete"
 fi
 log "ready: $(.venv/bin/python --version), $(java -version 2>&1 | head -1)"
