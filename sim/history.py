@@ -9,8 +9,10 @@ From them this module rebuilds what the simulator needs, bucket by bucket:
 * **namespaces**: every namespace seen in the channel or the top-bundles reports, with its bundle count
   (distinct bundles last seen Owned, else seen in reports) and topic count (the latest report of each
   bundle);
-* **traffic**: the cluster's msg/s per bucket (the sum of each broker's last report in the bucket), split
-  over namespaces by their share of the top-bundles rates in that bucket; the first bucket sets each
+* **traffic**: the cluster's msg/s per bucket, as of the bucket (every member's latest report so far, not
+  only those that fell into it: brokers report on their own timers), split over namespaces by their
+  share of the top-bundles rates, also as of the bucket (each bundle's latest report while its reporting
+  broker is a member); the first bucket sets each
   namespace's ``msg_rate`` and later buckets become ``load_scale`` events (only when a factor moved more
   than ``min_change``).
 
@@ -76,7 +78,7 @@ def scenario_from_history(
         return max(0, (ms - t0) // bucket_ms)
 
     m = _membership(loads, bucket, bucket_s)
-    t = _traffic(top_bundles, channel, bucket)
+    t = _traffic(top_bundles, channel, bucket, m)
     if not t.namespaces:
         raise ConfigError("the history has no top-bundles report naming a namespace: nothing to replay")
 
@@ -141,7 +143,12 @@ class _Membership:
     brokers: int
     end: int  # the last bucket
     events: list[dict[str, Any]]
-    total: dict[int, float]  # bucket -> cluster msg/s in (each broker's last report in the bucket)
+    total: dict[int, float]  # bucket -> cluster msg/s in (as of the bucket: see _membership)
+    last: dict[str, int]  # broker -> the last bucket it was a member in
+
+    def alive(self, broker: object, k: int) -> bool:
+        """Whether a broker still counts in bucket ``k`` (one the history never saw report: it might)."""
+        return not isinstance(broker, str) or self.last.get(broker, self.end) >= k
 
 
 def _membership(loads: list[Mapping[str, Any]], bucket: Callable[[int], int], bucket_s: float) -> _Membership:
@@ -162,16 +169,24 @@ def _membership(loads: list[Mapping[str, Any]], bucket: Callable[[int], int], bu
     for b, k in last.items():
         if k < end and b in first:
             events.append({"at_s": (k + 1) * bucket_s, ("remove_brokers" if graceful[b] else "kill"): 1})
-    total: dict[int, float] = defaultdict(float)
-    for (k, _b), msg in rate.items():
-        total[k] += msg
-    return _Membership(initial, len(first), end, events, total)
+    # As of each bucket: every member's latest report so far, not only the brokers that happened to report
+    # inside it (brokers report on their own timers, so a bucket shorter than a report interval would
+    # otherwise see the cluster's traffic saw up and down).
+    reported: dict[int, list[tuple[str, float]]] = defaultdict(list)
+    for (k, b), msg in rate.items():
+        reported[k].append((b, msg))
+    latest: dict[str, float] = {}
+    total: dict[int, float] = {}
+    for k in range(end + 1):
+        latest.update(reported.get(k, ()))
+        total[k] = sum(msg for b, msg in latest.items() if last[b] >= k)
+    return _Membership(initial, len(first), end, events, total, last)
 
 
 @dataclass
 class _Traffic:
     namespaces: list[str]
-    share: dict[int, dict[str, float]]  # bucket -> namespace -> summed top-bundle msg/s
+    share: dict[int, dict[str, float]]  # bucket -> namespace -> top-bundle msg/s, as of the bucket
     seen: dict[str, set[str]]
     owned: dict[str, set[str]]
     topics: dict[str, tuple[int, int]]  # bundle -> (reported_at, topics) of its latest report
@@ -181,16 +196,17 @@ def _traffic(
     top_bundles: Iterable[Mapping[str, Any]],
     channel: Iterable[Mapping[str, Any]],
     bucket: Callable[[int], int],
+    m: _Membership,
 ) -> _Traffic:
-    share: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     topics: dict[str, tuple[int, int]] = {}
     seen: dict[str, set[str]] = defaultdict(set)
+    reports: dict[int, list[tuple[int, str, object, float]]] = defaultdict(list)
     for r in top_bundles:
         bname, at = r.get("bundle"), r.get("reported_at")
         ns = _ns(bname)
         if ns is None or not isinstance(at, int) or not isinstance(bname, str):
             continue
-        share[bucket(at)][ns] += _f(r.get("msg_rate_in"))
+        reports[bucket(at)].append((at, bname, r.get("broker"), _f(r.get("msg_rate_in"))))
         seen[ns].add(bname)
         t = r.get("topics")
         if isinstance(t, int) and t >= 0 and (bname not in topics or topics[bname][0] <= at):
@@ -207,4 +223,18 @@ def _traffic(
         if state == "owned":
             owned[_ns(bname) or ""].add(bname)
     namespaces = sorted(set(seen) | {ns for ns in owned if ns})
+    # As of each bucket, as the totals: each bundle's latest report so far (a bundle reported twice in one
+    # bucket counts once; one that moved counts at its new broker), while the broker that sent it is a
+    # member. A bucket before any report has no shares.
+    share: dict[int, dict[str, float]] = {}
+    bundle_rate: dict[str, tuple[int, object, float]] = {}  # bundle -> (reported_at, broker, msg/s)
+    for k in range(min(reports, default=m.end + 1), m.end + 1):
+        for at, bname, broker, msg in sorted(reports.get(k, ()), key=lambda x: x[0]):
+            if bname not in bundle_rate or bundle_rate[bname][0] <= at:
+                bundle_rate[bname] = (at, broker, msg)
+        parts: dict[str, float] = defaultdict(float)
+        for bname, (_at, broker, msg) in bundle_rate.items():
+            if m.alive(broker, k):
+                parts[_ns(bname) or ""] += msg
+        share[k] = dict(parts)
     return _Traffic(namespaces, share, seen, owned, topics)

@@ -111,3 +111,33 @@ def test_ranking_prefers_balanced_then_fewer_moves_and_the_snippet_names_only_ch
         {"shedding": {"interval_s": 30.0, "hit_count_threshold": 3}}, {"shedding": {"hit_count_threshold": 3}}
     )
     assert snippet.strip() == "[shedding]\ninterval_s = 30.0"
+
+
+def test_steady_brokers_reporting_at_different_offsets_give_steady_traffic() -> None:
+    """Brokers report on their own timers: with buckets shorter than the report interval, only some
+    brokers (and some of their top bundles) fall into each bucket. The traffic is taken as of each bucket,
+    so a steady cluster replays as steady -- no load_scale events, the full rate from the first bucket."""
+    loads: list[dict[str, Any]] = [load("b2", 0.5, 1000)]
+    tops = [top("b2", 0.5, B, 1000)]
+    for i in range(6):  # b1 every 10 minutes from 0, b2 every 10 minutes from 5; buckets of 5 minutes
+        loads += [load("b1", 10 * i, 3000), load("b2", 10 * i + 5, 1000)]
+        tops += [top("b1", 10 * i, A, 2000), top("b1", 10 * i, C, 1000), top("b2", 10 * i + 5, B, 1000)]
+    loads.append(load("b1", 55.5, 3000))  # both report in the last bucket: neither stopped
+    sc = scenario_from_history(loads, tops, bucket_s=300)
+    ns = {n.name: n for n in sc.namespaces}
+    assert ns["t/a"].msg_rate == pytest.approx(3000) and ns["t/c"].msg_rate == pytest.approx(1000)
+    assert [e for e in sc.events if e.action == "load_scale"] == []
+
+
+def test_a_departed_brokers_bundles_stop_counting_and_a_moved_bundle_counts_once() -> None:
+    # b2 serves C and leaves with a tombstone in bucket 1; from bucket 2 b1 reports C (it moved there) at
+    # the same rate, and in bucket 3 A doubles.
+    loads = [load("b1", 0, 1000), load("b2", 0, 1000), load("b2", 6, 0, tombstone=True)]
+    loads += [load("b1", 10, 2000), load("b1", 15, 3000), load("b1", 20, 3000)]
+    tops = [top("b1", 0, A, 1000), top("b2", 0, C, 1000)]
+    tops += [top("b1", 10, A, 1000), top("b1", 10, C, 1000), top("b1", 15, A, 2000)]
+    sc = scenario_from_history(loads, tops, bucket_s=300)
+    scale = [(e.at_s, e.load_scale) for e in sc.events if e.action == "load_scale"]
+    # Bucket 3: 3000 msg/s; t/a 2000 of the top rates (A as of minute 15), t/c 1000 (C as of minute 10,
+    # counted once although two brokers reported it) -> t/a x2, t/c unchanged.
+    assert scale == [(900.0, {"t/a": 2.0})]
