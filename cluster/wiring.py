@@ -8,7 +8,7 @@ path -- never the content.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from trimtab.channel.kafka import KafkaTransport
@@ -87,14 +87,19 @@ def kafka_transport(s: Settings, client_id: str) -> KafkaTransport:
     )
 
 
-def ensure_topics(s: Settings, client_id: str, *, create: bool = True) -> None:
+def ensure_topics(
+    s: Settings, client_id: str, *, create: bool = True, only: Collection[str] | None = None
+) -> None:
     """What a daemon runs at start, before it reports ready (and ``trimtab topics ensure`` runs): every
     topic trimtab needs exists (created where missing and allowed) and can be relied on -- else a
-    :class:`trimtab.errors.TopicError` saying which topic, which setting and the fix."""
+    :class:`trimtab.errors.TopicError` saying which topic, which setting and the fix. Kafka refusing the
+    credentials or not answering is a :class:`trimtab.errors.TransportError` saying so. ``only``: just
+    these topics (a tool that reads one or two of them)."""
     config = {"bootstrap.servers": s.kafka.bootstrap_servers, "client.id": client_id, "log_level": 3}
+    specs = [t for t in topic_specs(s.kafka) if only is None or t.name in only]
     prepare_topics(
         {**config, **kafka_client_config(s)},
-        topic_specs(s.kafka),
+        specs,
         create=create,
         replication=s.kafka.replication_factor,
     )

@@ -20,7 +20,7 @@ import orjson
 from trimtab.admin_cli import admin
 from trimtab.config.loader import load_with_flags, parse_assignments
 from trimtab.config.settings import Settings
-from trimtab.errors import ConfigError
+from trimtab.errors import ConfigError, TransportError
 from trimtab.pipeline.cli import pipeline
 
 if TYPE_CHECKING:
@@ -334,7 +334,7 @@ def channel_dump(
     from trimtab.channel.client import ChannelClient
     from trimtab.channel.replayfile import table_report
     from trimtab.cluster.logs import configure_logging
-    from trimtab.cluster.wiring import kafka_transport
+    from trimtab.cluster.wiring import ensure_topics, kafka_transport
 
     if export_to is not None and as_json:
         raise click.UsageError(
@@ -344,9 +344,14 @@ def channel_dump(
         config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers, "kafka.channel_topic": topic}
     )
     configure_logging("warning", json_logs=True)
+    k = s.kafka
+    reads = {k.channel_topic} if no_snapshot or export_to is not None else {k.channel_topic, k.snapshot_topic}
     try:
+        # The topics it reads, checked as a daemon checks them (never created): refused credentials, a
+        # missing topic or the wrong kind of topic is one clear line at once, not a metadata timeout.
+        ensure_topics(s, "trimtab-channel-dump", create=False, only=reads)
         transport = kafka_transport(s, "trimtab-channel-dump")  # reads kafka.client_config_file
-    except ConfigError as e:
+    except (ConfigError, TransportError) as e:
         raise click.ClickException(str(e)) from None
     if export_to is not None:
         try:

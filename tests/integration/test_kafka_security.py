@@ -291,3 +291,32 @@ def test_a_wrong_password_stops_an_agent_at_start_saying_so(secured: Secured, tm
     (reason,) = [line for line in done.stderr.splitlines() if line.startswith("agent failed:")]
     assert re.search(r"(?i)authentication", reason), reason
     assert password not in done.stderr + done.stdout
+
+
+def test_a_wrong_password_makes_channel_dump_say_so_at_once(secured: Secured, tmp_path: Path) -> None:
+    """The operator's tool too: one line naming the authentication failure, not a metadata timeout."""
+    password = "not-" + secrets.token_urlsafe(12)
+    wrong = secured.kafka.write_client_properties(
+        tmp_path / "wrong.properties", "trimtab-controller", password
+    )
+    procs = Procs(tmp_path / "procs")
+    began = time.monotonic()
+    try:
+        done = procs.run_trimtab(
+            "channel",
+            "dump",
+            "--config",
+            str(secured.cluster.config_path),
+            "--set",
+            f"kafka.client_config_file={str(wrong)!r}",
+            "--json",
+            timeout=90,
+        )
+    finally:
+        procs.close()
+    took = time.monotonic() - began
+    assert done.returncode == 1, done.describe()
+    assert took < 30, f"channel dump took {took:.0f}s to give up"
+    (reason,) = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert re.search(r"(?i)authentication", reason), reason
+    assert password not in done.stderr + done.stdout
