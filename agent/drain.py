@@ -19,8 +19,9 @@ from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reconciler import Reconciler
 from trimtab.balance.assign import AssignContext, BurstPicks, Placement, Selection, headed_to, select_broker
+from trimtab.channel import intents
 from trimtab.channel.client import ChannelClient
-from trimtab.channel.records import Record, State, make
+from trimtab.channel.records import Record, State
 from trimtab.cluster.zk import BrokerRegistry
 
 log = structlog.get_logger("trimtab.agent")
@@ -61,7 +62,7 @@ class Drainer:
         self.draining = False
 
     def owned(self) -> set[str]:
-        return {k for k, r in self.channel.table.items() if r.state is State.OWNED and r.dst == self.me}
+        return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
 
     def picks(self, bundles: int) -> BurstPicks:
         """The ledger of one drain of ``bundles`` bundles, starting from what the channel already gives
@@ -119,13 +120,9 @@ class Drainer:
                 if rec.state is not State.OWNED or requested.get(bundle) == rec.version:
                     continue
                 sel = self.destination(bundle, picks)
-                nxt = make(
-                    State.RELEASING,
-                    src=self.me,
-                    dst=sel.broker,  # None -> a plain unload when no other broker is left
-                    version=rec.version + 1,
-                    ts=int(self.clock() * 1000),
-                    writer=self.me,
+                # sel.broker None: a plain unload, when no other broker is left
+                nxt = intents.release(
+                    rec, src=self.me, dst=sel.broker, writer=self.me, now_ms=int(self.clock() * 1000)
                 )
                 self.channel.publish(bundle, nxt)
                 requested[bundle] = rec.version

@@ -28,9 +28,10 @@ import structlog
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, Placement, select_broker
 from trimtab.balance.namespaces import AutoCreatePolicy, not_found_message
+from trimtab.channel import intents
 from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
 from trimtab.channel.client import ChannelClient
-from trimtab.channel.records import Record, State, make
+from trimtab.channel.records import Record, State
 from trimtab.cluster.events import EventPublisher
 from trimtab.errors import (
     BundleError,
@@ -321,7 +322,7 @@ class LookupService:
                     # a second owner.
                     raise _Moved(bundle)
                 if published_for != version:
-                    self._assign(bundle, version)
+                    self._assign(bundle, cur)
                     published_for = version
             elif cur.state is State.DELETED:
                 raise _Moved(bundle)
@@ -341,7 +342,7 @@ class LookupService:
             self.metrics.assignments.labels("failed").inc()
             log.warning("assignment_publish_failed", bundle=bundle, dst=dst, error=str(err))
 
-    def _assign(self, bundle: str, version: int) -> None:
+    def _assign(self, bundle: str, cur: Record | None) -> None:
         ctx = self._assign_context(frozenset({self.me}) if self._draining() else frozenset())
         sel = select_broker(
             bundle,
@@ -354,9 +355,7 @@ class LookupService:
         )
         if sel.broker is None:
             raise RequestError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
-        rec = make(
-            State.ASSIGNING, dst=sel.broker, version=version, ts=int(self.clock() * 1000), writer=self.me
-        )
+        rec = intents.assign(cur, sel.broker, writer=self.me, now_ms=int(self.clock() * 1000))
         self.channel.send(bundle, rec, functools.partial(self._assignment_delivered, bundle, sel.broker))
         self.metrics.assignments.labels("published").inc()
         load = ctx.loads.get(sel.broker)
@@ -371,7 +370,7 @@ class LookupService:
             "assigning",
             bundle=bundle,
             dst=sel.broker,
-            version=version,
+            version=rec.version,
             candidates=sel.candidates,
             skipped=sel.skipped_filters,
         )

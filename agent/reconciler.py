@@ -33,9 +33,10 @@ from trimtab.agent.roles import (
     needs_attention,
     plan,
 )
+from trimtab.channel import intents
 from trimtab.channel.bundles import BundleRange, parse_bundle
 from trimtab.channel.client import ChannelClient
-from trimtab.channel.records import Record, State, make
+from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.errors import AdapterError, TransportError
 
@@ -321,7 +322,7 @@ class Reconciler:
                 futs = []
                 for child in step.children:
                     if self.channel.table.get(child) is None:
-                        rec = make(State.OWNED, dst=step.owner, version=1, ts=now, writer=self.me)
+                        rec = intents.place(None, step.owner, writer=self.me, now_ms=now)
                         futs.append(asyncio.wrap_future(self.channel.publish(child, rec)))
                 if futs:
                     await asyncio.wait_for(asyncio.gather(*futs), self.publish_timeout_s)

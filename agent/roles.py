@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trimtab.channel.records import Record, State, make
+from trimtab.channel import intents
+from trimtab.channel.records import Record, State
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,23 +109,20 @@ def plan(
     if cur is None:
         return Plan("forced_close", (Close(None),)) if serving or fenced else None
     s = cur.state
-    nxt = cur.version + 1
-
-    def rec(state: State, *, dst: str | None, src: str | None) -> Record:
-        return make(state, dst=dst, src=src, version=nxt, ts=now_ms, writer=me)
 
     if stale and s is State.ASSIGNING and cur.dst == me:
-        return Plan("assign_stale", (Publish(rec(State.OWNED, dst=me, src=cur.src)),))
+        return Plan("assign_stale", (Publish(intents.take(cur, me, now_ms=now_ms)),))
     if stale and s is State.OWNED and cur.dst == me:
-        return Plan("relinquish", (Publish(rec(State.RELEASING, dst=None, src=me)),))
+        unload = intents.release(cur, src=me, dst=None, writer=me, now_ms=now_ms)
+        return Plan("relinquish", (Publish(unload),))
 
     if s is State.ASSIGNING and cur.dst == me:
-        return Plan("assign", (Acquire(), Publish(rec(State.OWNED, dst=me, src=cur.src))))
+        return Plan("assign", (Acquire(), Publish(intents.take(cur, me, now_ms=now_ms))))
 
     if s is State.RELEASING and cur.src == me:
         if cur.dst is not None:
-            return Plan("transfer_out", (Fence(), Publish(rec(State.ASSIGNING, dst=cur.dst, src=me))))
-        return Plan("unload", (Fence(), Close(None), Publish(rec(State.FREE, dst=None, src=me))))
+            return Plan("transfer_out", (Fence(), Publish(intents.hand_over(cur, me, now_ms=now_ms))))
+        return Plan("unload", (Fence(), Close(None), Publish(intents.free(cur, me, now_ms=now_ms))))
 
     if s is State.SPLITTING and cur.src == me:
         children = tuple(sorted(f"{bundle.rsplit('/', 1)[0]}/{c}" for c in (cur.children or {})))
@@ -134,7 +132,7 @@ def plan(
                 SplitOnBroker(children),
                 PublishChildren(children, me),
                 UpdateLayout(children),
-                Publish(rec(State.DELETED, dst=None, src=me)),
+                Publish(intents.retire(cur, me, now_ms=now_ms)),
             ),
         )
 

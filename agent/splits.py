@@ -22,9 +22,10 @@ from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reporter import LoadReporter
 from trimtab.balance.load import BundleStats
 from trimtab.balance.split import SplitDecision, SplitLimits, children_for, decide_splits
+from trimtab.channel import intents
 from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.client import ChannelClient
-from trimtab.channel.records import Record, State, make
+from trimtab.channel.records import Record
 from trimtab.cluster.events import EventPublisher
 from trimtab.errors import BundleError, RequestError
 
@@ -71,7 +72,7 @@ class SplitScheduler:
         self.hits: dict[str, int] = {}  # consecutive cycles each bundle was over a limit
 
     def owned(self) -> set[str]:
-        return {k for k, r in self.channel.table.items() if r.state is State.OWNED and r.dst == self.me}
+        return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -109,25 +110,18 @@ class SplitScheduler:
         cur = self.channel.table.get(bundle)
         if cur is not None and cur.state.in_flight and cur.names(self.me):
             raise SplitRefused(503, f"{bundle} is {cur.state.value} here right now; retry in a moment")
-        if cur is None or cur.state is not State.OWNED or cur.dst != self.me:
+        if not intents.owned_by(cur, self.me):
             owner = cur.owner() if cur else None
             raise SplitRefused(409, f"{bundle} is not owned by this broker (owner: {owner}); ask its owner")
+        assert cur is not None
         return cur
 
     async def publish_split(self, d: SplitDecision) -> Record:
         cur = self.check_owned(d.bundle)
-        rec = make(
-            State.SPLITTING,
-            src=self.me,
-            dst=None,
-            version=cur.version + 1,
-            ts=int(self.clock() * 1000),
-            writer=self.me,
-            children={c.name: self.me for c in d.children},
-        )
+        children = [c.name for c in d.children]
+        rec = intents.split(cur, self.me, children, writer=self.me, now_ms=int(self.clock() * 1000))
         published = asyncio.wrap_future(self.channel.publish(d.bundle, rec))
         await asyncio.wait_for(published, self.publish_timeout_s)
-        children = [c.name for c in d.children]
         self.events.publish("split", bundle=d.bundle, reason=d.reason, children=children)
         log.info("split_published", bundle=d.bundle, reason=d.reason, children=children)
         return rec

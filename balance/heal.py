@@ -20,7 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from trimtab.channel.records import IN_FLIGHT, Record, State, make
+from trimtab.channel import intents
+from trimtab.channel.records import IN_FLIGHT, Record, State
 from trimtab.config.settings import Settings
 
 Choose = Callable[[str, frozenset[str]], str | None]  # (bundle, exclude) -> broker or None
@@ -164,15 +165,12 @@ def override_for(
     """
     if not needs_healing(cur, gone):
         return None
-    v = cur.version + 1
     s = cur.state
 
     def force(
         state: State, *, dst: str | None, src: str | None, children: dict[str, str | None] | None = None
     ) -> Record:
-        return make(
-            state, dst=dst, src=src, version=v, force=True, ts=now_ms, writer=writer, children=children
-        )
+        return intents.force(cur, state, dst=dst, src=src, writer=writer, now_ms=now_ms, children=children)
 
     if s is State.SPLITTING:
         new_src = choose(bundle, gone)

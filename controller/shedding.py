@@ -11,7 +11,9 @@ import structlog
 
 from trimtab.balance.load import BrokerLoadData, TopBundles
 from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
-from trimtab.channel.records import State, make
+from trimtab.channel import intents
+from trimtab.channel.intents import IntentRefused
+from trimtab.channel.records import State
 from trimtab.channel.table import TableView
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.config.settings import SheddingSettings
@@ -167,17 +169,16 @@ class SheddingJob:
         published = 0
         now = int(self.clock() * 1000)
         for u in res.decisions:
-            cur = self.table.get(u.bundle)
-            if cur is None or cur.state is not State.OWNED or cur.dst != u.src:
+            try:
+                rec = intents.release(
+                    self.table.get(u.bundle),
+                    src=u.src,
+                    dst=u.dst,
+                    writer=self.leadership.writer(),
+                    now_ms=now,
+                )
+            except IntentRefused:
                 continue  # moved since the decision's inputs were read
-            rec = make(
-                State.RELEASING,
-                src=u.src,
-                dst=u.dst,
-                version=cur.version + 1,
-                ts=now,
-                writer=self.leadership.writer(),
-            )
             try:
                 await self.writes.publish(u.bundle, rec)
                 published += 1

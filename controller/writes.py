@@ -14,8 +14,10 @@ from collections.abc import Iterable
 import structlog
 
 from trimtab.balance.heal import Override
+from trimtab.channel import intents
 from trimtab.channel.client import ChannelClient
-from trimtab.channel.records import Record, State, make
+from trimtab.channel.intents import IntentRefused
+from trimtab.channel.records import Record, State
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.errors import TransportError
@@ -48,8 +50,12 @@ class ChannelWrites:
         """An operator's move of an ``Owned`` bundle (at ``version``, owned by ``src``): publish
         ``Releasing{src, dst}`` -- a transfer to ``dst``, or an unload when ``dst`` is None (the owner
         fences and frees it; the next lookup assigns it, if its namespace still exists). Returns the record
-        once acknowledged (raises on failure or timeout)."""
-        rec = make(State.RELEASING, src=src, dst=dst, version=version + 1, ts=now_ms, writer=writer)
+        once acknowledged (raises on failure or timeout; :class:`IntentRefused` if the bundle is no longer
+        owned by ``src`` at ``version``)."""
+        cur = self.channel.table.get(bundle)
+        if cur is not None and cur.version != version:
+            raise IntentRefused("release", cur, f"the bundle changed since version {version} was read")
+        rec = intents.release(cur, src=src, dst=dst, writer=writer, now_ms=now_ms)
         await self.publish(bundle, rec)
         return rec
 

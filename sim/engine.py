@@ -67,9 +67,10 @@ from trimtab.balance.load import (
 )
 from trimtab.balance.shed import ShedConfig, ShedResult, ShedState
 from trimtab.balance.split import SplitLimits, decide_splits, over_limit
+from trimtab.channel import intents
 from trimtab.channel.bundles import BundleLayout, parse_bundle
 from trimtab.channel.memory import MemoryLog, MemoryTransport
-from trimtab.channel.records import Record, State, encode, make
+from trimtab.channel.records import Record, State, encode
 from trimtab.channel.table import TableView
 from trimtab.config.settings import Settings
 from trimtab.sim.model import LoadModel, Served
@@ -490,9 +491,7 @@ class Engine:
             elif isinstance(step, PublishChildren):
                 for child in step.children:
                     if self.table.get(child) is None:
-                        self.publish(
-                            child, make(State.OWNED, dst=step.owner, version=1, ts=self.now_ms, writer=b.id)
-                        )
+                        self.publish(child, intents.place(None, step.owner, writer=b.id, now_ms=self.now_ms))
             elif isinstance(step, UpdateLayout):
                 pass  # done with the broker-side split (one instant in this model)
             elif isinstance(step, Publish):
@@ -576,8 +575,7 @@ class Engine:
         dst = self._choose(bundle, exclude)
         if dst is None:
             return
-        version = cur.version + 1 if cur is not None else 1
-        self.publish(bundle, make(State.ASSIGNING, dst=dst, version=version, ts=self.now_ms, writer=agent.id))
+        self.publish(bundle, intents.assign(cur, dst, writer=agent.id, now_ms=self.now_ms))
 
     def _initial_assignment(self) -> None:
         """Every bundle placed before the run, greedily by load (largest first onto the least loaded broker):
@@ -586,7 +584,7 @@ class Engine:
         for bundle in sorted(self.live_bundles, key=lambda x: (-self.load.rate(x, 0.0), x)):
             dst = min(loads, key=lambda x: (loads[x] / self.brokers[x].capacity, x))
             loads[dst] += self.load.rate(bundle, 0.0) * 2
-            self.publish(bundle, make(State.ASSIGNING, dst=dst, version=1, ts=0, writer=LEADER))
+            self.publish(bundle, intents.assign(None, dst, writer=LEADER, now_ms=0))
 
     # ------------------------------------------------------------------ load reports
     def broker_load(self, b: Broker) -> float:
@@ -682,14 +680,7 @@ class Engine:
                 continue  # moved since the decision's inputs were read
             self.publish(
                 u.bundle,
-                make(
-                    State.RELEASING,
-                    src=u.src,
-                    dst=u.dst,
-                    version=cur.version + 1,
-                    ts=self.now_ms,
-                    writer=LEADER,
-                ),
+                intents.release(cur, src=u.src, dst=u.dst, writer=LEADER, now_ms=self.now_ms),
             )
             self.moves.append(Move(self.now, u.bundle, u.src, u.dst, f"shed:{u.reason}", u.throughput))
 
@@ -793,15 +784,7 @@ class Engine:
                 continue
             self.publish(
                 d.bundle,
-                make(
-                    State.SPLITTING,
-                    src=b.id,
-                    dst=None,
-                    version=cur.version + 1,
-                    ts=self.now_ms,
-                    writer=b.id,
-                    children={c.name: b.id for c in d.children},
-                ),
+                intents.split(cur, b.id, [c.name for c in d.children], writer=b.id, now_ms=self.now_ms),
             )
 
     def _take_snapshot(self) -> None:
@@ -916,14 +899,7 @@ class Engine:
                 dst = self._choose(bundle, frozenset({b.id}), picks)
                 self.publish(
                     bundle,
-                    make(
-                        State.RELEASING,
-                        src=b.id,
-                        dst=dst,
-                        version=rec.version + 1,
-                        ts=self.now_ms,
-                        writer=b.id,
-                    ),
+                    intents.release(rec, src=b.id, dst=dst, writer=b.id, now_ms=self.now_ms),
                 )
                 self.moves.append(Move(self.now, bundle, b.id, dst, "drain", 0.0))
         if (named or b.serving or b.fenced) and self.now < deadline:
