@@ -57,6 +57,7 @@ from trimtab.channel.transport import Transport
 from trimtab.cluster.http import HttpServer
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.placement_store import PlacementWatch
+from trimtab.cluster.runner import JobRunner, Schedule
 from trimtab.cluster.standbys import StandbySet
 from trimtab.cluster.zk import BrokerRegistry, ZkSession
 from trimtab.errors import RequestError, StartupError
@@ -122,7 +123,7 @@ class Agent:
         self.exit_reason = ""
         self.stop_event = asyncio.Event()
         self.force_exit = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.jobs = JobRunner(metrics.job_failures, mono=monotonic)
         self._drain_task: asyncio.Task[None] | None = None  # an operator's drain
         self._drain: dict[str, Any] | None = None  # how it started and (once over) ended
         self._drain_started = 0.0
@@ -273,13 +274,21 @@ class Agent:
             self.registry.register, self.identity.info(draining=False), self.register_wait_s
         )
         self.reconciler.start()
-        self._tasks = [
-            asyncio.create_task(self.renewer.run(), name="leases"),
-            asyncio.create_task(self.reporter.run(self.stop_event), name="reporter"),
-            asyncio.create_task(self.splitter.run(self.stop_event), name="splitter"),
-            asyncio.create_task(self._tick_loop(), name="tick"),
-            asyncio.create_task(self.prewarmer.run(self.stop_event), name="prewarm"),
-        ]
+        # Until shutdown cancels them, draining included: leases (the broker serves until its bundles
+        # moved) and the tick (/healthz reads its age). Reports, splits and pre-warming stop when the
+        # agent starts to leave.
+        jobs = self.jobs
+        jobs.add("leases", self.renewer.run_once, self.renewer.schedule())
+        jobs.add("tick", self._tick_once, Schedule(self.tick_s))
+        jobs.add("load_report", self.reporter.run_once, self.reporter.schedule(), gate=self._staying)
+        jobs.add(
+            "auto_split",
+            self.splitter.split_cycle,
+            self.splitter.schedule(),
+            gate=lambda: self._staying() and self.splitter.active(),
+        )
+        jobs.add("prewarm", self.prewarmer.sync_once, self.prewarmer.schedule(), gate=self._staying)
+        jobs.start()
         self.ready = True
         self.metrics.ready.set(1)
         self.metrics.registered.set(1)
@@ -312,18 +321,18 @@ class Agent:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _tick_loop(self) -> None:
-        # Until shutdown cancels it, draining included: /healthz reads the tick's age.
-        while True:
-            self.last_tick = self._monotonic()
-            self.metrics.registered.set(1 if self.registry.registered else 0)
-            await asyncio.sleep(self.tick_s)
+    async def _tick_once(self) -> None:
+        self.last_tick = self._monotonic()
+        self.metrics.registered.set(1 if self.registry.registered else 0)
+
+    def _staying(self) -> bool:
+        """Not leaving: no stop signal yet."""
+        return not self.stop_event.is_set()
 
     async def _shutdown(self, http: HttpServer) -> None:
         self.ready = False
         self.metrics.ready.set(0)
-        for t in self._tasks:
-            t.cancel()
+        await self.jobs.stop()
         if self._drain_task is not None:
             self._drain_task.cancel()
         with contextlib.suppress(Exception):

@@ -34,6 +34,7 @@ import structlog
 from trimtab.agent.adapters.base import BrokerAdapter, Lease
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.channel.records import Record, State
+from trimtab.cluster.runner import Schedule
 from trimtab.cluster.zk import ZkSession
 from trimtab.errors import AdapterError, LeaseUnavailable, StartupError, ZkUnavailable
 
@@ -286,11 +287,7 @@ class LeaseRenewer:
         self.metrics.lease_renewals.labels(result).inc()
         return result
 
-    async def run(self) -> None:
-        """Until cancelled at shutdown -- a drain too keeps serving (and renewing) until bundles moved."""
-        while True:
-            try:
-                await self.run_once()
-            except Exception:  # never let the renewer die: leases would silently run out
-                log.exception("lease_renewer_crashed")
-            await asyncio.sleep(self.interval_s)
+    def schedule(self) -> Schedule:
+        """Every third of a lease, from start until shutdown -- a drain too keeps serving (and renewing)
+        until its bundles moved."""
+        return Schedule(self.interval_s)

@@ -8,6 +8,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trimtab.cluster.runner import job_failures_counter
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 #: ``trimtab_lookups_total`` results of lookups refused before any work: a namespace nobody created (and
 #: lookups may not), and a client over its rate (docs/security.md, "Namespaces and lookup limits").
@@ -37,6 +39,7 @@ class AgentMetrics:
     lease_renewals: Counter
     lease_confirmations: Counter
     leases_lost: Counter
+    job_failures: Counter
     lease_remaining: Gauge
     fenced_all: Counter
 
@@ -176,6 +179,7 @@ class AgentMetrics:
                 ["result"],
                 registry=registry,
             ),
+            job_failures=job_failures_counter(registry),
             leases_lost=Counter(
                 "trimtab_leases_lost_total",
                 "Bundles the broker said it no longer served when their lease was renewed (it ran out).",

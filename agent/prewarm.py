@@ -9,13 +9,13 @@ next wake, never fatal, and a bundle this broker owns is not pre-warmed (it is a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
 
 from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.cluster.runner import Schedule
 from trimtab.cluster.standbys import StandbyIndex
 
 log = structlog.get_logger("trimtab.agent")
@@ -47,16 +47,9 @@ class Prewarmer:
         """The standby sets changed (on the loop)."""
         self._wake.set()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.resync_s)
-            self._wake.clear()
-            await asyncio.sleep(self.debounce_s)  # a burst of changes is one pass
-            try:
-                await self.sync_once()
-            except Exception:
-                log.exception("prewarm_pass_failed")
+    def schedule(self) -> Schedule:
+        """When the standby sets change (a burst of changes is one pass), and every ``resync_s``."""
+        return Schedule(self.resync_s, wake=self._wake, first="after", settle_s=self.debounce_s)
 
     async def sync_once(self) -> list[str]:
         """Pre-warm what this broker newly stands by for; returns the bundles asked for."""

@@ -8,7 +8,6 @@ instead of a slow blend. On graceful stop both keys are tombstoned.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -28,6 +27,7 @@ from trimtab.balance.load import (
     top_k,
 )
 from trimtab.channel.transport import Transport
+from trimtab.cluster.runner import Schedule
 from trimtab.config.settings import Settings
 from trimtab.errors import AdapterError
 
@@ -103,19 +103,20 @@ class LoadReporter:
     def poke(self) -> None:
         self._wake.set()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.report_once()
-            except AdapterError as e:
-                self.metrics.reports.labels("failed", "adapter").inc()
-                log.warning("load_sample_failed", error=str(e))
-            except Exception:
-                self.metrics.reports.labels("failed", "error").inc()
-                log.exception("load_report_failed")
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.s.load.report_interval_s)
+    def schedule(self) -> Schedule:
+        """At start, then every ``load.report_interval_s`` or when poked."""
+        return Schedule(self.s.load.report_interval_s, wake=self._wake)
+
+    async def run_once(self) -> None:
+        """One report; a broker that does not answer is a counted warning, anything else a job failure."""
+        try:
+            await self.report_once()
+        except AdapterError as e:
+            self.metrics.reports.labels("failed", "adapter").inc()
+            log.warning("load_sample_failed", error=str(e))
+        except Exception:
+            self.metrics.reports.labels("failed", "error").inc()
+            raise
 
     async def report_once(self) -> BrokerLoadData:
         sample = self.host.fill(await self.adapter.sample())

@@ -27,6 +27,7 @@ from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
 from trimtab.cluster.events import EventPublisher
+from trimtab.cluster.runner import Schedule
 from trimtab.errors import BundleError, RequestError
 
 log = structlog.get_logger("trimtab.agent")
@@ -74,19 +75,13 @@ class SplitScheduler:
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval_s)
-                return
-            except TimeoutError:
-                pass
-            if not self.enabled or self._paused():
-                continue
-            try:
-                await self.split_cycle()
-            except Exception:
-                log.exception("split_cycle_failed")
+    def schedule(self) -> Schedule:
+        """Every ``split.interval_s`` (the first one interval after start)."""
+        return Schedule(self.interval_s, first="after")
+
+    def active(self) -> bool:
+        """Auto-splitting is on and not paused (a drain pauses it)."""
+        return self.enabled and not self._paused()
 
     async def split_cycle(self) -> list[SplitDecision]:
         stats = self.reporter.last_bundles or (await self.adapter.sample()).bundles

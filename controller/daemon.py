@@ -26,8 +26,7 @@ import contextlib
 import gc
 import signal
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
 
 import structlog
 
@@ -41,6 +40,7 @@ from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.logs import bind as bind_log
 from trimtab.cluster.placement_store import PlacementWatch
+from trimtab.cluster.runner import JobRunner, Schedule
 from trimtab.cluster.standbys import StandbySet
 from trimtab.cluster.zk import BrokerRegistry, ZkSession
 from trimtab.config.settings import Settings
@@ -54,12 +54,6 @@ from trimtab.controller.standbys import StandbyJob
 from trimtab.controller.stores import Switches
 
 log = structlog.get_logger("trimtab.controller")
-
-
-class Job(Protocol):
-    name: str
-
-    def run_once(self) -> Awaitable[Any]: ...
 
 
 class Controller:
@@ -115,7 +109,7 @@ class Controller:
         self.stop_event = asyncio.Event()
         self.leader_since = 0.0
         self._heal_wake = asyncio.Event()
-        self._next: dict[str, float] = {}
+        self.jobs = JobRunner(metrics.job_failures, mono=mono)
 
     # ------------------------------------------------------------------ events (loop thread)
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -148,7 +142,7 @@ class Controller:
         self.metrics.elections.inc()
         self.leader_since = self.mono()
         self.shedding.reset()
-        self._next.clear()
+        self.jobs.restart_clocks()  # a new term waits its intervals, even if the last ended a moment ago
         self.healing.membership_changed()  # look for failed brokers straight away
         log.info("leadership_acquired", term=term)
         self.events.publish("leader_elected", key="leader", leader=self.leadership.me, term=term)
@@ -207,18 +201,27 @@ class Controller:
     async def _lead_or_follow(self) -> None:
         await asyncio.to_thread(self.election.start)
         c = self.s
-        tasks = [
-            asyncio.create_task(self._every(self.snapshots, c.channel.snapshot_interval_s)),
-            asyncio.create_task(self._every(self.monitor, c.channel.monitor_interval_s)),
-            asyncio.create_task(self._every(self.shedding, c.shedding.interval_s)),
-            asyncio.create_task(self._every(self.standbys, c.placement.standby_interval_s)),
-            asyncio.create_task(self._heal_when_woken()),
-            asyncio.create_task(self._tick()),
-        ]
+        jobs, leading = self.jobs, self._leading
+        # The leader's periodic jobs: the first run one interval after taking over.
+        for job, every in (
+            (self.snapshots, c.channel.snapshot_interval_s),
+            (self.monitor, c.channel.monitor_interval_s),
+            (self.shedding, c.shedding.interval_s),
+            (self.standbys, c.placement.standby_interval_s),
+        ):
+            jobs.add(job.name, job.run_once, Schedule(every, first="after"), gate=leading)
+        # Healing runs when membership or the channel changes (and at least every second); the pause
+        # after a round coalesces a burst of channel events into the next one.
+        jobs.add(
+            "healing",
+            self.healing.run_once,
+            Schedule(1.0, wake=self._heal_wake, pause_s=0.1),
+            gate=lambda: leading() and self.healing.ready,
+        )
+        jobs.add("tick", self._tick_once, Schedule(0.5))
+        jobs.start()
         await self.stop_event.wait()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await jobs.stop()
 
     async def _shutdown(self) -> None:
         self.liveness.ready = False
@@ -240,40 +243,10 @@ class Controller:
             self.transport.close()
         log.info("controller_stopped")
 
-    # ------------------------------------------------------------------ loops
-    async def _tick(self) -> None:
-        while True:
-            self.liveness.tick()
-            self.metrics.safe_mode.set(0 if self.leadership.safe_mode() is None else 1)
-            await asyncio.sleep(0.5)
+    # ------------------------------------------------------------------ jobs
+    async def _tick_once(self) -> None:
+        self.liveness.tick()
+        self.metrics.safe_mode.set(0 if self.leadership.safe_mode() is None else 1)
 
-    async def _every(self, job: Job, interval: float) -> None:
-        """Run ``job`` every ``interval`` while leading; the first run one interval after taking over."""
-        while True:
-            await asyncio.sleep(min(0.25, interval))
-            if not self.leadership.is_leader:
-                self._next.pop(job.name, None)
-                continue
-            now = self.mono()
-            due = self._next.setdefault(job.name, now + interval)
-            if now < due:
-                continue
-            self._next[job.name] = now + interval
-            try:
-                await job.run_once()
-            except Exception:
-                log.exception("leader_job_failed", job=job.name)
-
-    async def _heal_when_woken(self) -> None:
-        """Healing runs when membership or the channel changes (and at least every second)."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heal_wake.wait(), 1.0)
-            self._heal_wake.clear()
-            if not self.leadership.is_leader or not self.healing.ready:
-                continue
-            try:
-                await self.healing.run_once()
-            except Exception:
-                log.exception("healing_round_failed")
-            await asyncio.sleep(0.1)  # coalesce bursts of channel events into one round
+    def _leading(self) -> bool:
+        return self.leadership.is_leader

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trimtab.cluster.runner import job_failures_counter
+
 
 @dataclass
 class ControllerMetrics:
@@ -20,6 +22,7 @@ class ControllerMetrics:
     load_std: Gauge
     broker_load: Gauge
     overrides: Counter
+    job_failures: Counter
     failed_brokers: Gauge
     healing_pending: Gauge
     healing_paused: Gauge
@@ -82,6 +85,7 @@ class ControllerMetrics:
                 ["broker"],
                 registry=r,
             ),
+            job_failures=job_failures_counter(r),
             overrides=Counter(
                 "trimtab_overrides_total",
                 "Forced channel records by reason (failed_broker, stuck, tombstone) and result (published, failed).",
