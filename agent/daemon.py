@@ -50,17 +50,11 @@ from trimtab.agent.prewarm import Prewarmer
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.reporter import LoadReporter
 from trimtab.agent.splits import SplitScheduler
-from trimtab.balance.load import BrokerLoadData
-from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import State
-from trimtab.channel.transport import Transport
 from trimtab.cluster.http import HttpServer
-from trimtab.cluster.kvview import KeyValueView
-from trimtab.cluster.placement_store import PlacementWatch
+from trimtab.cluster.replica import Replica
 from trimtab.cluster.runner import JobRunner, Schedule
-from trimtab.cluster.standbys import StandbySet
-from trimtab.cluster.zk import BrokerRegistry, ZkSession
-from trimtab.errors import RequestError, StartupError
+from trimtab.errors import RequestError
 
 log = structlog.get_logger("trimtab.agent")
 
@@ -69,16 +63,10 @@ class Agent:
     def __init__(
         self,
         identity: BrokerIdentity,
+        replica: Replica,
         *,
         adapter: BrokerAdapter,
-        zk: ZkSession,
-        registry: BrokerRegistry,
-        placement_watch: PlacementWatch,
-        standby_view: KeyValueView[StandbySet],
         prewarmer: Prewarmer,
-        channel: ChannelClient,
-        loads: KeyValueView[BrokerLoadData],
-        transport: Transport,
         reconciler: Reconciler,
         reporter: LoadReporter,
         splitter: SplitScheduler,
@@ -89,7 +77,6 @@ class Agent:
         register_wait_s: float,
         catch_up_timeout_s: float = 300.0,
         tick_s: float = 1.0,
-        prepare_topics: Callable[[], None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``register_wait_s``: how long to wait for a registration of our id left by a previous
@@ -97,15 +84,12 @@ class Agent:
         self.identity = identity
         self.me = identity.id
         self.adapter = adapter
-        self.zk = zk
-        self.registry = registry
-        self.placement_watch = placement_watch
-        self.standby_view = standby_view
+        self.replica = replica
+        self.zk = replica.zk
+        self.registry = replica.registry
+        self.channel = replica.channel
+        self.loads = replica.loads
         self.prewarmer = prewarmer
-        self.channel = channel
-        self.loads = loads
-        self.transport = transport
-        self.prepare_topics = prepare_topics
         self.reconciler = reconciler
         self.reporter = reporter
         self.splitter = splitter
@@ -227,30 +211,18 @@ class Agent:
             self.force_exit.set()
 
     async def _start(self) -> None:
-        await asyncio.to_thread(self.zk.start)
-        self.leases.check_session_timeout()
         loop = asyncio.get_running_loop()
-        self.zk.add_listener(
-            lambda state: loop.call_soon_threadsafe(self._session_lost) if state == "lost" else None
-        )
-        self.metrics.zk_connected.set(1)
-        await asyncio.to_thread(self.registry.start)
-        await asyncio.to_thread(self.placement_watch.start)
-        # Every topic exists and can be relied on (cluster/topics.py), or start-up ends here, naming it.
-        await asyncio.to_thread(self.prepare_topics)
-        await asyncio.to_thread(self.channel.start)
-        self.loads.start()
-        self.standby_view.start()  # advice only: start-up does not wait for it
-        deadline = self._monotonic() + self.catch_up_timeout_s
-        while not (self.channel.ready and self.loads.ready):
-            if self.stop_event.is_set():
-                return
-            if self._monotonic() > deadline:
-                raise StartupError(
-                    f"channel or load view did not catch up within {self.catch_up_timeout_s:g}s "
-                    f"(channel: {self.channel.health()[1]})"
-                )
-            await asyncio.sleep(0.02)
+
+        def on_session() -> None:
+            self.leases.check_session_timeout()
+            self.zk.add_listener(
+                lambda state: loop.call_soon_threadsafe(self._session_lost) if state == "lost" else None
+            )
+            self.metrics.zk_connected.set(1)
+
+        await self.replica.start(on_session=on_session)
+        if not await self.replica.caught_up(self.stop_event, self.catch_up_timeout_s, mono=self._monotonic):
+            return
         log.info(
             "channel_caught_up",
             bundles=len(self.channel.table),
@@ -343,23 +315,12 @@ class Agent:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.registry.deregister)
         self.metrics.registered.set(0)
-        with contextlib.suppress(Exception):
-            self.registry.stop()
-        self.channel.stop()
-        with contextlib.suppress(Exception):
-            self.loads.stop()
-        with contextlib.suppress(Exception):
-            self.standby_view.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.transport.flush, 5.0)
+        await self.replica.stop_following()
         with contextlib.suppress(Exception):
             await self.adapter.aclose()
         await http.stop()
         await asyncio.to_thread(self.leases.stop_heartbeat)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.zk.stop)
-        with contextlib.suppress(Exception):
-            self.transport.close()
+        await self.replica.close()
         log.info("agent_stopped", reason=self.exit_reason or "clean")
 
     async def _fence_before_leaving(self) -> None:

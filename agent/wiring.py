@@ -36,8 +36,7 @@ from trimtab.agent.ratelimit import ClientRateLimiter
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.reporter import HostSampler, LoadReporter
 from trimtab.agent.splits import SplitScheduler
-from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, Placement
-from trimtab.balance.load import BrokerLoadData
+from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext
 from trimtab.balance.namespaces import AutoCreatePolicy
 from trimtab.balance.split import SplitLimits
 from trimtab.channel.client import ChannelClient
@@ -46,18 +45,14 @@ from trimtab.channel.table import TableView
 from trimtab.channel.transport import Transport
 from trimtab.cluster.auth import Authenticator
 from trimtab.cluster.bridge import LoopBridge
-from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.http import HttpServer, bind
 from trimtab.cluster.http_guard import Refusals
-from trimtab.cluster.kvview import KeyValueView
-from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.logs import bind as bind_log
-from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
-from trimtab.cluster.placement_store import PlacementWatch
-from trimtab.cluster.placement_view import LivePlacement
-from trimtab.cluster.standbys import StandbyIndex, StandbySet, prefer_standbys
-from trimtab.cluster.wiring import check_security, kafka_clients, zk_session
-from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths, ZkSession
+from trimtab.cluster.metrics import new_registry
+from trimtab.cluster.replica import Replica
+from trimtab.cluster.standbys import prefer_standbys
+from trimtab.cluster.wiring import check_security
+from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkSession
 from trimtab.config.settings import Settings
 
 
@@ -129,33 +124,26 @@ def build(
         observe=metrics.observe_adapter,
     )
 
-    paths = ZkPaths(s.zk_path)
-    zk = zk_session(s)
-    registry = BrokerRegistry(zk, paths)
-    namespaces = NamespaceStore(zk.client, paths, s.namespace.default_bundles)
-
-    transport, prepare_topics = kafka_clients(s, f"trimtab-agent-{me}", transport)
-    rules = PlacementParts.build(s, zk, paths, registry, transport)
-    placement, placement_watch = rules.placement, rules.watch
-    standby_index, standby_view, place = rules.standby_index, rules.standby_view, rules.rule
-
     def on_channel_ready(table: TableView) -> None:
         # On the follower thread, once the channel is caught up -- never before Agent.run started it, by
         # which time the reconciler and the lookups below exist.
-        placement.load_table(table.items())
         loop.call_soon_threadsafe(_channel_caught_up, reconciler, lookups, table)
 
-    channel = ChannelClient(
-        transport,
-        s.kafka.channel_topic,
-        s.kafka.snapshot_topic,
-        on_skip=SkipLog(),
-        on_ready=on_channel_ready,
+    replica = Replica.build(
+        s, me=me, role="agent", prom=prom, transport=transport, on_channel_ready=on_channel_ready
     )
-    loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, s.kafka.broker_load_topic, BrokerLoadData)
-    events = EventPublisher(transport, s.kafka.events_topic, source=me, role="agent")
-    prom.register(ChannelCollector(lambda: channel))
-    prom.register(KeyValueCollector(lambda: [loads, standby_view]))
+    zk, registry, channel, loads, events = (
+        replica.zk,
+        replica.registry,
+        replica.channel,
+        replica.loads,
+        replica.events,
+    )
+    transport = replica.transport
+    namespaces = NamespaceStore(zk.client, replica.paths, s.namespace.default_bundles)
+    # Among the brokers the rules allow, a bundle's warm standbys first (drain, and lookups of a bundle
+    # freed by a failure): they take it over fastest.
+    place = prefer_standbys(replica.standby_index.of, replica.placement.restrict)
 
     def assign_context(exclude: frozenset[str]) -> AssignContext:
         return AssignContext.from_settings(s, loads.snapshot(), int(clock() * 1000), exclude)
@@ -214,21 +202,14 @@ def build(
     )
 
     _route_events(loop, channel, layouts, reconciler, lookups, registry, zk, metrics)
-    prewarmer = Prewarmer(me, retrying, standby_index, drainer.owned, metrics)
+    prewarmer = Prewarmer(me, retrying, replica.standby_index, drainer.owned, metrics)
     standby_wakeups: LoopBridge[None] = LoopBridge(loop, lambda _: prewarmer.changed())
-    standby_view.add_listener(lambda bundle, value: standby_wakeups.push(None))
-    channel.table.add_listener(placement.record_changed)  # on the follower thread; thread-safe
+    replica.standby_view.add_listener(lambda bundle, value: standby_wakeups.push(None))
     agent = Agent(
         identity,
+        replica,
         adapter=retrying,
-        zk=zk,
-        registry=registry,
-        placement_watch=placement_watch,
-        standby_view=standby_view,
         prewarmer=prewarmer,
-        channel=channel,
-        loads=loads,
-        transport=transport,
         reconciler=reconciler,
         reporter=reporter,
         splitter=splits,
@@ -237,7 +218,6 @@ def build(
         renewer=renewer,
         metrics=metrics,
         register_wait_s=s.zookeeper.session_timeout_s * 2 + 5,
-        prepare_topics=prepare_topics,
     )
     api = AgentApi(
         node=agent,
@@ -325,34 +305,6 @@ def _reconciliation(
         in_flight_timeout_s=s.channel.in_flight_timeout_s,
     )
     return leases, reconciler, renewer
-
-
-@dataclass(frozen=True)
-class PlacementParts:
-    """The placement rules as the agent follows them: policies from ZooKeeper, live brokers, ownership
-    (fed by the channel), and the leader's warm-standby sets."""
-
-    placement: LivePlacement
-    watch: PlacementWatch
-    standby_index: StandbyIndex
-    standby_view: KeyValueView[StandbySet]
-    rule: Placement
-
-    @classmethod
-    def build(
-        cls, s: Settings, zk: ZkSession, paths: ZkPaths, registry: BrokerRegistry, transport: Transport
-    ) -> PlacementParts:
-        placement = LivePlacement(
-            lambda: registry.brokers, failure_domains_enabled=s.placement.failure_domains_enabled
-        )
-        registry.add_listener(placement.brokers_changed)
-        index = StandbyIndex()
-        view: KeyValueView[StandbySet] = KeyValueView(transport, s.kafka.standby_topic, StandbySet)
-        view.add_listener(index.changed)
-        # Among the brokers the rules allow, a bundle's warm standbys first (drain, and lookups of a
-        # bundle freed by a failure): they take it over fastest.
-        rule = prefer_standbys(index.of, placement.restrict)
-        return cls(placement, PlacementWatch(zk.client, paths, placement.policies_changed), index, view, rule)
 
 
 def _channel_caught_up(reconciler: Reconciler, lookups: LookupService, table: TableView) -> None:

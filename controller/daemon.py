@@ -30,19 +30,12 @@ from collections.abc import Callable
 
 import structlog
 
-from trimtab.balance.load import BrokerLoadData, TopBundles
-from trimtab.channel.client import ChannelClient
-from trimtab.channel.transport import Transport
 from trimtab.cluster.bridge import LoopBridge
-from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.http import HttpServer
-from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.logs import bind as bind_log
-from trimtab.cluster.placement_store import PlacementWatch
+from trimtab.cluster.replica import Replica
 from trimtab.cluster.runner import JobRunner, Schedule
-from trimtab.cluster.standbys import StandbySet
-from trimtab.cluster.zk import BrokerRegistry, ZkSession
 from trimtab.config.settings import Settings
 from trimtab.controller.healing import HealingJob
 from trimtab.controller.leadership import Leadership
@@ -60,16 +53,9 @@ class Controller:
     def __init__(
         self,
         settings: Settings,
+        replica: Replica,
         *,
         leadership: Leadership,
-        zk: ZkSession,
-        registry: BrokerRegistry,
-        placement_watch: PlacementWatch,
-        channel: ChannelClient,
-        loads: KeyValueView[BrokerLoadData],
-        top: KeyValueView[TopBundles],
-        standby_view: KeyValueView[StandbySet],
-        transport: Transport,
         http: HttpServer,
         snapshots: SnapshotJob,
         monitor: MonitorJob,
@@ -77,24 +63,17 @@ class Controller:
         shedding: SheddingJob,
         standbys: StandbyJob,
         switch_store: Switches,
-        events: EventPublisher,
         metrics: ControllerMetrics,
         liveness: Liveness,
         mono: Callable[[], float] = time.monotonic,
-        prepare_topics: Callable[[], None] = lambda: None,
     ) -> None:
         self.s = settings
-        self.prepare_topics = prepare_topics
         self.leadership = leadership
         self.election = leadership.election
-        self.zk = zk
-        self.registry = registry
-        self.placement_watch = placement_watch
-        self.channel = channel
-        self.loads = loads
-        self.top = top
-        self.standby_view = standby_view
-        self.transport = transport
+        self.replica = replica
+        self.zk = replica.zk
+        self.registry = replica.registry
+        self.channel = replica.channel
         self.http = http
         self.snapshots = snapshots
         self.monitor = monitor
@@ -102,7 +81,7 @@ class Controller:
         self.shedding = shedding
         self.standbys = standbys
         self.switch_store = switch_store
-        self.events = events
+        self.events = replica.events
         self.metrics = metrics
         self.liveness = liveness
         self.mono = mono
@@ -176,21 +155,11 @@ class Controller:
 
     async def _warm_up(self) -> bool:
         """Connect and catch up with the channel and the load views; False if stopped meanwhile."""
-        await asyncio.to_thread(self.zk.start)
-        await asyncio.to_thread(self.registry.start)
-        await asyncio.to_thread(self.placement_watch.start)
-        # Every topic exists and can be relied on (cluster/topics.py), or start-up ends here, naming it.
-        await asyncio.to_thread(self.prepare_topics)
-        await asyncio.to_thread(self.channel.start)
-        self.loads.start()
-        self.top.start()
         # Standby sets are advice: warm-up does not wait for them (a leader that has not read them yet
         # rewrites them all, harmlessly).
-        self.standby_view.start()
-        while not (self.channel.ready and self.loads.ready and self.top.ready):
-            if self.stop_event.is_set():
-                return False
-            await asyncio.sleep(0.02)
+        await self.replica.start()
+        if not await self.replica.caught_up(self.stop_event, mono=self.mono):
+            return False
         self.liveness.ready = True
         log.info("controller_warm", bundles=len(self.channel.table))
         # Everything allocated while starting lives as long as the process: keep it out of the cyclic
@@ -227,20 +196,10 @@ class Controller:
         self.liveness.ready = False
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.election.stop)
-        with contextlib.suppress(Exception):
-            self.registry.stop()
-        self.channel.stop()
-        self.loads.stop()
-        self.top.stop()
-        self.standby_view.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.transport.flush, 5.0)
+        await self.replica.stop_following()
         with contextlib.suppress(Exception):
             await self.http.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.zk.stop)
-        with contextlib.suppress(Exception):
-            self.transport.close()
+        await self.replica.close()
         log.info("controller_stopped")
 
     # ------------------------------------------------------------------ jobs

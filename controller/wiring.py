@@ -11,26 +11,20 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from trimtab.balance.heal import HealConfig
-from trimtab.balance.load import BrokerLoadData, TopBundles
 from trimtab.balance.placement import StandbySpec
 from trimtab.balance.shed import ShedConfig
-from trimtab.channel.client import ChannelClient
 from trimtab.channel.snapshot import SnapshotWriter
 from trimtab.channel.transport import Transport
 from trimtab.cluster.auth import Authenticator
-from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.http import HttpServer, PeerHttp, bind
 from trimtab.cluster.http_guard import Refusals
-from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.liveness import Liveness
-from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.logs import bind as bind_log
-from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector, new_registry
-from trimtab.cluster.placement_store import PlacementStore, PlacementWatch
-from trimtab.cluster.placement_view import LivePlacement
-from trimtab.cluster.standbys import StandbyIndex, StandbySet
-from trimtab.cluster.wiring import check_security, kafka_clients, zk_session
-from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkPaths
+from trimtab.cluster.metrics import new_registry
+from trimtab.cluster.placement_store import PlacementStore
+from trimtab.cluster.replica import Replica
+from trimtab.cluster.wiring import check_security
+from trimtab.cluster.zk import NamespaceStore
 from trimtab.config.settings import Settings
 from trimtab.controller.admin import Admin
 from trimtab.controller.api import ControllerApi, create_app
@@ -79,37 +73,27 @@ def build_controller(
     metrics = ControllerMetrics.create(prom)
     auth = Authenticator.for_daemon(s.security, prom)
 
-    paths = ZkPaths(s.zk_path)
-    zk = zk_session(s)
-    registry = BrokerRegistry(zk, paths)
-    transport, prepare_topics = kafka_clients(s, f"trimtab-controller-{me}", transport)
-    k = s.kafka
-    channel = ChannelClient(
-        transport,
-        k.channel_topic,
-        k.snapshot_topic,
-        on_skip=SkipLog(),
-        on_ready=lambda table: placement.load_table(table.items()),
+    replica = Replica.build(s, me=me, role="controller", prom=prom, transport=transport, top_bundles=True)
+    paths, zk, registry, channel, loads = (
+        replica.paths,
+        replica.zk,
+        replica.registry,
+        replica.channel,
+        replica.loads,
     )
-    loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, k.broker_load_topic, BrokerLoadData)
-    top: KeyValueView[TopBundles] = KeyValueView(transport, k.top_bundles_topic, TopBundles)
-    prom.register(ChannelCollector(lambda: channel))
-    events = EventPublisher(transport, k.events_topic, source=me, role="controller")
-
+    top, placement, standby_index, events = (
+        replica.top,
+        replica.placement,
+        replica.standby_index,
+        replica.events,
+    )
+    assert top is not None
+    transport = replica.transport
+    k = s.kafka
     election = LeaderElection(zk, paths, me, http_url)
     leadership = Leadership(election, zk, registry, channel, me=me, settle_s=s.healing.safe_mode_settle_s)
     writes = ChannelWrites(channel, leadership, metrics)
     journal = DecisionJournal(events, clock=clock)
-    placement = LivePlacement(
-        lambda: registry.brokers, failure_domains_enabled=s.placement.failure_domains_enabled
-    )
-    placement_watch = PlacementWatch(zk.client, paths, placement.policies_changed)
-    registry.add_listener(placement.brokers_changed)
-    channel.table.add_listener(placement.record_changed)  # on the follower thread; thread-safe
-    standby_index = StandbyIndex()
-    standby_view: KeyValueView[StandbySet] = KeyValueView(transport, k.standby_topic, StandbySet)
-    standby_view.add_listener(standby_index.changed)
-    prom.register(KeyValueCollector(lambda: [loads, top, standby_view]))
     destinations = Destinations(
         s, registry, loads, placement, standby_index, rng=rng or random.Random(), clock=clock
     )
@@ -168,7 +152,7 @@ def build_controller(
             tuple(p.awareness_tags),
             {key: frozenset(values) for key, values in p.forced_awareness.items()},
         ),
-        view_ready=lambda: standby_view.ready,
+        view_ready=lambda: replica.standby_view.ready,
     )
     switch_store = Switches(zk.client, paths)
     admin = Admin(
@@ -215,15 +199,8 @@ def build_controller(
     )
     return Controller(
         s,
+        replica,
         leadership=leadership,
-        zk=zk,
-        registry=registry,
-        placement_watch=placement_watch,
-        channel=channel,
-        loads=loads,
-        top=top,
-        standby_view=standby_view,
-        transport=transport,
         http=HttpServer(create_app(api, auth=auth), sock, s.http, refusals=Refusals.in_registry(prom)),
         snapshots=snapshots,
         monitor=monitor,
@@ -231,10 +208,8 @@ def build_controller(
         shedding=shedding,
         standbys=standbys,
         switch_store=switch_store,
-        events=events,
         metrics=metrics,
         liveness=liveness,
-        prepare_topics=prepare_topics,
     )
 
 

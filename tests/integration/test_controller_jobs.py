@@ -53,9 +53,9 @@ class Node:
         c.zk.start()
         c.registry.start()
         c.channel.start()
-        c.loads.start()
-        c.top.start()
-        wait_for(lambda: c.channel.ready and c.loads.ready and c.top.ready, message="warm")
+        c.replica.loads.start()
+        c.replica.top.start()
+        wait_for(lambda: c.channel.ready and c.replica.loads.ready and c.replica.top.ready, message="warm")
         if elect:
             c.election.start()
         return self
@@ -65,8 +65,8 @@ class Node:
         c.election.stop()
         c.registry.stop()
         c.channel.stop()
-        c.loads.stop()
-        c.top.stop()
+        c.replica.loads.stop()
+        c.replica.top.stop()
         c.zk.stop()
         c.http.sock.close()
 

@@ -202,8 +202,8 @@ def test_the_leader_publishes_standbys_and_healing_prefers_them(
     node = Node(s, log).start()
     c = node.ctl
     try:
-        c.standby_view.start()
-        wait_for(lambda: c.standby_view.ready, message="the standby topic read")
+        c.replica.standby_view.start()
+        wait_for(lambda: c.replica.standby_view.ready, message="the standby topic read")
         wait_for(lambda: c.leadership.is_leader and c.leadership.safe_mode() is None, message="leads")
         register(zk, s, "b1:1", "b2:1", "b3:1", "b4:1")
         wait_for(lambda: len(c.registry.brokers) == 4, message="registry sees the brokers")
@@ -226,7 +226,7 @@ def test_the_leader_publishes_standbys_and_healing_prefers_them(
         assert {o.bundle: o.dst for o in moved} == {b: sets[b][0] for b in owners}
     finally:
         node.stop()
-        c.standby_view.stop()
+        c.replica.standby_view.stop()
 
 
 def test_standbys_are_measured_but_not_published_before_the_topic_is_read(
