@@ -264,20 +264,21 @@ def test_the_pipeline_reads_what_ingest_reads_and_writes_nothing(secured: Secure
     assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
 
 
-def test_a_wrong_password_stops_an_agent_at_start_saying_so(secured: Secured, tmp_path: Path) -> None:
+def run_with_wrong_password(
+    secured: Secured, tmp_path: Path, user: str, *args: str, within_s: float, says: str
+) -> None:
+    """Run ``trimtab <args>`` with a wrong Kafka password for ``user``: it must exit 1 within ``within_s``
+    with one line starting with ``says`` that names the authentication failure, and never show the
+    password (librdkafka's own log lines may come before or after that line)."""
     password = "not-" + secrets.token_urlsafe(12)
-    wrong = secured.kafka.write_client_properties(tmp_path / "wrong.properties", "trimtab-agent", password)
+    wrong = secured.kafka.write_client_properties(tmp_path / "wrong.properties", user, password)
     procs = Procs(tmp_path / "procs")
     began = time.monotonic()
     try:
         done = procs.run_trimtab(
-            "agent",
+            *args,
             "--config",
             str(secured.cluster.config_path),
-            "--http-port",
-            "0",
-            "--broker-id",
-            "wrong-password:1",
             "--set",
             f"kafka.client_config_file={str(wrong)!r}",
             timeout=90,
@@ -286,37 +287,29 @@ def test_a_wrong_password_stops_an_agent_at_start_saying_so(secured: Secured, tm
         procs.close()
     took = time.monotonic() - began
     assert done.returncode == 1, done.describe()
-    assert took < 60, f"the agent took {took:.0f}s to give up"
-    # One line says why (librdkafka's own log lines may come before or after it).
-    (reason,) = [line for line in done.stderr.splitlines() if line.startswith("agent failed:")]
+    assert took < within_s, f"trimtab {args[0]} took {took:.0f}s to give up"
+    (reason,) = [line for line in done.stderr.splitlines() if line.startswith(says)]
     assert re.search(r"(?i)authentication", reason), reason
     assert password not in done.stderr + done.stdout
+
+
+def test_a_wrong_password_stops_an_agent_at_start_saying_so(secured: Secured, tmp_path: Path) -> None:
+    run_with_wrong_password(
+        secured,
+        tmp_path,
+        "trimtab-agent",
+        "agent",
+        "--http-port",
+        "0",
+        "--broker-id",
+        "wrong-password:1",
+        within_s=60,
+        says="agent failed:",
+    )
 
 
 def test_a_wrong_password_makes_channel_dump_say_so_at_once(secured: Secured, tmp_path: Path) -> None:
     """The operator's tool too: one line naming the authentication failure, not a metadata timeout."""
-    password = "not-" + secrets.token_urlsafe(12)
-    wrong = secured.kafka.write_client_properties(
-        tmp_path / "wrong.properties", "trimtab-controller", password
+    run_with_wrong_password(
+        secured, tmp_path, "trimtab-controller", "channel", "dump", "--json", within_s=30, says="Error:"
     )
-    procs = Procs(tmp_path / "procs")
-    began = time.monotonic()
-    try:
-        done = procs.run_trimtab(
-            "channel",
-            "dump",
-            "--config",
-            str(secured.cluster.config_path),
-            "--set",
-            f"kafka.client_config_file={str(wrong)!r}",
-            "--json",
-            timeout=90,
-        )
-    finally:
-        procs.close()
-    took = time.monotonic() - began
-    assert done.returncode == 1, done.describe()
-    assert took < 30, f"channel dump took {took:.0f}s to give up"
-    (reason,) = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-    assert re.search(r"(?i)authentication", reason), reason
-    assert password not in done.stderr + done.stdout

@@ -27,6 +27,17 @@ def runner() -> tuple[JobRunner, CollectorRegistry]:
     return JobRunner(job_failures_counter(reg)), reg
 
 
+def recorder(then: Callable[[], None] = lambda: None) -> tuple[list[float], Callable[[], Awaitable[None]]]:
+    """A job that records when it ran (then calls ``then``), and the list it records into."""
+    runs: list[float] = []
+
+    async def job() -> None:
+        runs.append(time.monotonic())
+        then()
+
+    return runs, job
+
+
 def failures(reg: CollectorRegistry, job: str) -> float:
     return reg.get_sample_value("trimtab_job_failures_total", {"task": job}) or 0.0
 
@@ -55,11 +66,7 @@ def test_a_wake_runs_the_job_early_and_a_burst_is_one_run() -> None:
     async def main() -> None:
         jobs, _ = runner()
         wake = asyncio.Event()
-        runs: list[float] = []
-
-        async def job() -> None:
-            runs.append(time.monotonic())
-
+        runs, job = recorder()
         jobs.add("woken", job, Schedule(60.0, wake=wake, first="after", settle_s=0.05))
         jobs.start()
         await asyncio.sleep(0)  # the job is waiting for its first turn (60 s away)
@@ -79,12 +86,8 @@ def test_a_closed_gate_holds_the_job_and_opening_it_waits_an_interval_first() ->
     async def main() -> None:
         jobs, _ = runner()
         open_ = False
-        runs: list[float] = []
         opened_at = 0.0
-
-        async def job() -> None:
-            runs.append(time.monotonic())
-
+        runs, job = recorder()
         jobs.add("gated", job, Schedule(0.2, first="after"), gate=lambda: open_)
         jobs.start()
         await asyncio.sleep(0.3)
@@ -100,11 +103,7 @@ def test_a_closed_gate_holds_the_job_and_opening_it_waits_an_interval_first() ->
 def test_restart_clocks_makes_every_job_wait_its_first_interval_again() -> None:
     async def main() -> None:
         jobs, _ = runner()
-        runs: list[float] = []
-
-        async def job() -> None:
-            runs.append(time.monotonic())
-
+        runs, job = recorder()
         jobs.add("periodic", job, Schedule(0.3, first="after"), gate=lambda: True)
         jobs.start()
         await asyncio.sleep(0.2)
@@ -121,12 +120,7 @@ def test_a_pause_after_each_run_spaces_runs_that_keep_being_woken() -> None:
     async def main() -> None:
         jobs, _ = runner()
         wake = asyncio.Event()
-        runs: list[float] = []
-
-        async def job() -> None:
-            runs.append(time.monotonic())
-            wake.set()  # as if every run caused the next wake-up (healing's own records)
-
+        runs, job = recorder(then=wake.set)  # as if every run caused the next wake-up (healing's records)
         jobs.add("busy", job, Schedule(60.0, wake=wake, pause_s=0.05))
         jobs.start()
         await until(lambda: len(runs) >= 4)
