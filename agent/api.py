@@ -1,7 +1,8 @@
 """The agent's HTTP API (FastAPI): lookups, ownership, admin split and drain, health, metrics -- and, only on an
 agent that runs the simulated broker, that broker's controls (``/v1/sim/*``). Typed request/response
 models give the OpenAPI spec at ``/openapi.json``; bad input gets a 4xx with a message, a lookup that
-cannot settle gets a retryable 503.
+cannot settle gets a retryable 503. Routes raise their refusals (:class:`~trimtab.errors.RequestError`);
+the app's one error handler (:mod:`trimtab.cluster.http_errors`) answers them, in the one error shape.
 
 :func:`create_app` takes the collaborators it serves (:class:`AgentApi`); the daemon's lifecycle is seen
 through the small :class:`Lifecycle` protocol. Routes are grouped in routers per area, and each router
@@ -25,22 +26,15 @@ from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.lookup import LookupService
 from trimtab.agent.metrics import NAMESPACE_NOT_FOUND, RATE_LIMITED, AgentMetrics
 from trimtab.agent.ratelimit import ClientRateLimiter, worth_logging
-from trimtab.agent.splits import SplitRefused, SplitScheduler
+from trimtab.agent.splits import SplitScheduler
 from trimtab.balance.load import BrokerLoadData
-from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.cluster.auth import ADMIN, PUBLIC, READ, Authenticator, secure_app
-from trimtab.cluster.http import (
-    ErrorBody,
-    add_probes,
-    brokers_view,
-    error_response,
-    install_error_handlers,
-    ownership_view,
-)
+from trimtab.cluster.http import add_probes, brokers_view, ownership_view
+from trimtab.cluster.http_errors import ErrorBody, install_error_handlers, require_bundle
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.zk import BrokerRegistry
-from trimtab.errors import BundleError, LookupTimeout, NamespaceNotFound, RequestError
+from trimtab.errors import LookupTimeout, NamespaceNotFound, RequestError
 
 log = structlog.get_logger("trimtab.lookup")
 
@@ -252,29 +246,28 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
                     retry_after_s=round(verdict.retry_after_s, 3),
                 )
             lim = api.limiter
-            return error_response(
+            raise RequestError(
                 429,
                 f"too many lookups from {client}: at most {lim.rate:g} per second (bursts of {lim.burst}) per "
                 f"client address (agent.lookup_rate_per_client); retry in {verdict.retry_after_header} s",
-                retryable=True,
                 headers={"Retry-After": verdict.retry_after_header},
             )
         if not topic:
             metrics.lookups.labels("bad_request").inc()
-            return error_response(
+            raise RequestError(
                 400, "missing query parameter 'topic' (a full topic name, e.g. persistent://tenant/ns/topic)"
             )
         if not api.node.ready:
             metrics.lookups.labels("unavailable").inc()
-            return error_response(503, "agent is not ready (starting or draining)", retryable=True)
+            raise RequestError(503, "agent is not ready (starting or draining)")
         channel_ok, channel_why = api.channel.health()
         if not channel_ok:
             # Never answer from a table that is being rebuilt (history gap, follower restart).
             metrics.lookups.labels("unavailable").inc()
-            return error_response(503, f"agent's channel view is not ready: {channel_why}", retryable=True)
+            raise RequestError(503, f"agent's channel view is not ready: {channel_why}")
         try:
             res = await api.lookups.lookup(topic)
-        except RequestError as e:
+        except RequestError as e:  # counted by its kind, then answered as it is
             result = (
                 "timeout"
                 if isinstance(e, LookupTimeout)
@@ -286,7 +279,7 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
             )
             metrics.lookups.labels(result).inc()
             metrics.lookup_seconds.labels(result).observe(time.perf_counter() - t0)
-            return error_response(e.status, str(e), retryable=e.retryable)
+            raise
         metrics.lookups.labels(res.how).inc()
         metrics.lookup_seconds.labels(res.how).observe(time.perf_counter() - t0)
         return LookupResponse(
@@ -313,10 +306,7 @@ def _view_routes(api: AgentApi) -> APIRouter:
         summary="One bundle's channel state",
     )
     async def bundle(bundle: str = Query(..., description="tenant/namespace/0xLLLLLLLL_0xUUUUUUUU")) -> Any:
-        try:
-            parse_bundle(bundle)
-        except BundleError as e:
-            return error_response(400, str(e))
+        require_bundle(bundle)
         rec = api.channel.table.get(bundle)
         owner = rec.owner() if rec else None
         return BundleResponse(
@@ -355,16 +345,15 @@ def _admin_routes(api: AgentApi) -> APIRouter:
         summary="Split a bundle this broker owns",
     )
     async def split(req: SplitRequest, response: Response) -> Any:
+        require_bundle(req.bundle)
         try:
             positions = [int(b, 16) for b in req.boundaries]
         except ValueError:
-            return error_response(
+            raise RequestError(
                 400, f"boundaries must be hex numbers like 0x40000000, got {req.boundaries}"
-            )
-        try:
-            d = await api.splits.admin_split(req.bundle, req.algorithm, positions, dry_run=req.dry_run)
-        except SplitRefused as e:
-            return error_response(e.status, str(e), retryable=e.status == 503)
+            ) from None
+        # A SplitRefused (not the owner, in flight, no boundary) is answered as it is: 503 is retryable.
+        d = await api.splits.admin_split(req.bundle, req.algorithm, positions, dry_run=req.dry_run)
         ns = req.bundle.rsplit("/", 1)[0]
         if req.dry_run:
             response.status_code = 200

@@ -44,8 +44,6 @@ log = structlog.get_logger("trimtab.auth")
 Role = Literal["read", "admin"]
 #: The labels of ``trimtab_http_auth_failures_total``.
 REASONS = ("missing", "invalid", "forbidden")
-# RFC 6750: a 401 says which scheme would do.
-CHALLENGE = {"www-authenticate": 'Bearer realm="trimtab"'}
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 

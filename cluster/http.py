@@ -1,6 +1,7 @@
 """HTTP plumbing shared by the daemons: embedding uvicorn (optionally serving TLS) in a process that owns
-its signals and event loop, one error shape for every API, the read-only routes and probes both the agent
-and the controller serve, and how a node calls its peers (their CA, its own token)."""
+its signals and event loop, the read-only routes and probes both the agent and the controller serve, and
+how a node calls its peers (their CA, its own token). The one error shape of every API, and its handler,
+are :mod:`trimtab.cluster.http_errors`."""
 
 from __future__ import annotations
 
@@ -15,137 +16,19 @@ import httpx
 import msgspec
 import structlog
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel
-from starlette.exceptions import HTTPException
 
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
-from trimtab.cluster.auth import CHALLENGE, PUBLIC, SCHEME_NAME, authorize_early
+from trimtab.cluster.auth import PUBLIC
 from trimtab.cluster.http_guard import BoundedApp, ConnectionBook, Limits, Refusals, protocol_class
 from trimtab.config.settings import HttpSettings
-from trimtab.errors import AuthRefused, ConfigError, NotLeader, RequestError
+from trimtab.errors import ConfigError
 
 log = structlog.get_logger("trimtab.http")
-
-
-# ------------------------------------------------------------------ one error shape
-class ErrorBody(BaseModel):
-    """Every error any trimtab API answers: what went wrong, and whether the same request may succeed
-    later (a timeout, no leader yet) or never will (bad input)."""
-
-    error: str
-    retryable: bool = False
-
-
-def error_response(
-    status: int, message: str, *, retryable: bool = False, headers: Mapping[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse(
-        ErrorBody(error=message, retryable=retryable).model_dump(), status_code=status, headers=headers
-    )
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    """One line per problem, ``where: what`` -- the shape of a config error, not FastAPI's 422 list."""
-    parts = []
-    for e in exc.errors():
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        if e.get("type") == "json_invalid":
-            ctx = e.get("ctx") or {}
-            parts.append(f"the request body is not valid JSON ({ctx.get('error', e.get('msg', ''))})")
-        else:
-            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
-    return "bad request: " + "; ".join(parts)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Make every failure of ``app`` answer ``{"error": ..., "retryable": ...}``: a
-    :class:`~trimtab.errors.RequestError` with its status; malformed JSON and failed validation with 400
-    (FastAPI would say 422 in another shape); unknown routes and methods with their 404/405; a follower
-    asked to act for the leader with a 307 to the leader (503 while there is none); anything unexpected
-    with 500, logged with its traceback."""
-
-    @app.exception_handler(NotLeader)
-    async def not_leader(request: Request, exc: NotLeader) -> Response:
-        if exc.leader_url is None:
-            return error_response(exc.status, str(exc), retryable=True)
-        # 307 keeps the method and the body: any controller address works for admin writes.
-        # The query string goes along: it can change what a write does (?dry_run, ?unload_scope).
-        query = f"?{request.url.query}" if request.url.query else ""
-        return RedirectResponse(exc.leader_url + request.url.path + query, status_code=307)
-
-    @app.exception_handler(RequestError)
-    async def request_error(request: Request, exc: RequestError) -> Response:
-        headers = CHALLENGE if isinstance(exc, AuthRefused) and exc.status == 401 else None
-        return error_response(exc.status, str(exc), retryable=exc.retryable, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        try:
-            authorize_early(request)  # a malformed body is parsed before the token is checked
-        except AuthRefused as refused:
-            return await request_error(request, refused)
-        return error_response(400, _validation_message(exc))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        return error_response(exc.status_code, str(exc.detail), retryable=exc.status_code >= 500)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        log.error("http_handler_failed", path=request.url.path, error=repr(exc), exc_info=exc)
-        return error_response(
-            500, f"internal error ({type(exc).__name__}); see the node's log", retryable=True
-        )
-
-    def openapi() -> dict[str, Any]:
-        """The spec as the API really answers: 400 with ErrorBody where FastAPI would document 422."""
-        if app.openapi_schema is None:
-            spec = get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes
-            )
-            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-            schemas.pop("HTTPValidationError", None)
-            schemas.pop("ValidationError", None)
-            schemas["ErrorBody"] = ErrorBody.model_json_schema()
-            bad_request = {
-                "description": "Bad request: malformed JSON, a missing or invalid field",
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
-            }
-            for ops in spec.get("paths", {}).values():
-                for op in ops.values():
-                    responses = op.get("responses", {})
-                    if responses.pop("422", None) is not None:
-                        responses.setdefault("400", bad_request)
-                    _document_auth(op)
-            app.openapi_schema = spec
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _error(description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
-    }
-
-
-def _document_auth(op: dict[str, Any]) -> None:
-    """A protected operation documents its 401 (and, when it needs admin, its 403)."""
-    scopes = {s for req in op.get("security") or [] for s in req.get(SCHEME_NAME, [])}
-    if not scopes:
-        return
-    responses = op.setdefault("responses", {})
-    responses.setdefault("401", _error("No bearer token, or one this node does not know"))
-    if "admin" in scopes:
-        responses.setdefault("403", _error("A read token: this operation needs an admin token"))
 
 
 class _Server(uvicorn.Server):

@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
-import orjson
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.routing import compile_path
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from trimtab.cluster.auth import CHALLENGE, NO_TOKENS, Role, access_of, bearer_token, iter_routes
+from trimtab.cluster.auth import NO_TOKENS, Role, access_of, bearer_token, iter_routes
+from trimtab.cluster.http_errors import send_error
 from trimtab.cluster.logs import RefusalLog
 from trimtab.config.settings import HttpSettings
-from trimtab.errors import AuthRefused
+from trimtab.errors import RequestError, TrimtabError
 
 log = structlog.get_logger("trimtab.http")
 
@@ -409,10 +409,12 @@ def json_too_deep(body: bytes, max_depth: int) -> bool | None:
     return False
 
 
-class _Refused(Exception):
+class _Refused(RequestError):
+    """A request the guard ends before the app sees it; ``reason`` is its refusal label (None: not counted).
+    Retryable when it timed out (408), as any refusal with that status."""
+
     def __init__(self, status: int, reason: str | None, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(status, message)
         self.reason = reason
 
 
@@ -448,14 +450,10 @@ class BoundedApp:
             if rule is not None and rule.need is not None:
                 self._authorize(scope, rule.need, host)
             body = await self._read_body(scope, receive, max_body)
-        except AuthRefused as e:
-            headers = CHALLENGE if e.status == 401 else None
-            await _send_error(send, e.status, str(e), headers=headers, close=True)
-            return
-        except _Refused as e:
-            if e.reason is not None:
+        except RequestError as e:  # a _Refused, or an AuthRefused (the authenticator counted it)
+            if isinstance(e, _Refused) and e.reason is not None:
                 self.refusals(e.reason, client=host, method=scope["method"], path=scope["path"][:200])
-            await _send_error(send, e.status, str(e), close=True)
+            await send_error(send, e, close=True)
             return
         except _Disconnected:
             return  # the client went away mid-request: nothing to answer, not an error
@@ -523,8 +521,8 @@ class BoundedApp:
         return body
 
 
-class _Disconnected(Exception):
-    pass
+class _Disconnected(TrimtabError):
+    """The client went away mid-body: nothing to answer, and not an error of anyone's."""
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -532,17 +530,3 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if k == name:
             return bytes(v).decode("latin-1")
     return None
-
-
-async def _send_error(
-    send: Send, status: int, message: str, *, headers: dict[str, str] | None = None, close: bool
-) -> None:
-    """The one error shape (``{"error", "retryable"}``), sent by the guard itself; ``close`` ends the
-    connection after it, so an unread body is never read."""
-    body = orjson.dumps({"error": message, "retryable": status in (408, 503)})
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    if close:
-        raw.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})

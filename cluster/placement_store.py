@@ -20,11 +20,11 @@ from collections.abc import Callable
 import msgspec
 import structlog
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from trimtab.channel.values import Refused, StrictDecoder
-from trimtab.cluster.zk import ZNODE_MAX_BYTES, ZkPaths
-from trimtab.errors import ZooKeeperError
+from trimtab.cluster.zk import ZNODE_MAX_BYTES, ZkPaths, compare_and_set, versioned_write, zk_call
+from trimtab.errors import ZnodeUnreadable
 
 log = structlog.get_logger("trimtab.placement")
 
@@ -77,10 +77,6 @@ def znode_paths(paths: ZkPaths) -> dict[str, str]:
     }
 
 
-class Conflict(ZooKeeperError):
-    """The znode changed between our read and our write: read again and retry."""
-
-
 class PlacementStore:
     """Blocking reads and versioned writes of the three maps (callers on an event loop use a thread)."""
 
@@ -89,46 +85,40 @@ class PlacementStore:
         self.paths = znode_paths(paths)
 
     def read(self, kind: str) -> tuple[msgspec.Struct, int]:
-        """The map of ``kind`` and its znode version (-1: absent). An unreadable znode raises ZooKeeperError:
-        a writer must not overwrite what it cannot read without an operator deciding to."""
+        """The map of ``kind`` and its znode version (-1: absent). An unreadable znode raises
+        :class:`ZnodeUnreadable`: a writer must not overwrite what it cannot read without an operator
+        deciding to."""
         try:
-            data, stat = self.zk.get(self.paths[kind])
+            data, stat = zk_call(self.zk, self.zk.get, self.paths[kind])
         except NoNodeError:
             return _KINDS[kind](), -1
         doc = _DECODERS[kind].decode(data)
         if isinstance(doc, Refused):
-            raise ZooKeeperError(f"{self.paths[kind]} is unreadable ({doc.reason}: {doc.detail})")
+            raise ZnodeUnreadable(
+                f"{self.paths[kind]} is unreadable ({doc.reason}: {doc.detail}); repair or delete that znode "
+                "with a ZooKeeper client, then retry"
+            )
         return doc, stat.version
 
     def read_all(self) -> PlacementDocs:
         docs = {kind: self.read(kind)[0] for kind in _KINDS}
         return PlacementDocs(**docs)  # type: ignore[arg-type]
 
-    def write(self, kind: str, doc: msgspec.Struct, version: int) -> None:
-        """Write ``doc`` if the znode is still at ``version`` (-1: must not exist); else :class:`Conflict`."""
-        data = _enc.encode(doc)
-        path = self.paths[kind]
-        try:
-            if version < 0:
-                self.zk.create(path, data, makepath=True)
-            else:
-                self.zk.set(path, data, version=version)
-        except (BadVersionError, NodeExistsError, NoNodeError):
-            raise Conflict(f"{path} changed meanwhile") from None
-
     def update(
         self, kind: str, change: Callable[[msgspec.Struct], msgspec.Struct], attempts: int = 5
     ) -> msgspec.Struct:
-        """Read-modify-write with retries on conflict; ``change`` may raise to refuse the change."""
-        for _ in range(attempts):
+        """Read, ``change``, write if the znode is still at the version read: one
+        :func:`~trimtab.cluster.zk.compare_and_set`, so a concurrent change is read again and ``change``
+        applied to it, never lost; :class:`~trimtab.errors.ZkConflict` after ``attempts`` lost races.
+        ``change`` may raise to refuse the change (nothing is written)."""
+
+        def attempt() -> msgspec.Struct:
             doc, version = self.read(kind)
             new = change(doc)
-            try:
-                self.write(kind, new, version)
-            except Conflict:
-                continue
+            versioned_write(self.zk, self.paths[kind], _enc.encode(new), version)
             return new
-        raise Conflict(f"{self.paths[kind]} kept changing; try again")
+
+        return compare_and_set(attempt, what=self.paths[kind], tries=attempts)
 
 
 class PlacementWatch:

@@ -20,23 +20,41 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, cast
 
 import msgspec
 import structlog
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
-from kazoo.retry import KazooRetry
+from kazoo.retry import ForceRetryError, KazooRetry, RetryFailedError
 from kazoo.security import ACL, make_acl, make_digest_acl
 
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.bundles import BundleLayout, BundleRange, equal_boundaries, validate_namespace
 from trimtab.channel.values import Refused, StrictDecoder
-from trimtab.errors import BundleError, NamespaceNotFound, NamespaceUnreadable, ZkAccessDenied, ZkUnavailable
+from trimtab.errors import (
+    BundleError,
+    NamespaceNotFound,
+    NamespaceUnreadable,
+    ZkAccessDenied,
+    ZkConflict,
+    ZkUnavailable,
+    ZooKeeperError,
+)
 
 log = structlog.get_logger("trimtab.zk")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 #: ZooKeeper's default jute.maxbuffer: no znode trimtab reads can be longer.
@@ -55,6 +73,76 @@ def access_denied(path: str, authenticated: bool) -> ZkAccessDenied:
         f"ZooKeeper refused {who} on {path}: its ACL grants another identity. Use the credentials the "
         "cluster's znodes were created with (docs/security.md), or remove the znodes of a cluster that is gone"
     )
+
+
+# ------------------------------------------------------------------ the one boundary with kazoo
+#: How every ZooKeeper command is retried (kazoo's own helper): a connection loss, an operation timeout or
+#: an expired session (the client reconnects with a new one) is tried again after 0.1 s, then 0.2 s, then
+#: given up on -- a few hundred ms, short enough for an HTTP request waiting on it. The sessions' clients
+#: are built with it too. :func:`zk_call` runs a copy per call: an instance counts its attempts, so it
+#: cannot be shared between threads.
+COMMAND_RETRY = KazooRetry(max_tries=3, delay=0.1, max_delay=1.0)
+
+#: kazoo's answers rather than failures: the caller of :func:`zk_call` acts on them (absent, taken, moved
+#: on, not empty), so they pass unchanged.
+ANSWERS: tuple[type[KazooException], ...] = (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError)
+
+
+def zk_failure(e: BaseException, op: str, path: str, *, authenticated: bool) -> ZooKeeperError:
+    """kazoo's failure ``e`` of ``op`` on ``path`` as trimtab's error: refused credentials are
+    :class:`ZkAccessDenied`, naming the znode and the setting (kazoo's ``NoAuthError`` has no message at
+    all); anything else -- no connection, no answer, a session gone, a server error -- is
+    :class:`ZkUnavailable`: the same request may succeed later."""
+    if isinstance(e, NoAuthError):
+        return access_denied(path or f"the znodes of {op}", authenticated)
+    cause = e.__context__ if isinstance(e, RetryFailedError) and e.__context__ is not None else e
+    tried = f" in {COMMAND_RETRY.max_tries} tries" if isinstance(e, RetryFailedError) else ""
+    detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    return ZkUnavailable(f"ZooKeeper did not answer {op} {path}".rstrip() + f"{tried} ({detail})")
+
+
+def zk_call(client: KazooClient, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` -- one of ``client``'s operations on the znode ``args[0]``, or a short
+    idempotent function of a few -- run the one way trimtab's ZooKeeper code runs kazoo: retried through
+    :data:`COMMAND_RETRY`; kazoo's answers (:data:`ANSWERS`) passed to the caller; every other kazoo failure
+    raised as trimtab's (:func:`zk_failure`). Blocking: callers on an event loop use a thread."""
+    path = args[0] if args and isinstance(args[0], str) else ""  # (a function of a few names none)
+    try:
+        return cast(T, COMMAND_RETRY.copy()(fn, *args, **kwargs))
+    except ANSWERS:
+        raise
+    except (KazooException, KazooTimeoutError) as e:
+        op = getattr(fn, "__name__", "a call")
+        raise zk_failure(e, op, path, authenticated=bool(client.auth_data)) from e
+
+
+def versioned_write(client: KazooClient, path: str, data: bytes, version: int) -> None:
+    """Write ``data`` to ``path`` if it is still at ``version`` (-1: if it does not exist yet), through
+    :func:`zk_call`. When another writer got there first -- a newer version, the znode created or deleted
+    meanwhile -- raise kazoo's ``ForceRetryError``: the :func:`compare_and_set` attempt it is part of reads
+    again and decides again."""
+    try:
+        if version < 0:
+            zk_call(client, client.create, path, data, makepath=True)
+        else:
+            zk_call(client, client.set, path, data, version=version)
+    except (BadVersionError, NodeExistsError, NoNodeError):
+        raise ForceRetryError(f"{path} changed meanwhile") from None
+
+
+def compare_and_set(attempt: Callable[[], T], *, what: str, tries: int) -> T:
+    """Run ``attempt`` -- read, decide, one :func:`versioned_write` -- until its write is not beaten by
+    another writer. It stays a loop around a single versioned write that re-reads on every try (a change
+    decided on what was read must be decided again on what is there now), run by kazoo's ``KazooRetry``
+    retrying only ``ForceRetryError``, with a short jittered backoff so that writers racing for one znode
+    spread out. :class:`ZkConflict` naming ``what`` after ``tries`` lost races: nothing was written, and
+    the same request may succeed later."""
+    retry = KazooRetry(max_tries=tries, delay=0.005, backoff=2, max_delay=0.1)
+    retry.retry_exceptions = (ForceRetryError,)
+    try:
+        return cast(T, retry(attempt))
+    except RetryFailedError:
+        raise ZkConflict(f"{what} kept changing ({tries} writes lost to other writers); try again") from None
 
 
 class ZkPaths:
@@ -106,7 +194,7 @@ class ZkSession:
             hosts=hosts,
             timeout=session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0),
-            command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),
+            command_retry=COMMAND_RETRY.copy(),
             default_acl=digest_acls(auth_digest) if auth_digest is not None else None,
             auth_data=[("digest", auth_digest)] if auth_digest is not None else None,
         )
@@ -186,13 +274,19 @@ class ZkSession:
     def confirm(self, timeout_s: float, path: str = "/") -> None:
         """One round trip to the ZooKeeper server on this session (``sync``): when it returns, the server
         heard from the session after this call began, so the session cannot expire before that moment plus
-        the session timeout. Raises :class:`ZkUnavailable` otherwise. Broker leases rest on it."""
+        the session timeout. Raises :class:`ZkUnavailable` otherwise. Broker leases rest on it.
+
+        Not retried (:func:`zk_call`): a confirmation is one round trip within ``timeout_s``, and retrying
+        it would prove nothing more. Its failures are mapped as every other (a ``sync`` needs no
+        permission, so the mapping's answer is always :class:`ZkUnavailable`)."""
         if not self.connected:
             raise ZkUnavailable(f"ZooKeeper session is {self.state}")
         try:
             self.client.sync_async(path).get(timeout=timeout_s)
         except (KazooException, KazooTimeoutError) as e:
-            raise ZkUnavailable(f"ZooKeeper did not confirm the session: {type(e).__name__}: {e}") from e
+            raise zk_failure(
+                e, "sync, confirming the session, on", path, authenticated=self.authenticated
+            ) from e
 
     def stable_for(self) -> float:
         """Seconds connected since the last trouble; infinite if the session never had any (a fresh
@@ -246,7 +340,7 @@ class BrokerRegistry:
         self._listeners.append(fn)
 
     def start(self) -> None:
-        self.zk.ensure_path(self.paths.brokers)
+        zk_call(self.zk, self.zk.ensure_path, self.paths.brokers)
         self.session.add_listener(lambda st: self._wake.set())
         self.zk.ChildrenWatch(self.paths.brokers, self._children_changed)
         self._thread = threading.Thread(target=self._run, name="zk-registry", daemon=True)
@@ -270,27 +364,35 @@ class BrokerRegistry:
     def register(self, info: BrokerInfo, wait_s: float) -> None:
         """Create our ephemeral node. If a node with our id exists from another session (a previous
         incarnation that died within its session timeout), wait up to ``wait_s`` for it to expire;
-        if it is still there, another live agent uses this id and we refuse to start."""
+        if it is still there, another live agent uses this id and we refuse to start.
+
+        The wait is kazoo's ``KazooRetry`` too: an attempt that finds another session's node asks for
+        another try (``ForceRetryError``), every 0.25 s until ``wait_s`` is up."""
         path = self.paths.broker(info.id)
-        deadline = time.monotonic() + wait_s
-        while True:
+        data = _enc.encode(info)
+
+        def attempt() -> None:
             try:
-                self.zk.create(path, _enc.encode(info), ephemeral=True, makepath=True)
-                break
-            except NoAuthError:
-                raise access_denied(path, self.session.authenticated) from None
+                zk_call(self.zk, self.zk.create, path, data, ephemeral=True, makepath=True)
+                return
             except NodeExistsError:
-                stat = self.zk.exists(path)
-                if stat is not None and stat.ephemeralOwner == self.session.session_id:
-                    self.zk.set(path, _enc.encode(info))
-                    break
-                if time.monotonic() > deadline:
-                    raise ZkUnavailable(
-                        f"broker id {info.id} is registered by another live ZooKeeper session; "
-                        "is another agent running with the same broker.id?"
-                    ) from None
-                log.info("waiting_for_previous_registration", broker=info.id, path=path)
-                time.sleep(0.25)
+                pass
+            stat = zk_call(self.zk, self.zk.exists, path)
+            if stat is not None and stat.ephemeralOwner == self.session.session_id:
+                zk_call(self.zk, self.zk.set, path, data)  # ours already (a retried create): up to date
+                return
+            log.info("waiting_for_previous_registration", broker=info.id, path=path)
+            raise ForceRetryError(f"{path} belongs to another session")
+
+        wait = KazooRetry(max_tries=-1, delay=0.25, backoff=1, max_jitter=0.0, deadline=wait_s)
+        wait.retry_exceptions = (ForceRetryError,)
+        try:
+            wait(attempt)
+        except RetryFailedError:
+            raise ZkUnavailable(
+                f"broker id {info.id} is registered by another live ZooKeeper session; "
+                "is another agent running with the same broker.id?"
+            ) from None
         self._mine = info
         self.registrations += 1
         log.info("broker_registered", broker=info.id, path=path)
@@ -299,7 +401,7 @@ class BrokerRegistry:
     def update(self, info: BrokerInfo) -> None:
         self._mine = info
         try:
-            self.zk.set(self.paths.broker(info.id), _enc.encode(info))
+            zk_call(self.zk, self.zk.set, self.paths.broker(info.id), _enc.encode(info))
         except NoNodeError:
             self._wake.set()  # the worker re-creates it
 
@@ -307,8 +409,8 @@ class BrokerRegistry:
         mine, self._mine = self._mine, None
         if mine is None:
             return
-        with contextlib.suppress(NoNodeError, KazooException):
-            self.zk.delete(self.paths.broker(mine.id))
+        with contextlib.suppress(NoNodeError, ZooKeeperError):  # the ephemeral node goes with the session
+            zk_call(self.zk, self.zk.delete, self.paths.broker(mine.id))
         log.info("broker_deregistered", broker=mine.id)
 
     @property
@@ -328,7 +430,7 @@ class BrokerRegistry:
             try:
                 self._ensure_mine()
                 self._refresh()
-            except (KazooException, KazooTimeoutError) as e:
+            except (ZooKeeperError, NoNodeError) as e:  # (the brokers' znode deleted under us)
                 log.warning("registry_refresh_failed", error=repr(e))
                 time.sleep(0.2)
                 self._wake.set()
@@ -338,24 +440,24 @@ class BrokerRegistry:
         if mine is None:
             return
         path = self.paths.broker(mine.id)
-        stat = self.zk.exists(path)
+        stat = zk_call(self.zk, self.zk.exists, path)
         if stat is not None and stat.ephemeralOwner == self.session.session_id:
             return
         if stat is not None:
             return  # a node of a previous session of ours: it expires soon, then the watch wakes us
         try:
-            self.zk.create(path, _enc.encode(mine), ephemeral=True, makepath=True)
+            zk_call(self.zk, self.zk.create, path, _enc.encode(mine), ephemeral=True, makepath=True)
             self.registrations += 1
             log.warning("broker_reregistered", broker=mine.id, reason="registration node was missing")
         except NodeExistsError:
             pass
 
     def _refresh(self) -> None:
-        children = self.zk.get_children(self.paths.brokers)
+        children = zk_call(self.zk, self.zk.get_children, self.paths.brokers)
         fresh: dict[str, BrokerInfo] = {}
         for child in children:
             try:
-                data, _ = self.zk.get(self.paths.broker(child), watch=self._data_changed)
+                data, _ = zk_call(self.zk, self.zk.get, self.paths.broker(child), watch=self._data_changed)
             except NoNodeError:
                 continue
             info = _info_dec.decode(data)
@@ -428,7 +530,7 @@ class NamespaceStore:
     def read(self, namespace: str) -> tuple[NamespacePolicies, int] | None:
         watch = self._watched if self._deleted_listeners else None
         try:
-            data, stat = self.zk.get(self.paths.namespace(namespace), watch=watch)
+            data, stat = zk_call(self.zk, self.zk.get, self.paths.namespace(namespace), watch=watch)
         except NoNodeError:
             return None
         pol = _pol_dec.decode(data)
@@ -442,7 +544,7 @@ class NamespaceStore:
 
     def exists(self, namespace: str) -> bool:
         """Whether ``namespace`` has a znode, readable or not."""
-        return self.zk.exists(self.paths.namespace(namespace)) is not None
+        return zk_call(self.zk, self.zk.exists, self.paths.namespace(namespace)) is not None
 
     def load(self, namespace: str, *, create: bool) -> BundleLayout:
         """The layout of ``namespace``; if it does not exist, created with ``default_bundles`` equal ranges
@@ -467,7 +569,7 @@ class NamespaceStore:
         """Create ``namespace`` with ``bundles`` equal bundles; False if it exists already (then unchanged)."""
         pol = NamespacePolicies(boundaries=[_hex(b) for b in equal_boundaries(bundles)])
         try:
-            self.zk.create(self.paths.namespace(namespace), _enc.encode(pol), makepath=True)
+            zk_call(self.zk, self.zk.create, self.paths.namespace(namespace), _enc.encode(pol), makepath=True)
         except NodeExistsError:
             return False
         log.info("namespace_created", namespace=namespace, bundles=bundles)
@@ -477,7 +579,7 @@ class NamespaceStore:
         """Delete the namespace's znode (whatever its version); False if there was none. Its tenant's znode
         stays: removing it could race a creation of another namespace of the tenant."""
         try:
-            self.zk.delete(self.paths.namespace(namespace))
+            zk_call(self.zk, self.zk.delete, self.paths.namespace(namespace))
         except NoNodeError:
             return False
         log.info("namespace_deleted", namespace=namespace)
@@ -487,12 +589,12 @@ class NamespaceStore:
         """Every namespace that has a znode, sorted (children that are not valid names are skipped)."""
         out: list[str] = []
         try:
-            tenants = self.zk.get_children(self.paths.namespaces)
+            tenants = zk_call(self.zk, self.zk.get_children, self.paths.namespaces)
         except NoNodeError:
             return out
         for t in tenants:
             try:
-                children = self.zk.get_children(f"{self.paths.namespaces}/{t}")
+                children = zk_call(self.zk, self.zk.get_children, f"{self.paths.namespaces}/{t}")
             except NoNodeError:
                 continue
             for n in children:
@@ -503,8 +605,13 @@ class NamespaceStore:
         return sorted(out)
 
     def apply_split(self, namespace: str, parent: BundleRange, children: list[BundleRange]) -> BundleLayout:
-        """Replace ``parent`` by ``children`` with a compare-and-set loop; idempotent."""
-        for _ in range(20):
+        """Replace ``parent`` by ``children`` in the namespace's layout: one :func:`compare_and_set` of its
+        znode (read, check, one versioned write; a concurrent change is read again, never overwritten);
+        idempotent. :class:`NamespaceNotFound` if the namespace was deleted, :class:`ZkConflict` if the
+        layout kept changing."""
+        path = self.paths.namespace(namespace)
+
+        def attempt() -> BundleLayout:
             got = self.read(namespace)
             if got is None:
                 # Deleted by an operator (trimtab admin namespaces delete): never bring it back.
@@ -518,27 +625,25 @@ class NamespaceStore:
                 return layout  # already applied
             new = layout.with_split(parent, children)
             new_pol = msgspec.structs.replace(pol, boundaries=[_hex(b) for b in new.boundaries])
-            try:
-                self.zk.set(self.paths.namespace(namespace), _enc.encode(new_pol), version=version)
-                log.info(
-                    "namespace_split",
-                    namespace=namespace,
-                    parent=parent.name,
-                    children=[c.name for c in children],
-                )
-                return new
-            except BadVersionError:
-                continue
-        raise ZkUnavailable(f"could not update the bundle layout of {namespace}: too much contention")
+            versioned_write(self.zk, path, _enc.encode(new_pol), version)
+            log.info(
+                "namespace_split",
+                namespace=namespace,
+                parent=parent.name,
+                children=[c.name for c in children],
+            )
+            return new
+
+        return compare_and_set(attempt, what=f"the bundle layout of {namespace} ({path})", tries=20)
 
     def all(self) -> dict[str, BundleLayout]:
         out: dict[str, BundleLayout] = {}
         try:
-            tenants = self.zk.get_children(self.paths.namespaces)
+            tenants = zk_call(self.zk, self.zk.get_children, self.paths.namespaces)
         except NoNodeError:
             return out
         for t in tenants:
-            for n in self.zk.get_children(f"{self.paths.namespaces}/{t}"):
+            for n in zk_call(self.zk, self.zk.get_children, f"{self.paths.namespaces}/{t}"):
                 got = self.read(f"{t}/{n}")
                 if got is not None:
                     out[f"{t}/{n}"] = got[0].layout(f"{t}/{n}")

@@ -22,8 +22,9 @@ from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.http import PeerHttp
+from trimtab.cluster.openapi import declares
 from trimtab.cluster.placement_view import LivePlacement
-from trimtab.cluster.zk import BrokerRegistry
+from trimtab.cluster.zk import BrokerRegistry, zk_call
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
@@ -149,10 +150,10 @@ class Admin:
         self.metrics.admin.labels(plan.action, "dry_run").inc()
         return plan
 
-    async def split(self, bundle: str, request: dict[str, Any]) -> tuple[int, Any]:
-        """Forward a split to the owner's agent; returns its status code and JSON body. A dry run
-        (``request["dry_run"]``) is answered by any controller; the agent computes the children and
-        publishes nothing."""
+    async def split(self, bundle: str, request: dict[str, Any]) -> Any:
+        """Forward a split to the owner's agent; returns its JSON answer (202 for a split it started, 200
+        for a dry run), or raises its refusal as it gave it. A dry run (``request["dry_run"]``) is answered
+        by any controller; the agent computes the children and publishes nothing."""
         dry_run = bool(request.get("dry_run"))
         if not dry_run:
             self.leadership.require_leader()
@@ -166,14 +167,13 @@ class Admin:
         if dry_run:
             # An agent that does not know the field would ignore it and split: ask it first.
             await self._require_agent_field(info, "/v1/admin/split", "dry_run", what)
-        status, body = await self._forward(info, "/v1/admin/split", request, "split", what, dry_run)
-        return status, body
+        return await self._forward(info, "/v1/admin/split", request, "split", what, dry_run)
 
-    async def drain(self, broker: str, *, dry_run: bool = False) -> tuple[int, Any]:
+    async def drain(self, broker: str, *, dry_run: bool = False) -> Any:
         """Forward a drain to ``broker``'s agent: it moves every bundle it owns away and stays up,
         registered as draining (nothing new is assigned to it; a restart undoes it). 404 if ``broker`` is
         not live, 409 if it is draining already. A dry run (any controller) returns where the agent would
-        move each bundle now, and moves nothing. Returns the agent's status code and JSON body."""
+        move each bundle now, and moves nothing. Returns the agent's JSON answer, or raises its refusal."""
         if not dry_run:
             self.leadership.require_leader()
         info = self.registry.brokers.get(broker)
@@ -182,17 +182,17 @@ class Admin:
         if info.draining:
             raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
         what = f"{broker}'s agent to drain it"
-        status, body = await self._forward(
-            info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run
-        )
-        if not dry_run and 200 <= status < 300:
+        answer = await self._forward(info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run)
+        if not dry_run:
             self.journal.record("drain", key=broker, broker=broker, reason="admin")
-        return status, body
+        return answer
 
     async def _forward(
         self, info: BrokerInfo, path: str, body: dict[str, Any], op: str, what: str, dry_run: bool
-    ) -> tuple[int, Any]:
-        """POST ``body`` to the agent's ``path``; its status and JSON body, or a retryable 502."""
+    ) -> Any:
+        """POST ``body`` to the agent's ``path``; its JSON answer. A refusal of the agent's is raised as
+        the agent gave it (status, message, ``retryable``), so the operator reads the agent's own reason;
+        an agent that cannot be reached, or refuses this controller's credentials, is a 502."""
         try:
             async with self.peers.client(self.forward_timeout_s) as client:
                 r = await client.post(f"{info.http_url}{path}", json=body)
@@ -214,18 +214,24 @@ class Admin:
             raise RequestError(
                 502, f"{info.id}'s agent answered {r.status_code} with no JSON body ({what})", retryable=True
             ) from None
-        return r.status_code, answer
+        if r.is_success:
+            return answer
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if not isinstance(error, str):  # not trimtab's error shape: say what came back
+            error = f"{info.id}'s agent answered {r.status_code}: {str(answer)[:200]} ({what})"
+        retryable = answer.get("retryable") if isinstance(answer, dict) else None
+        raise RequestError(r.status_code, error, retryable=retryable if isinstance(retryable, bool) else None)
 
     async def _require_agent_field(self, info: BrokerInfo, path: str, field: str, what: str) -> None:
-        """Refuse (409, nothing sent) unless the agent's API declares ``field`` in ``path``'s request
-        body: an older agent would ignore the field (a dry run would be done for real)."""
+        """Refuse (409, nothing sent) unless the agent's API declares ``field`` for ``POST path``: an older
+        agent would ignore the field (a dry run would be done for real)."""
         try:
             async with self.peers.client(self.forward_timeout_s) as client:
                 r = await client.get(f"{info.http_url}/openapi.json")
             spec = r.json() if r.is_success else {}
         except (httpx.HTTPError, ValueError) as e:
             raise RequestError(502, f"could not read the API of {what}: {e}", retryable=True) from None
-        if field not in _body_fields(spec, path):
+        if not declares(spec, "POST", path, field):
             raise RequestError(
                 409,
                 f"{info.id}'s agent does not support {field} on {path} (an older version?); nothing was sent",
@@ -238,20 +244,9 @@ class Admin:
             paused_by=by if paused else None,
             paused_at=int(self.clock() * 1000) if paused else None,
         )
-        await asyncio.to_thread(self.switch_store.write, sw)
+        # Through the ZooKeeper boundary (retried, kazoo's failures mapped): the write is idempotent.
+        await asyncio.to_thread(zk_call, self.switch_store.zk, self.switch_store.write, sw)
         self.shedding.switches = sw
         self.metrics.admin.labels("shedding", "ok").inc()
         self.journal.record("shedding_paused" if paused else "shedding_resumed", key="shedding", by=by)
         return sw
-
-
-def _body_fields(spec: Any, path: str) -> set[str]:
-    """The top-level fields of the JSON request body of ``POST path`` in an OpenAPI ``spec``."""
-    try:
-        schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-        ref = schema.get("$ref", "")
-        if ref.startswith("#/components/schemas/"):
-            schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
-        return set(schema.get("properties") or {})
-    except (KeyError, TypeError, AttributeError):
-        return set()

@@ -5,7 +5,8 @@ address works for operators and scripts; their dry runs (``"dry_run": true``) ar
 controller gets them, from its own replica.
 
 Who may call what (docs/security.md): the views need a read token, the writes (and their dry runs) an admin
-token, the probes are public; each router declares it.
+token, the probes are public; each router declares it. Routes raise their refusals (split and drain raise
+the agent's own, as it gave it); the app's one error handler (:mod:`trimtab.cluster.http_errors`) answers.
 """
 
 from __future__ import annotations
@@ -14,23 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from fastapi import APIRouter, FastAPI, Query
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, FastAPI, Query, Response
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 
 from trimtab.balance.load import BrokerLoadData
-from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.cluster.auth import ADMIN, READ, Authenticator, secure_app
-from trimtab.cluster.http import (
-    ErrorBody,
-    add_probes,
-    brokers_view,
-    error_response,
-    install_error_handlers,
-    ownership_view,
-)
+from trimtab.cluster.http import add_probes, brokers_view, ownership_view
+from trimtab.cluster.http_errors import ErrorBody, install_error_handlers, require_bundle
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.zk import BrokerRegistry
@@ -42,7 +35,6 @@ from trimtab.controller.namespace_api import add_namespace_routes
 from trimtab.controller.placement_admin import PlacementAdmin
 from trimtab.controller.placement_api import add_placement_routes
 from trimtab.controller.status import StatusReport
-from trimtab.errors import BundleError
 
 
 @dataclass(frozen=True)
@@ -149,14 +141,6 @@ def create_app(ctl: ControllerApi, *, auth: Authenticator | None = None) -> Fast
     return app
 
 
-def _check_bundle(bundle: str) -> JSONResponse | None:
-    try:
-        parse_bundle(bundle)
-    except BundleError as e:
-        return error_response(400, str(e))
-    return None
-
-
 def _views(app: FastAPI, ctl: ControllerApi) -> None:
     """Read-only views (a read token): any controller answers them from its own (warm) replica."""
     router = APIRouter(dependencies=[READ])
@@ -192,8 +176,7 @@ def _views(app: FastAPI, ctl: ControllerApi) -> None:
 
     @router.get("/v1/bundles", summary="One bundle's channel state")
     async def bundle(bundle: str = Query(...)) -> Any:
-        if (bad := _check_bundle(bundle)) is not None:
-            return bad
+        require_bundle(bundle)
         rec = ctl.channel.table.get(bundle)
         return {"bundle": bundle, "record": rec.to_json() if rec else None}
 
@@ -218,8 +201,8 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         responses=moves,
         summary="Move a bundle to a broker (202: the Releasing record is published; 200: a dry run)",
     )
-    async def transfer(req: TransferRequest) -> Any:
-        return await _move(ctl, req.bundle, req.broker, req.dry_run)
+    async def transfer(req: TransferRequest, response: Response) -> Any:
+        return await _move(ctl, response, req.bundle, req.broker, req.dry_run)
 
     @router.post(
         "/v1/admin/unload",
@@ -227,8 +210,8 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         responses=moves,
         summary="Unload a bundle; the next lookup assigns it (202: published; 200: a dry run)",
     )
-    async def unload(req: UnloadRequest) -> Any:
-        return await _move(ctl, req.bundle, None, req.dry_run)
+    async def unload(req: UnloadRequest, response: Response) -> Any:
+        return await _move(ctl, response, req.bundle, None, req.dry_run)
 
     @router.post(
         "/v1/admin/split",
@@ -236,11 +219,11 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         responses={200: {"description": "A dry run: the children the owner's agent would make"}},
         summary="Split a bundle (forwarded to its owner's agent)",
     )
-    async def split(req: SplitRequest) -> Any:
-        if (bad := _check_bundle(req.bundle)) is not None:
-            return bad
-        status, body = await ctl.admin.split(req.bundle, req.model_dump())
-        return JSONResponse(body, status_code=status)
+    async def split(req: SplitRequest, response: Response) -> Any:
+        require_bundle(req.bundle)
+        if req.dry_run:
+            response.status_code = 200
+        return await ctl.admin.split(req.bundle, req.model_dump())
 
     @router.post(
         "/v1/admin/drain",
@@ -258,9 +241,10 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         "if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry run "
         "is forwarded by any controller.",
     )
-    async def drain(req: DrainRequest) -> Any:
-        status, body = await ctl.admin.drain(req.broker, dry_run=req.dry_run)
-        return JSONResponse(body, status_code=status)
+    async def drain(req: DrainRequest, response: Response) -> Any:
+        if req.dry_run:
+            response.status_code = 200
+        return await ctl.admin.drain(req.broker, dry_run=req.dry_run)
 
     @router.post("/v1/admin/shedding", summary="Pause or resume shedding (persisted; survives failover)")
     async def shedding(req: SheddingRequest) -> Any:
@@ -269,12 +253,11 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
     app.include_router(router)
 
 
-async def _move(ctl: ControllerApi, bundle: str, dst: str | None, dry_run: bool) -> Any:
-    if (bad := _check_bundle(bundle)) is not None:
-        return bad
+async def _move(ctl: ControllerApi, response: Response, bundle: str, dst: str | None, dry_run: bool) -> Any:
+    require_bundle(bundle)
     if dry_run:
         plan = ctl.admin.dry_run_move(bundle, dst)
-        out = MoveDryRun(bundle=bundle, dry_run=True, would=MoveRecord(**plan.would()), why=plan.why)
-        return JSONResponse(out.model_dump(), status_code=200)
+        response.status_code = 200
+        return MoveDryRun(bundle=bundle, dry_run=True, would=MoveRecord(**plan.would()), why=plan.why)
     rec = await ctl.admin.move(bundle, dst)
     return {"bundle": bundle, "record": rec.to_json()}

@@ -3,8 +3,9 @@
 A namespace is a znode under ``admin/namespaces`` holding its bundle layout. Lookups create one only where
 ``namespace.auto_create`` allows (nothing by default, as in Pulsar); otherwise an operator creates it here.
 Listing reads ZooKeeper (any controller); creating and deleting are the leader's (a follower answers 307).
-Each refusal is a :class:`RequestError` saying why, each change a decision in the journal, each call
-counted in ``trimtab_admin_requests_total{op="namespace_create"|"namespace_delete"}``.
+Each refusal is a :class:`RequestError` saying why (or the store's ZooKeeper error, which the error
+handler answers), each change a decision in the journal, each call counted in
+``trimtab_admin_requests_total{op="namespace_create"|"namespace_delete"}``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
 
 from trimtab.balance.namespaces import bundles_of, check_part, owned_per_namespace
 from trimtab.channel.bundles import BundleLayout
@@ -26,9 +23,8 @@ from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.writes import ChannelWrites
-from trimtab.errors import BundleError, NamespaceNotFound, RequestError, ZkUnavailable, ZooKeeperError
+from trimtab.errors import BundleError, NamespaceNotFound, RequestError, TrimtabError, ZooKeeperError
 
-T = TypeVar("T")
 _JOURNAL_BUNDLES = 100  # bundles listed in one journal entry (the counts are always exact)
 
 
@@ -91,20 +87,8 @@ class NamespaceAdmin:
         self.max_bundles = max_bundles
         self.clock = clock
 
-    # ------------------------------------------------------------------ ZooKeeper, off the event loop
-    @staticmethod
-    async def _zk(fn: Callable[[], T]) -> T:
-        """Run one blocking store call in a thread; turn what ZooKeeper says into an HTTP refusal."""
-        try:
-            return await asyncio.to_thread(fn)
-        except ZkUnavailable as e:
-            raise RequestError(503, f"ZooKeeper is unavailable: {e}", retryable=True) from None
-        except ZooKeeperError as e:  # a znode that does not decode: an operator has to look at it
-            raise RequestError(500, f"{e}; it was left as it is") from None
-        except (KazooException, KazooTimeoutError) as e:
-            raise RequestError(
-                503, f"ZooKeeper is unavailable ({type(e).__name__}): try again", retryable=True
-            ) from None
+    # ZooKeeper is called off the event loop (asyncio.to_thread); the store raises trimtab's ZooKeeper errors
+    # (cluster.zk's boundary), which every API answers the same way (cluster.http_errors.refusal_of).
 
     @staticmethod
     def _name(tenant: str, namespace: str) -> str:
@@ -133,7 +117,7 @@ class NamespaceAdmin:
                     out.append((ns, len(got[0].boundaries) - 1))
             return out
 
-        names = await self._zk(read_all)
+        names = await asyncio.to_thread(read_all)
         owned = owned_per_namespace(self.table.items())
         return [NamespaceInfo(ns, n, owned.get(ns, 0)) for ns, n in names]
 
@@ -157,12 +141,12 @@ class NamespaceAdmin:
                     f"not {bundles}",
                 )
             if dry_run:
-                created = not await self._zk(lambda: self.store.exists(ns))
+                created = not await asyncio.to_thread(self.store.exists, ns)
             else:
-                created = await self._zk(lambda: self.store.create(ns, n))
+                created = await asyncio.to_thread(self.store.create, ns, n)
             if not created:
                 raise RequestError(409, f"namespace {ns} exists already")
-        except RequestError:
+        except TrimtabError:  # a refusal, or ZooKeeper's (answered by the error handler)
             self._count("namespace_create", "refused")
             raise
         names = BundleLayout.default(ns, n).bundles
@@ -204,14 +188,14 @@ class NamespaceAdmin:
                 self.leadership.require_leader()
             ns = self._name(tenant, namespace)
             # exists, not read: a znode that does not decode can be deleted too (and should be).
-            existed = await self._zk(lambda: self.store.exists(ns))
+            existed = await asyncio.to_thread(self.store.exists, ns)
             if not existed and not bundles_of(self.table.items(), ns).live:
                 raise NamespaceNotFound(
                     ns, f"namespace {ns} does not exist (and the channel gives none of its bundles a broker)"
                 )
             if not dry_run and existed:
-                await self._zk(lambda: self.store.delete(ns))  # step 1
-        except RequestError:
+                await asyncio.to_thread(self.store.delete, ns)  # step 1
+        except TrimtabError:  # a refusal, or ZooKeeper's (answered by the error handler)
             self._count("namespace_delete", "refused")
             raise
         found = bundles_of(self.table.items(), ns)  # after step 1: whatever a lookup assigned before it

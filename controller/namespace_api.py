@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from trimtab.balance.namespaces import PART_MAX
 from trimtab.cluster.auth import ADMIN, READ
-from trimtab.cluster.http import ErrorBody
+from trimtab.cluster.http_errors import ErrorBody
 from trimtab.controller.namespace_admin import NamespaceAdmin, NamespaceDeleted
 
 _PART_RULE = f"1-{PART_MAX} of letters, digits, '_', '.', '=', ':', '-', starting with a letter or a digit"

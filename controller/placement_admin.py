@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar, cast, get_args
 
 import msgspec
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
 
 from trimtab.balance.placement import IsolationPolicy, PlacementConfigError, group_key, namespace_of
 from trimtab.channel.bundles import validate_namespace
@@ -31,7 +29,6 @@ from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.placement_store import (
     AntiAffinityGroups,
-    Conflict,
     FailureDomain,
     FailureDomains,
     IsolationPolicies,
@@ -43,7 +40,7 @@ from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.writes import ChannelWrites
-from trimtab.errors import BundleError, RequestError, ZkUnavailable, ZooKeeperError
+from trimtab.errors import BundleError, RequestError, TrimtabError
 
 UnloadScope = Literal["changed", "all_matching", "none"]
 UNLOAD_SCOPES: tuple[str, ...] = get_args(UnloadScope)
@@ -57,7 +54,6 @@ RESERVED_POLICY_NAMES = frozenset({"brokers"})
 _JOURNAL_BUNDLES = 100  # bundles listed in one journal entry (the count is always exact)
 
 S = TypeVar("S", bound=msgspec.Struct)
-T = TypeVar("T")
 
 
 def check_name(what: str, name: str) -> str:
@@ -179,7 +175,8 @@ class PolicyChange:
 
 
 class PlacementAdmin:
-    """The placement policies' admin operations; each refusal is a :class:`RequestError` saying why."""
+    """The placement policies' admin operations; each refusal is a :class:`RequestError` saying why, or a
+    :class:`~trimtab.errors.ZooKeeperError` from the store (the error handler gives it its status)."""
 
     def __init__(
         self,
@@ -203,31 +200,15 @@ class PlacementAdmin:
         self.clock = clock
 
     # ------------------------------------------------------------------ ZooKeeper, off the event loop
-    async def _zk(self, fn: Callable[[], T]) -> T:
-        """Run one blocking store call in a thread; turn what ZooKeeper says into an HTTP refusal."""
-        try:
-            return await asyncio.to_thread(fn)
-        except Conflict as e:
-            raise RequestError(503, f"{e}; try again", retryable=True) from None
-        except ZkUnavailable as e:
-            raise RequestError(503, f"ZooKeeper is unavailable: {e}", retryable=True) from None
-        except ZooKeeperError as e:
-            # The store refuses to overwrite what it cannot read: an operator has to look at it.
-            raise RequestError(
-                500,
-                f"{e}; it was left as it is: repair or delete that znode with a ZooKeeper client, then retry",
-            ) from None
-        except (KazooException, KazooTimeoutError) as e:
-            raise RequestError(
-                503, f"ZooKeeper is unavailable ({type(e).__name__}): try again", retryable=True
-            ) from None
-
+    # The store raises trimtab's ZooKeeper errors (cluster.zk's boundary), which every API answers the same
+    # way (cluster.http_errors.refusal_of): unavailable or contended, a retryable 503; a znode it cannot
+    # decode, a 500 naming it -- the store never overwrites what it cannot read.
     async def _read(self, kind: str, t: type[S]) -> S:
-        doc, _ = await self._zk(lambda: self.store.read(kind))
+        doc, _ = await asyncio.to_thread(self.store.read, kind)
         return cast(S, doc)
 
     async def _update(self, kind: str, t: type[S], change: Callable[[S], S]) -> S:
-        new = await self._zk(lambda: self.store.update(kind, lambda d: change(cast(S, d))))
+        new = await asyncio.to_thread(self.store.update, kind, lambda d: change(cast(S, d)))
         return cast(S, new)
 
     def _count(self, op: str, result: str) -> None:
@@ -266,7 +247,7 @@ class PlacementAdmin:
                 return FailureDomains(domains=dict(sorted({**doc.domains, name: dom}.items())))
 
             await self._update("domains", FailureDomains, change)
-        except RequestError:
+        except TrimtabError:  # a refusal, or ZooKeeper's (answered by the error handler)
             self._count("failure_domain", "refused")
             raise
         self._count("failure_domain", "ok")
@@ -286,7 +267,7 @@ class PlacementAdmin:
                 return FailureDomains(domains={k: v for k, v in doc.domains.items() if k != name})
 
             await self._update("domains", FailureDomains, change)
-        except RequestError:
+        except TrimtabError:  # a refusal, or ZooKeeper's (answered by the error handler)
             self._count("failure_domain", "refused")
             raise
         self._count("failure_domain", "ok")
@@ -315,7 +296,7 @@ class PlacementAdmin:
                 return AntiAffinityGroups(groups=dict(sorted(groups.items())))
 
             await self._update("groups", AntiAffinityGroups, change)
-        except RequestError:
+        except TrimtabError:  # a refusal, or ZooKeeper's (answered by the error handler)
             self._count("anti_affinity", "refused")
             raise
         self._count("anti_affinity", "ok")
@@ -340,7 +321,7 @@ class PlacementAdmin:
                 return AntiAffinityGroups(groups={k: v for k, v in doc.groups.items() if k != ns})
 
             await self._update("groups", AntiAffinityGroups, change)
-        except RequestError:
+        except TrimtabError:  # a refusal, or ZooKeeper's (answered by the error handler)
             self._count("anti_affinity", "refused")
             raise
         self._count("anti_affinity", "ok")
@@ -410,7 +391,7 @@ class PlacementAdmin:
                 change(await self._read("isolation", IsolationPolicies))
             else:
                 await self._update("isolation", IsolationPolicies, change)
-        except RequestError:
+        except TrimtabError:  # a refusal, or ZooKeeper's (answered by the error handler)
             self._count("isolation_policy", "refused")
             raise
 

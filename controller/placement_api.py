@@ -17,7 +17,7 @@ from fastapi import APIRouter, FastAPI, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from trimtab.cluster.auth import ADMIN, READ
-from trimtab.cluster.http import ErrorBody
+from trimtab.cluster.http_errors import ErrorBody
 from trimtab.cluster.placement_store import IsolationPolicyDoc
 from trimtab.controller.placement_admin import (
     NAME_MAX,

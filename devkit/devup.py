@@ -34,8 +34,9 @@ from trimtab.agent.adapters.simulated import LoadModel
 from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.transport import Follower, Message
 from trimtab.cluster.wiring import kafka_client_config
+from trimtab.config.merge import deep_merge
 from trimtab.config.settings import SimulationSettings
-from trimtab.devkit.localcluster import FAST_TIMERS, ClusterError, LocalCluster, _merge
+from trimtab.devkit.localcluster import FAST_TIMERS, ClusterError, LocalCluster
 from trimtab.devkit.prometheus import INSTALL_HINT, PrometheusOptions, PrometheusServer, find_prometheus
 from trimtab.errors import DevKitError
 
@@ -261,7 +262,7 @@ def dev_up(
     configure_logging("warning", json_logs=False, role="dev")
     ns = [f"public/ns-{i}" for i in range(namespaces)]
     hot_ns = ns[:hot]
-    cfg = _merge(_skewed_load_settings(hot_ns, hot_scale, fast), settings)
+    cfg = deep_merge(_skewed_load_settings(hot_ns, hot_scale, fast), settings)
     if prometheus is None:
         prometheus = find_prometheus() is not None
     elif prometheus and find_prometheus() is None:
@@ -320,7 +321,7 @@ def _skewed_load_settings(hot_ns: list[str], hot_scale: float, fast: bool) -> di
     """The dev kit's own settings (under the caller's): a load that keeps the average broker near half
     capacity, with the hot namespaces well above it; the fast timers with ``fast``."""
     base: dict[str, Any] = FAST_TIMERS if fast else {}
-    return _merge(
+    return deep_merge(
         base,
         {
             "sim": {"msg_rate_per_topic": 60.0, "namespace_scale": dict.fromkeys(hot_ns, hot_scale)},

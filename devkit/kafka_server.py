@@ -1168,7 +1168,7 @@ class KafkaCluster:
         )
 
 
-class _BindFailed(Exception):
+class _BindFailed(DevKitError):
     """A node could not bind one of its ports (someone took it after we chose it)."""
 
 

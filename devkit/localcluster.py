@@ -37,6 +37,7 @@ import orjson
 
 from trimtab.cluster.wiring import ensure_topics
 from trimtab.config.loader import load_settings
+from trimtab.config.merge import deep_merge
 from trimtab.devkit.kafka_server import KafkaCluster, Security
 from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptions, PrometheusServer, Target
@@ -84,13 +85,6 @@ class Node:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-
-def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def _toml(d: Mapping[str, Any], prefix: str = "") -> str:
@@ -239,7 +233,7 @@ class LocalCluster:
         if self.kafka.security == "sasl_ssl":
             props = self.kafka.write_client_properties(self.security_dir / "kafka-admin.properties")
             base["kafka"]["client_config_file"] = str(props)
-        cfg = _merge(base, self.settings)
+        cfg = deep_merge(base, self.settings)
         self.config_path.write_text(_toml(cfg))
 
     @property

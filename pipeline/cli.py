@@ -14,15 +14,14 @@ The what-if sweep ``pipeline tune`` (issue 12, point 5) plugs in here: a command
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from trimtab.cli_common import config_option, set_option, settings_from, write_atomically
 from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -61,27 +60,13 @@ def spark_options(fn: F) -> F:
                 metavar="KEY=VALUE",
                 help="A Spark setting, passed through (repeatable), e.g. --conf spark.executor.memory=4g.",
             ),
-            click.option(
-                "--config", "config_file", default=None, help="trimtab TOML config ($TRIMTAB_CONFIG)."
-            ),
-            click.option(
-                "--set", "sets", multiple=True, metavar="SECTION.FIELD=VALUE", help="Override a setting."
-            ),
+            config_option,
+            set_option,
             click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
         ]
     ):
         fn = opt(fn)
     return fn
-
-
-def load(config_file: str | None, sets: tuple[str, ...], **flags: Any) -> Settings:
-    from trimtab.config.loader import load_with_flags
-
-    try:
-        return load_with_flags(config_file, list(sets), flags)
-    except ConfigError as e:
-        click.echo(str(e), err=True)
-        sys.exit(2)
 
 
 def client_config(s: Settings) -> dict[str, str]:
@@ -138,19 +123,6 @@ def _emit(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or Path("."))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @click.group()
 def pipeline() -> None:
     """Spark jobs over the cluster's topics (docs/pipeline.md): a Parquet history, channel compaction at
@@ -205,7 +177,7 @@ def ingest_cmd(
     """Append what the topics hold beyond the last run to a Parquet history partitioned by date. Exactly
     once: the offsets read are committed with the data, so a rerun adds only new records and a crash
     mid-run neither loses nor duplicates rows. Prints the run's summary as JSON."""
-    s = load(config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers})
+    s = settings_from(config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers})
     k = s.kafka
     names = {
         "channel": k.channel_topic,
@@ -315,7 +287,7 @@ def compact_cmd(
         )
     if partitions is not None and input_file is None:
         raise click.UsageError("--partitions is for --input (the live channel's partition count is known)")
-    s = load(
+    s = settings_from(
         config_file, sets, **{"kafka.bootstrap_servers": bootstrap_servers, "kafka.channel_topic": topic}
     )
     cfg = client_config(s) if input_file is None else {}
@@ -372,7 +344,8 @@ def compact_cmd(
     from trimtab.channel.replayfile import report_json
 
     if output is not None:
-        _write_atomically(Path(output), report_json(result))
+        data = report_json(result)
+        write_atomically(Path(output), lambda f: f.write(data))
     if publish and output is None:
         _emit({"published": published})  # the table went to the snapshot topic; say which snapshot
     elif output is None:
@@ -415,7 +388,7 @@ def report_cmd(
     """An HTML report with plots from the history: load per broker over time, load std against the target,
     moves per hour by reason, healing timelines, hottest bundles, assignment latency; the aggregates behind
     them as Parquet. Prints the headline figures as JSON."""
-    s = load(config_file, sets)
+    s = settings_from(config_file, sets)
     target = target_std if target_std is not None else s.shedding.target_std
 
     def body(spark: SparkSession, progress: Progress) -> dict[str, Any]:
@@ -503,7 +476,7 @@ def tune_cmd(
     simulation, pipeline/tune.py); print the ranking and a recommended config snippet as JSON."""
     from trimtab.pipeline.sweep import DEFAULT_GRID, expand, read_grid
 
-    s = load(config_file, sets)
+    s = settings_from(config_file, sets)
     try:
         grid = read_grid(grid_file) if grid_file else DEFAULT_GRID
         configs = expand(grid)

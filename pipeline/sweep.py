@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trimtab.config.merge import deep_merge
 from trimtab.errors import ConfigError
 
 #: The default sweep: shedding cadence and aggressiveness, and the split threshold. 2^5 = 32 simulations.
@@ -59,13 +60,6 @@ def read_grid(path: Path) -> dict[str, list[Any]]:
     return grid
 
 
-def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
-    return out
-
-
 def simulate_point(item: tuple[int, dict[str, Any], dict[str, Any], str]) -> dict[str, Any]:
     """One Spark task: the scenario with one grid point's settings (module-level: pickled to workers)."""
     from trimtab.sim.run import simulate
@@ -73,7 +67,7 @@ def simulate_point(item: tuple[int, dict[str, Any], dict[str, Any], str]) -> dic
 
     index, scenario_doc, overrides, policy = item
     doc = dict(scenario_doc)
-    doc["config"] = _merge(doc.get("config") or {}, overrides)
+    doc["config"] = deep_merge(doc.get("config") or {}, overrides)
     doc["policies"] = [policy]
     try:
         sc = parse_scenario(doc, f"grid point {index}")

@@ -22,6 +22,8 @@ from urllib.parse import quote
 
 import click
 
+from trimtab.errors import TrimtabError
+
 if TYPE_CHECKING:
     import ssl
 
@@ -55,8 +57,9 @@ _TIME_KEYS = frozenset(
 )
 
 
-class AdminError(click.ClickException):
-    """A failed admin call: printed as ``Error: <message>`` on stderr, exiting with ``exit_code``."""
+class AdminError(TrimtabError, click.ClickException):
+    """A failed admin call: printed as ``Error: <message>`` on stderr, exiting with ``exit_code`` (click
+    does both, being a ``ClickException``; a ``TrimtabError`` like every error trimtab raises)."""
 
     exit_code = Exit.UNEXPECTED
 
@@ -220,13 +223,14 @@ class AdminClient:
     def require_dry_run(self, method: str, template: str) -> None:
         """Refuse (exit 1, nothing sent) unless the controller's API declares ``dry_run`` for this
         operation: a server that does not know the field would ignore it and *do* the change."""
-        spec = self.call("GET", "/openapi.json")
-        op = _operation(spec, method, template)
-        if op is None:
+        from trimtab.cluster.openapi import declares
+
+        found = declares(self.call("GET", "/openapi.json"), method, template, "dry_run")
+        if found is None:
             raise Refused(
                 f"the controller at {self.url} has no {method} {template} (an older version?); nothing was sent"
             )
-        if not _declares_dry_run(spec, op):
+        if not found:
             raise Refused(
                 f"the controller at {self.url} does not support --dry-run for {method} {template} (its API "
                 f"has no dry_run field; it would ignore it and make the change); nothing was sent"
@@ -332,42 +336,6 @@ def _snippet(r: httpx.Response, limit: int = 200) -> str:
     if len(text) > limit:
         text = text[:limit] + "..."
     return f"{ctype}: {_printable(text)}" if text else f"{ctype}, empty body"
-
-
-def _operation(spec: Any, method: str, template: str) -> dict[str, Any] | None:
-    """The OpenAPI operation of ``method template``, matching path parameters whatever their names."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("paths"), dict):
-        return None
-    want = re.sub(r"\{[^}]*\}", "{}", template)
-    for path, ops in spec["paths"].items():
-        if re.sub(r"\{[^}]*\}", "{}", str(path)) == want and isinstance(ops, dict):
-            op = ops.get(method.lower())
-            return op if isinstance(op, dict) else None
-    return None
-
-
-def _declares_dry_run(spec: dict[str, Any], op: dict[str, Any]) -> bool:
-    if any(isinstance(p, dict) and p.get("name") == "dry_run" for p in op.get("parameters") or []):
-        return True
-    content = (op.get("requestBody") or {}).get("content") or {}
-    schema = (content.get("application/json") or {}).get("schema") or {}
-    return "dry_run" in _properties(spec, schema, depth=0)
-
-
-def _properties(spec: dict[str, Any], schema: Any, depth: int) -> set[str]:
-    if not isinstance(schema, dict) or depth > 8:
-        return set()
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/"):
-        node: Any = spec
-        for part in ref[2:].split("/"):
-            node = node.get(part) if isinstance(node, dict) else None
-        return _properties(spec, node, depth + 1)
-    out = set(schema.get("properties") or {})
-    for key in ("allOf", "anyOf", "oneOf"):
-        for sub in schema.get(key) or []:
-            out |= _properties(spec, sub, depth + 1)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- rendering

@@ -18,7 +18,7 @@ import click
 import orjson
 
 from trimtab.admin_cli import admin
-from trimtab.config.loader import load_with_flags, parse_assignments
+from trimtab.cli_common import config_option, set_option, settings_from, settings_layers, write_atomically
 from trimtab.config.settings import Settings
 from trimtab.errors import ConfigError, TransportError
 from trimtab.pipeline.cli import pipeline
@@ -32,27 +32,6 @@ if TYPE_CHECKING:
 def _emit_json(obj: Any) -> None:
     sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
     sys.stdout.flush()
-
-
-def settings_from(config: str | None, sets: tuple[str, ...], **flags: Any) -> Settings:
-    """Effective settings for a command; ``flags`` maps dotted paths to values (None = not given)."""
-    try:
-        return load_with_flags(config, list(sets), flags)
-    except ConfigError as e:
-        click.echo(str(e), err=True)
-        sys.exit(2)
-
-
-config_option = click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="TOML config file ($TRIMTAB_CONFIG).",
-)
-set_option = click.option(
-    "--set", "sets", multiple=True, metavar="SECTION.FIELD=VALUE", help="Override one setting (repeatable)."
-)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -392,9 +371,6 @@ def _export_channel(transport: Transport, topic: str, export_to: str, timeout: f
     """Write every message of ``topic`` from the low to the high watermarks seen at the start, raw bytes
     and all, in per-partition order. A file is written beside its destination and renamed into place only
     when complete, so a failed export never leaves a truncated file that looks like a whole channel."""
-    import os
-    import tempfile
-
     from trimtab.channel.replayfile import export_lines
     from trimtab.channel.snapshot import read_all
 
@@ -418,16 +394,7 @@ def _export_channel(transport: Transport, topic: str, export_to: str, timeout: f
         if export_to == "-":
             partitions = write(sys.stdout.buffer)
         else:
-            dest = Path(export_to)
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    partitions = write(out)
-                    os.fsync(out.fileno())
-                os.replace(tmp, dest)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            partitions = write_atomically(Path(export_to), write)
     except Exception as e:  # the cluster, the file system: an operator error, told plainly
         raise click.ClickException(f"export of {topic} failed: {type(e).__name__}: {e}") from None
     total = sum(counts.values())
@@ -528,16 +495,7 @@ def dev_up(
 
     if brokers < 1 or controllers < 0:
         raise click.BadParameter("need at least one broker")
-    overrides: dict[str, Any] = {}
-    if config_file:
-        import tomllib
-
-        overrides = tomllib.loads(Path(config_file).read_text())
-    try:
-        for k, v in parse_assignments(list(sets)).items():
-            overrides[k] = {**overrides.get(k, {}), **v} if isinstance(v, dict) else v
-    except ConfigError as e:
-        raise click.BadParameter(str(e)) from None
+    overrides = settings_layers(config_file, sets)  # deep-merged: --set a.b.c keeps a.b's other keys
     if workdir.exists():
         shutil.rmtree(workdir)
     summary = run(

@@ -1,36 +1,78 @@
 """Every error trimtab raises on purpose, under one root.
 
 ``except TrimtabError`` catches what trimtab means to raise and nothing it does not (a bug still
-surfaces as itself). Errors that reach an HTTP client are :class:`RequestError`\\ s: they carry the status
-and whether retrying can help, and every API turns them -- and malformed JSON, failed validation, unknown
-routes and unexpected failures -- into the same body, ``{"error": "...", "retryable": ...}``
-(``trimtab.cluster.http.install_error_handlers``).
+surfaces as itself). Every exception class defined anywhere in trimtab is one (tests/unit/test_error_tree.py
+checks it, and that the tree below is exactly the classes' hierarchy: a class added without being drawn
+here fails that test). The one exception is ``pipeline.ingest.SimulatedCrash``, a test's stand-in for
+``kill -9``: a ``BaseException`` on purpose, so that no ``except Exception`` cleans up after it.
 
-The tree::
+How errors reach the outside, each in one place:
+
+* **HTTP.** Routes *raise*; one handler per app (``trimtab.cluster.http_errors.install_error_handlers``)
+  renders every failure as ``{"error": "...", "retryable": ...}`` with its status. A
+  :class:`RequestError` carries its status, whether retrying can help, and any header the refusal needs
+  (a ``Bearer`` challenge, ``Retry-After``); the other trimtab errors that may reach a route are given
+  theirs by ``http_errors.refusal_of`` (ZooKeeper unavailable or contended: 503, retryable; a znode left
+  unreadable or refused to this node: 500); malformed JSON, failed validation and unknown routes get
+  400/404/405; anything unexpected 500, logged with its traceback.
+* **ZooKeeper.** kazoo's exceptions become :class:`ZooKeeperError`\\ s at one boundary
+  (``trimtab.cluster.zk.zk_call``), which also retries connection losses through kazoo's ``KazooRetry``.
+* **The command line.** ``click.ClickException``\\ s (``admin_cli.AdminError``, with its exit code) or a
+  clean ``exit 2`` for a :class:`ConfigError`.
+
+The tree (``[module]``: a class defined outside this one, relative to ``trimtab``)::
 
     TrimtabError
     ├── ConfigError                 settings that do not validate (the message names the setting)
+    │   └── PlacementConfigError    [balance.placement.model] a placement policy that does not validate
     ├── StartupError                a daemon could not start (the message says what it waited for)
-    ├── BundleError                 a bundle name, range or split that does not make sense
     ├── BadExportLine               a line of a channel export that is not one (``channel replay``)
+    ├── BundleError                 a bundle name, range or split that does not make sense
+    ├── DocumentError               [placement_solve] a ``placement solve`` document, naming each bad field
+    ├── IntentRefused               [channel.intents] the bundle's record does not allow this write
     ├── TransportError              Kafka refused or could not be reached
     │   ├── HistoryGap              records were deleted before this node read them
     │   ├── SnapshotTopicError      the snapshot topic is unusable as configured
     │   └── TopicError              a topic is missing or misconfigured (policy, partitions)
-    ├── ZooKeeperError
-    │   ├── ZkUnavailable           no ZooKeeper session
-    │   └── NamespaceUnreadable     a namespace's policy znode does not decode
+    ├── ZooKeeperError              ZooKeeper could not be used (kazoo's errors, mapped in cluster.zk)
+    │   ├── ZkUnavailable           no session, or no answer after the command retries (HTTP 503)
+    │   ├── ZkAccessDenied          the znodes' ACLs grant another identity (HTTP 500)
+    │   ├── ZkConflict              a compare-and-set kept losing to other writers (HTTP 503)
+    │   └── ZnodeUnreadable         a znode that does not decode, left as it is (HTTP 500)
+    │       └── NamespaceUnreadable a namespace's policy znode: its bundle layout is unknown
     ├── AdapterError                the broker adapter failed (the broker, not trimtab)
+    │   ├── LeaseRefused            a lease that came too late or ran out before the acquire finished
+    │   └── LeaseUnavailable        the agent cannot vouch for a lease (session not confirmed)
     ├── RequestError                refused with an HTTP status (retryable or not)
     │   ├── NotLeader               sent to a follower: redirect to the leader (or 503 without one)
     │   ├── LookupTimeout           an in-flight bundle did not settle in time (503, retryable)
     │   ├── NamespaceNotFound       the namespace does not exist, and may not be created here (404)
+    │   ├── AuthRefused             no valid bearer token (401), or one whose role cannot do this (403)
     │   ├── SignatureRefused        a webhook call a broker must not act on (unsigned, stale, replayed...)
-    │   └── AuthRefused             no valid bearer token (401), or one whose role cannot do this (403)
-    └── DevKitError                 the local cluster, the ZooKeeper launcher, a benchmark
+    │   ├── SplitRefused            [agent.splits] a split the agent will not start
+    │   └── _Refused                [cluster.http_guard] a request the guard ends before the app sees it
+    ├── PipelineError               [pipeline.common] a Spark job that cannot run or finish
+    ├── AdminError                  [admin_cli] a failed ``trimtab admin`` call (a ClickException too)
+    │   ├── Refused                 [admin_cli] the server said no (4xx): exit 1
+    │   ├── Unavailable             [admin_cli] no answer, or a temporary refusal: exit 3
+    │   └── Unexpected              [admin_cli] an answer the CLI cannot trust: exit 4
+    ├── DevKitError                 the local cluster, the ZooKeeper launcher, a benchmark
+    │   ├── BenchError              [devkit.bench.common] a benchmark's own checks failed
+    │   ├── ClusterError            [devkit.localcluster] the local cluster could not start or run
+    │   ├── KafkaServerError        [devkit.kafka_server] the Apache Kafka launcher
+    │   ├── KustomizeError          [devkit.kustomize] the Kubernetes overlays do not build
+    │   ├── PkiError                [devkit.pki] the dev kit's certificates
+    │   ├── PrometheusError         [devkit.prometheus] the Prometheus launcher
+    │   ├── ZooKeeperServerError    [devkit.zkserver] the ZooKeeper launcher
+    │   └── _BindFailed             [devkit.kafka_server] a Kafka node lost a port (retried inside)
+    ├── _Bad                        [channel.replayfile] one bad export line (becomes a skip, inside)
+    ├── _Disconnected               [cluster.http_guard] the client left mid-body (nothing to answer)
+    └── _Moved                      [agent.lookup] the bundle was split while a lookup waited (inside)
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class TrimtabError(Exception):
@@ -83,11 +125,14 @@ class TopicError(TransportError):
 
 
 class ZooKeeperError(TrimtabError):
-    """ZooKeeper could not be used (no session, or data that does not decode)."""
+    """ZooKeeper could not be used (no session, or data that does not decode). kazoo's own exceptions
+    become these at one boundary, ``trimtab.cluster.zk.zk_call``."""
 
 
 class ZkUnavailable(ZooKeeperError):
-    """No ZooKeeper session (within the connect timeout)."""
+    """No ZooKeeper session (within the connect timeout), or no answer after the command retries: the
+    same request may succeed later. The message names ZooKeeper and what it did not do (it is shown as it
+    is, in a log line or a 503)."""
 
 
 class ZkAccessDenied(ZooKeeperError):
@@ -95,7 +140,17 @@ class ZkAccessDenied(ZooKeeperError):
     identity): the message names the znode and what to check."""
 
 
-class NamespaceUnreadable(ZooKeeperError):
+class ZkConflict(ZooKeeperError):
+    """A compare-and-set (read, decide, one versioned write) lost to other writers on every attempt: the
+    same request, later, reads the new version and may succeed. Nothing was written."""
+
+
+class ZnodeUnreadable(ZooKeeperError):
+    """A znode whose data does not decode (the message names it and why). Nothing overwrites it: what it
+    held is unknown, and only an operator can decide what to do with it."""
+
+
+class NamespaceUnreadable(ZnodeUnreadable):
     """A namespace's policy znode does not decode: its bundle layout is unknown (the message says why)."""
 
 
@@ -113,14 +168,29 @@ class LeaseUnavailable(AdapterError):
     another broker may be given its bundles before a new lease would end."""
 
 
-class RequestError(TrimtabError):
-    """An operation refused with an HTTP status, a message meant for the caller, and whether retrying (the
-    same request, later) can succeed."""
+#: The statuses a refusal is retryable with unless it says otherwise: a timeout, too many requests, a
+#: service unavailable *now* (no leader yet, ZooKeeper contended, a bundle in flight) are temporary.
+RETRYABLE_STATUSES = frozenset({408, 429, 503})
 
-    def __init__(self, status: int, message: str, *, retryable: bool = False) -> None:
+
+class RequestError(TrimtabError):
+    """An operation refused with an HTTP status, a message meant for the caller, whether retrying (the
+    same request, later) can succeed -- by default, when the status is one of :data:`RETRYABLE_STATUSES`
+    -- and the response headers the refusal needs (a challenge, ``Retry-After``). Routes raise it; the one
+    error handler of every app renders it (``trimtab.cluster.http_errors``)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        retryable: bool | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
-        self.retryable = retryable
+        self.retryable = status in RETRYABLE_STATUSES if retryable is None else retryable
+        self.headers: dict[str, str] = dict(headers or {})
 
 
 class NotLeader(RequestError):
@@ -150,6 +220,12 @@ class NamespaceNotFound(RequestError):
         self.namespace = namespace
 
 
+#: The ``WWW-Authenticate`` challenges of a 401: a daemon's API wants a bearer token, a broker's webhook a
+#: signed call (docs/security.md, docs/broker-adapter.md).
+BEARER_CHALLENGE = 'Bearer realm="trimtab"'
+HMAC_CHALLENGE = 'Trimtab-HMAC realm="trimtab-webhook"'
+
+
 class AuthRefused(RequestError):
     """The caller is not allowed: no token or one nobody configured (401, answered with a ``Bearer``
     challenge), or a token whose role does not cover the call (403). ``reason`` is ``missing``,
@@ -157,7 +233,13 @@ class AuthRefused(RequestError):
     contains the token."""
 
     def __init__(self, status: int, message: str, *, reason: str) -> None:
-        super().__init__(status, message)
+        # A 401 says how to authenticate (RFC 6750): the challenge goes with the refusal wherever it is sent.
+        super().__init__(
+            status,
+            message,
+            retryable=False,
+            headers={"www-authenticate": BEARER_CHALLENGE} if status == 401 else None,
+        )
         self.reason = reason
 
 
@@ -171,5 +253,10 @@ class SignatureRefused(RequestError):
     ``replay_cache_full`` (503, retryable: the broker cannot currently prove the call is new)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(status, f"webhook call refused ({reason}): {message}", retryable=status == 503)
+        super().__init__(
+            status,
+            f"webhook call refused ({reason}): {message}",
+            retryable=status == 503,
+            headers={"www-authenticate": HMAC_CHALLENGE} if status == 401 else None,
+        )
         self.reason = reason

@@ -41,6 +41,7 @@ from trimtab.balance.placement import (
     PlacementPolicy,
     StandbySpec,
 )
+from trimtab.errors import TrimtabError
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -150,7 +151,7 @@ class SolveDocument(_Closed):
     queries: list[Query] = Field(default_factory=list)
 
 
-class DocumentError(Exception):
+class DocumentError(TrimtabError):
     """A document that cannot be answered; ``problems`` are ``(field path, message)`` pairs."""
 
     def __init__(self, problems: Sequence[tuple[str, str]]) -> None:

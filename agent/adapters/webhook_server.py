@@ -33,8 +33,7 @@ from trimtab.agent.adapters.signing import (
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.adapters.webhook import MAX_REQUEST_BYTES
 from trimtab.balance.load import FIGURE_MAX
-from trimtab.channel.bundles import parse_bundle
-from trimtab.cluster.http import error_response, install_error_handlers
+from trimtab.cluster.http_errors import error_response, install_error_handlers, require_bundle
 from trimtab.cluster.http_guard import MAX_BODY
 from trimtab.cluster.logs import RefusalLog
 from trimtab.errors import AdapterError, BundleError, LeaseRefused, RequestError, SignatureRefused
@@ -124,13 +123,6 @@ class SampleModel(BaseModel):
     bandwidth_in: UsageModel | None = Field(None, description="bytes/s")
     bandwidth_out: UsageModel | None = None
     bundles: list[BundleStatsModel] = Field(default_factory=list)
-
-
-def _check(bundle: str) -> None:
-    try:
-        parse_bundle(bundle)
-    except BundleError as e:
-        raise RequestError(400, str(e)) from e
 
 
 #: Read-only inspection (the spec, the simulator's state) that a GET may do unsigned; everything else is
@@ -250,13 +242,10 @@ class SignedCalls:
         self.log(
             reason, status=refused.status, path=scope["path"][:200], client=client[0] if client else None
         )
-        headers = None
-        if refused.status == 413:  # the rest of the body is never read: the connection cannot be reused
-            headers = {"connection": "close"}
-        elif refused.status == 401:
-            headers = {"www-authenticate": 'Trimtab-HMAC realm="trimtab-webhook"'}
-        response = error_response(refused.status, str(refused), retryable=refused.retryable, headers=headers)
-        await response(scope, receive, send)
+        # (A 401 carries its challenge itself: SignatureRefused.) The rest of a 413's body is never read:
+        # the connection cannot be reused.
+        close = {"connection": "close"} if refused.status == 413 else None
+        await error_response(refused, close)(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -422,7 +411,7 @@ def create_app(
         openapi_extra=signed_operation(),
     )
     async def acquire(req: AcquireRequest) -> dict[str, bool]:
-        _check(req.bundle)
+        require_bundle(req.bundle)
         return await guarded(broker.acquire(req.bundle, req.lease()))
 
     @app.post(
@@ -453,7 +442,7 @@ def create_app(
         openapi_extra=signed_operation(),
     )
     async def fence(req: BundleRequest) -> dict[str, bool]:
-        _check(req.bundle)
+        require_bundle(req.bundle)
         return await guarded(broker.fence(req.bundle))
 
     @app.post(
@@ -463,7 +452,7 @@ def create_app(
         openapi_extra=signed_operation(),
     )
     async def close(req: CloseRequest) -> dict[str, bool]:
-        _check(req.bundle)
+        require_bundle(req.bundle)
         return await guarded(broker.close(req.bundle, req.redirect_url))
 
     @app.post(
@@ -473,7 +462,7 @@ def create_app(
         openapi_extra=signed_operation(),
     )
     async def prewarm(req: BundleRequest) -> dict[str, bool]:
-        _check(req.bundle)
+        require_bundle(req.bundle)
         return await guarded(broker.prewarm(req.bundle))
 
     @app.post(
@@ -483,7 +472,7 @@ def create_app(
         openapi_extra=signed_operation(),
     )
     async def split(req: SplitRequest) -> dict[str, bool]:
-        _check(req.bundle)
+        require_bundle(req.bundle)
         try:
             return await guarded(broker.split(req.bundle, req.children))
         except BundleError as e:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trimtab.config.merge import deep_merge
 from trimtab.sim.optimum import min_moves
 from trimtab.sim.report import summarize
 from trimtab.sim.run import simulate
@@ -170,14 +171,7 @@ def _scenario(
             "ratio_transfer": round(mine / o2.moves, 3) if o2.moves and mine is not None else None,
         }
     if tuned:
-        t_sc = sc.model_copy(update={"config": _merge(sc.config, TUNED), "policies": ["transfer"]})
+        t_sc = sc.model_copy(update={"config": deep_merge(sc.config, TUNED), "policies": ["transfer"]})
         t_report, _ = simulate(t_sc, progress=progress)
         entry["tuned_transfer"] = {k: t_report["policies"]["transfer"][k] for k in KEYS}
     return entry, tight
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out

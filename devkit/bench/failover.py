@@ -51,6 +51,7 @@ from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.records import State, make
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.loader import load_settings
+from trimtab.config.merge import deep_merge
 from trimtab.config.settings import KafkaSettings, Settings
 from trimtab.controller.stores import FailedBroker
 from trimtab.devkit.bench.common import (
@@ -64,7 +65,7 @@ from trimtab.devkit.bench.common import (
     progress_printer,
 )
 from trimtab.devkit.kafka_server import KafkaCluster
-from trimtab.devkit.localcluster import LocalCluster, Node, _merge
+from trimtab.devkit.localcluster import LocalCluster, Node
 
 SLACK_TARGET_S = 1.0
 BENCH_PROCESS = "bench (replica)"
@@ -164,7 +165,7 @@ def run_config(
     """One run of steps 1-4 (module docstring) on a cluster of its own, with ``overrides`` over
     :func:`base_settings`: its figures, or :class:`BenchError` when a check fails. The cluster, the
     bench's channel replica and its ZooKeeper client are stopped however the run ends."""
-    settings = _merge(base_settings(session_timeout_s, per_namespace), overrides)
+    settings = deep_merge(base_settings(session_timeout_s, per_namespace), overrides)
     cluster = LocalCluster(
         workdir, brokers=agents, controllers=controllers, settings=settings, cluster_name="bench-failover"
     )
@@ -764,14 +765,16 @@ def _warm_vs_cold(
 ) -> dict[str, Any]:
     """The same failover twice with a broker model where taking over costs COLD_ACQUIRE_MS, or
     WARM_ACQUIRE_MS for a pre-warmed bundle: without standbys, then with ``replicas`` warm standbys."""
-    model = _merge(
+    model = deep_merge(
         dict(extra),
         {"sim": {"acquire_delay_ms": COLD_ACQUIRE_MS, "warm_acquire_delay_ms": WARM_ACQUIRE_MS}},
     )
     progress(f"cold: no standbys, {COLD_ACQUIRE_MS:g} ms per acquire...")
     cold = run_config(base / "cold", model, **kw, progress=progress)
     progress(f"warm: {replicas} standby per bundle, {WARM_ACQUIRE_MS:g} ms per pre-warmed acquire...")
-    warm_settings = _merge(model, {"placement": {"standby_replicas": replicas, "standby_interval_s": 1.0}})
+    warm_settings = deep_merge(
+        model, {"placement": {"standby_replicas": replicas, "standby_interval_s": 1.0}}
+    )
     warm = run_config(base / "warm", warm_settings, **kw, progress=progress, standbys=replicas)
     keys = (*HEADLINE, "meets_targets")
     return {
@@ -837,7 +840,7 @@ def run(
         alt = None
         if raised == "always" or (raised == "auto" and not main["meets_targets"]["failover_s"]):
             progress(f"repeating with raised throttles {RAISED_THROTTLES}...")
-            raised_settings = _merge(extra, {"healing": RAISED_THROTTLES})
+            raised_settings = deep_merge(extra, {"healing": RAISED_THROTTLES})
             alt = run_config(base / "raised", raised_settings, **kw, progress=progress)
         warm_vs_cold = _warm_vs_cold(base, extra, kw, standbys, progress) if standbys else None
     out: dict[str, Any] = {"bench": "failover"}

@@ -47,6 +47,7 @@ from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.records import State
 from trimtab.channel.transport import Follower, Message
 from trimtab.config.loader import load_settings
+from trimtab.config.merge import deep_merge
 from trimtab.devkit.bench.common import (
     BenchError,
     ChannelWatch,
@@ -57,7 +58,7 @@ from trimtab.devkit.bench.common import (
     progress_printer,
     summary_ms,
 )
-from trimtab.devkit.localcluster import LocalCluster, Node, _merge
+from trimtab.devkit.localcluster import LocalCluster, Node
 
 ASSIGN_VS_RTT_TARGET = 2.0
 RTT_TOPIC = "trimtab-bench-rtt"
@@ -612,7 +613,7 @@ def run_config(
     seed: int,
     progress: Progress,
 ) -> dict[str, Any]:
-    settings = _merge(BASE_SETTINGS, overrides)
+    settings = deep_merge(BASE_SETTINGS, overrides)
     cluster = LocalCluster(workdir, brokers=3, controllers=0, settings=settings, cluster_name="bench-lookup")
     t0 = time.perf_counter()
     progress(f"starting ZooKeeper, Kafka and 3 agents (settings {dict(overrides) or 'defaults'})...")
@@ -725,7 +726,7 @@ def run(
         main = run_config(base / "default", dict(settings or {}), **sizes, progress=progress)
         alt = None
         if alternative_fetch_wait_ms is not None:
-            alt_settings = _merge(
+            alt_settings = deep_merge(
                 dict(settings or {}), {"kafka": {"fetch_wait_max_ms": alternative_fetch_wait_ms}}
             )
             alt_full = run_config(base / "alternative", alt_settings, **sizes, progress=progress)

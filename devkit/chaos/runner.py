@@ -55,6 +55,7 @@ from confluent_kafka import Producer
 
 from trimtab.agent.adapters.simulated import LoadModel
 from trimtab.config.loader import load_settings
+from trimtab.config.merge import deep_merge
 from trimtab.config.settings import Settings
 from trimtab.devkit.chaos.history import load_history, summarize
 from trimtab.devkit.chaos.kafka_faults import (
@@ -66,7 +67,7 @@ from trimtab.devkit.chaos.kafka_faults import (
     real_kafka,
 )
 from trimtab.devkit.chaos.report import ChaosReport, Fault
-from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node, _merge
+from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
 
 log = structlog.get_logger("trimtab.chaos")
 
@@ -177,7 +178,7 @@ class ChaosRun:
             cfg.workdir,
             brokers=cfg.brokers,
             controllers=cfg.controllers,
-            settings=_merge(CHAOS_SETTINGS, cfg.settings),
+            settings=deep_merge(CHAOS_SETTINGS, cfg.settings),
             broker_processes=True,
             kafka_brokers=cfg.kafka_brokers,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -33,6 +33,7 @@ from trimtab.channel.client import ChannelClient
 from trimtab.channel.memory import MemoryLog, MemoryTransport
 from trimtab.channel.records import Record, State, decode, encode, make
 from trimtab.cluster.zk import ZkPaths
+from trimtab.config.merge import deep_merge
 from trimtab.config.settings import Settings
 from trimtab.errors import LookupTimeout, TransportError
 
@@ -49,13 +50,6 @@ PEER_URL = "pulsar://peer-b:6650"
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
-    return out
-
-
 def agent_settings(zk_hosts: str, **sections: Any) -> Settings:
     base: dict[str, Any] = {
         "zookeeper": {"hosts": zk_hosts, "session_timeout_s": 4.0},
@@ -68,7 +62,7 @@ def agent_settings(zk_hosts: str, **sections: Any) -> Settings:
         "agent": {"drain_timeout_s": 20.0},
         **NO_AUTH,  # not what these tests are about (tests/integration/test_security.py is)
     }
-    return Settings.model_validate(_merge(base, sections))
+    return Settings.model_validate(deep_merge(base, sections))
 
 
 def memory_log(s: Settings) -> MemoryLog:

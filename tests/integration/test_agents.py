@@ -46,6 +46,7 @@ from trimtab.channel.records import Record, Skip, State, decode, encode, make
 from trimtab.channel.resolve import ACCEPT, resolve
 from trimtab.channel.snapshot import read_all
 from trimtab.config.loader import load_settings
+from trimtab.config.merge import deep_merge
 from trimtab.config.settings import Settings
 from trimtab.devkit.localcluster import LocalCluster, Node
 
@@ -63,15 +64,8 @@ SIM_TOPICS = 64  # sim.topics_per_namespace (the default)
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
-    return out
-
-
 def start_cluster(workdir: Path, brokers: int, settings: Mapping[str, Any] | None = None) -> LocalCluster:
-    cluster = LocalCluster(workdir, brokers=brokers, controllers=0, settings=_merge(FAST, settings or {}))
+    cluster = LocalCluster(workdir, brokers=brokers, controllers=0, settings=deep_merge(FAST, settings or {}))
     cluster.start(timeout=120)
     return cluster
 

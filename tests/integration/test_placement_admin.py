@@ -29,7 +29,7 @@ from trimtab.channel.memory import MemoryLog
 from trimtab.channel.records import State, make
 from trimtab.channel.table import TableView
 from trimtab.cluster.auth import Authenticator, secure_app
-from trimtab.cluster.http import install_error_handlers
+from trimtab.cluster.http_errors import install_error_handlers
 from trimtab.cluster.placement_store import PlacementDocs, PlacementStore, PlacementWatch, znode_paths
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.loader import load_settings, parse_assignments

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 
-from trimtab.cluster.http import install_error_handlers
+from trimtab.cluster.http_errors import install_error_handlers
 from trimtab.errors import LookupTimeout, NotLeader, RequestError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from fastapi import APIRouter, FastAPI
 from pydantic import BaseModel
 
 from trimtab.cluster.auth import ADMIN, PUBLIC, Authenticator, StaticToken, secure_app
-from trimtab.cluster.http import install_error_handlers
+from trimtab.cluster.http_errors import install_error_handlers
 from trimtab.cluster.http_guard import MAX_BODY, BoundedApp, Limits, Refusals, json_too_deep
 from trimtab.cluster.logs import RefusalLog
 
