@@ -611,8 +611,9 @@ def _print_sim_table(report: dict[str, Any]) -> None:
     "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("docs"), show_default=True
 )
 def docs_cmd(out: Path) -> None:
-    """Regenerate the generated references: configuration.md and the OpenAPI specs (agent, controller,
-    broker webhook contract). Tests fail when they are stale."""
+    """Regenerate the generated references: configuration.md, the OpenAPI specs (agent, controller,
+    broker webhook contract) and the rooms picture in architecture.md (from the imports). Tests fail when
+    they are stale."""
     from trimtab.agent.adapters.simulated import SimulatedBroker
     from trimtab.agent.adapters.webhook_server import create_app as webhook_app
     from trimtab.agent.api import create_app as agent_app
@@ -632,7 +633,13 @@ def docs_cmd(out: Path) -> None:
         (out / name).write_bytes(
             orjson.dumps(spec, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
         )
-    click.echo(f"wrote {out / 'configuration.md'} and {', '.join(specs)}")
+    arch = out / "architecture.md"
+    root = Path(__file__).resolve().parents[1]  # the repository (an installed trimtab has no rooms to read)
+    if arch.exists() and (root / "channel").is_dir():  # the picture lives in the page, between its markers
+        from trimtab.rooms import doors, mermaid, with_picture
+
+        arch.write_text(with_picture(arch.read_text(), mermaid(doors(root))))
+    click.echo(f"wrote {out / 'configuration.md'}, {', '.join(specs)} and the rooms in {arch}")
 
 
 # ---------------------------------------------------------------------------------------------- config
