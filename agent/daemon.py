@@ -8,7 +8,7 @@ Start-up order matters for correctness:
 2. connect ZooKeeper, start the broker registry cache (not yet registered);
 3. bootstrap the channel (snapshot + tail) and the broker-load view; only when both caught up
 4. fence whatever the broker still serves (leases of a previous incarnation are not ours to renew), mark
-   every record naming us as stale (agent.roles), confirm the session, register the broker (before that,
+   every record naming us as stale (balance.roles), confirm the session, register the broker (before that,
    nobody should assign to us) and scan the table for work naming us;
 5. start the reconciler, the lease renewer, the load reporter and the split scheduler; report ready.
 
@@ -231,7 +231,7 @@ class Agent:
         )
         # What is the broker still serving (an agent restarted beside a running broker)? Under leases of
         # a previous incarnation, which this one cannot vouch for: fence them now. Records naming us were
-        # decided before this session and are settled through the channel first (agent.roles).
+        # decided before this session and are settled through the channel first (balance.roles).
         try:
             sample = await self.adapter.sample()
             await self.reconciler.fence_all([b.bundle for b in sample.bundles], "startup")

@@ -1,4 +1,4 @@
-"""Carries out :func:`agent.roles.plan` for every bundle that needs this broker.
+"""Carries out :func:`balance.roles.plan` for every bundle that needs this broker.
 
 Bundles are marked dirty by channel events (and by a full scan when the channel turns live); a pool of
 workers takes dirty bundles one at a time per bundle, re-reads the *current* record, plans and executes.
@@ -20,7 +20,7 @@ import structlog
 from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.leases import LeaseGuard, lease_bound
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.agent.roles import (
+from trimtab.balance.roles import (
     Acquire,
     Close,
     Fence,
@@ -63,7 +63,7 @@ class Reconciler:
         self.me = me
         self.leases = leases
         self.in_flight_timeout_s = in_flight_timeout_s
-        # Bundles whose record names this broker from before its current ZooKeeper session (agent.roles):
+        # Bundles whose record names this broker from before its current ZooKeeper session (balance.roles):
         # settled through the channel before anything is acquired for them. A new record clears it.
         self.stale: set[str] = set()
         self.acquiring: set[str] = set()
@@ -117,7 +117,7 @@ class Reconciler:
 
     def mark_stale(self, table: TableView) -> int:
         """A new ZooKeeper session (start-up, or after the last one was lost): every record naming this
-        broker as owner or destination was decided before it, and is settled first (agent.roles)."""
+        broker as owner or destination was decided before it, and is settled first (balance.roles)."""
         for bundle, rec in table.items():
             if rec.dst == self.me and rec.state in (State.OWNED, State.ASSIGNING):
                 self.stale.add(bundle)

@@ -1,6 +1,6 @@
 """The simulator's engine: one scenario under one shedding policy, in virtual time.
 
-What runs is the production decision code -- the agent's role plans (agent.roles), broker selection with
+What runs is the production decision code -- the agent's role plans (balance.roles), broker selection with
 its filters (balance.assign), the shedders (balance.shed, balance.legacy), split decisions (balance.split),
 healing and the stuck-state monitor (balance.heal), load EMAs and report thresholds (balance.load) -- and
 every ownership change is a record produced to the in-memory transport and resolved by the channel's own
@@ -35,18 +35,6 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from trimtab.agent.roles import (
-    Acquire,
-    Close,
-    Fence,
-    Forget,
-    Publish,
-    PublishChildren,
-    SplitOnBroker,
-    Step,
-    UpdateLayout,
-    plan,
-)
 from trimtab.balance.assign import AssignContext, BrokerInfo, BurstPicks, headed_to, select_broker
 from trimtab.balance.heal import (
     HealConfig,
@@ -64,6 +52,18 @@ from trimtab.balance.load import (
     Weights,
     next_report,
     top_k,
+)
+from trimtab.balance.roles import (
+    Acquire,
+    Close,
+    Fence,
+    Forget,
+    Publish,
+    PublishChildren,
+    SplitOnBroker,
+    Step,
+    UpdateLayout,
+    plan,
 )
 from trimtab.balance.shed import ShedConfig, ShedResult, ShedState
 from trimtab.balance.split import SplitLimits, decide_splits, over_limit

@@ -963,7 +963,7 @@ def test_restarted_agent_finishes_in_flight_states_naming_it(tmp_path: Path) -> 
         cluster.wait_node(reborn, 30)
         # The in-flight bundle is settled through the channel first (Owned accepted), then acquired. What it
         # owned before the crash was decided under the lost session: it is given up (unloaded), not taken
-        # back -- the leader may have been giving it to another broker (agent.roles, stale records).
+        # back -- the leader may have been giving it to another broker (balance.roles, stale records).
         wait_for(
             lambda: (r := record(cluster, other, owned_before)) is None or r["state"] == "free",
             15,

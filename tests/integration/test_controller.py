@@ -1038,7 +1038,7 @@ class TestZooKeeper:
         assert broker not in c.get(leader, "/v1/healing")["failed"]
         # Healing did not touch its bundles: no override, nothing written by a controller. But the agent
         # lost its session while frozen, so it cannot vouch for leases it held then: it fenced everything
-        # and gave its bundles up itself (unloads, reassigned on the next lookup) -- agent.roles, stale.
+        # and gave its bundles up itself (unloads, reassigned on the next lookup) -- balance.roles, stale.
         wait_for(
             lambda: all((r := h.records(leader).get(b)) is None or r["state"] == "free" for b in before),
             20,

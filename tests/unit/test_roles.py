@@ -1,4 +1,4 @@
-"""What an agent does about one bundle: every row of the table in agent/roles.py's docstring.
+"""What an agent does about one bundle: every row of the table in balance/roles.py's docstring.
 
 Also the property that matters most: every record a plan publishes is accepted by the channel
 (``channel.resolve.resolve``) as the next state of the record it reacts to.
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from trimtab.agent.roles import (
+from trimtab.balance.roles import (
     Acquire,
     Close,
     Fence,
@@ -132,7 +132,7 @@ def test_split_children_are_sorted_full_names() -> None:
 
 
 def test_deleted_parent_is_forgotten_but_not_tombstoned() -> None:
-    # The parent stays Deleted until the leader's tombstone delay (see agent/roles.py): a tombstoned
+    # The parent stays Deleted until the leader's tombstone delay (see balance/roles.py): a tombstoned
     # parent would look unowned to a lookup with an outdated layout.
     cur = r(State.DELETED, src=ME)
     assert p(cur, serving=True) == Plan("forget_split_parent", (Forget(),))
