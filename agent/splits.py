@@ -4,13 +4,22 @@ the admin split.
 Every ``split.interval_s`` the scheduler feeds the latest per-bundle stats of the broker (those of the
 last load report, else a fresh sample) to :func:`balance.split.decide_splits` and publishes
 ``Splitting{src=me, children}`` for each decision; the reconciler then carries the split out like any
-other step it owes (:mod:`agent.roles`). Only the owner may start a split: a bundle owned elsewhere is
+other step it owes (:mod:`balance.roles`). Only the owner may start a split: a bundle owned elsewhere is
 refused with 409, a bundle in flight on this broker with a retryable 503. Paused while draining.
+
+With ``split.auto_unload`` (Pulsar's ``loadBalancerAutoUnloadSplitBundlesEnabled``, as the modular load
+manager's auto-split honours it: ``splitAndOwnBundle(..., unload=true)``), the children of an automatic
+split are unloaded once the split is done -- ``Releasing{src=me, dst=None}`` each, so the next lookup
+places them on the least loaded broker instead of both staying here until the shedder moves one. The
+scheduler waits for the children for up to ``children_wait_s`` after publishing the split; children not
+there yet are unloaded at the next cycle. A child that moved meanwhile, or is in flight, is left alone.
+Without it, as Pulsar's extensible load manager does, children start on the parent's owner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -31,6 +40,11 @@ from trimtab.cluster.runner import Schedule
 from trimtab.errors import BundleError, RequestError
 
 log = structlog.get_logger("trimtab.agent")
+
+#: How long a child of an automatic split is awaited for ``split.auto_unload`` before it is given up: far
+#: longer than the leader takes to force a stuck split onward (channel.in_flight_timeout_s plus a monitor
+#: period, 90 s by default) -- a child still missing by then belongs to a split that did not happen.
+CHILD_WAIT_MAX_S = 600.0
 
 
 class SplitRefused(RequestError):
@@ -54,6 +68,8 @@ class SplitScheduler:
         paused: Callable[[], bool],
         clock: Callable[[], float] = time.time,
         publish_timeout_s: float = 30.0,
+        auto_unload: bool = False,
+        children_wait_s: float = 30.0,
     ) -> None:
         """``reporter`` gives the stats of the last load report; ``layouts`` the bundle count of every
         namespace seen; ``paused`` (draining) suspends the automatic splits (not the admin ones)."""
@@ -71,6 +87,15 @@ class SplitScheduler:
         self.clock = clock
         self.publish_timeout_s = publish_timeout_s
         self.hits: dict[str, int] = {}  # consecutive cycles each bundle was over a limit
+        self.auto_unload = auto_unload
+        self.children_wait_s = children_wait_s
+        # Children of automatic splits to unload once they are Owned here: child -> (the split's reason,
+        # when it was published, s).
+        self.unload_after: dict[str, tuple[str, float]] = {}
+        self._children_changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Registered before the channel is followed (and never removed: the follower iterates its listeners).
+        channel.table.add_listener(self._record_changed)
 
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
@@ -84,6 +109,7 @@ class SplitScheduler:
         return self.enabled and not self._paused()
 
     async def split_cycle(self) -> list[SplitDecision]:
+        self._loop = asyncio.get_running_loop()
         stats = self.reporter.last_bundles or (await self.adapter.sample()).bundles
         counts = {ns: len(layout) for ns, layout in self.layouts.cached().items()}
         cycle = decide_splits(stats, self.hits, self.limits, namespace_bundles=counts, owned=self.owned())
@@ -97,7 +123,64 @@ class SplitScheduler:
             except SplitRefused as e:
                 self.metrics.splits.labels(d.reason, "refused").inc()
                 log.info("split_refused", bundle=d.bundle, reason=str(e))
+                continue
+            if self.auto_unload:
+                ns, now = d.bundle.rsplit("/", 1)[0], self.clock()
+                self.unload_after.update((f"{ns}/{c.name}", (d.reason, now)) for c in d.children)
+        if self.unload_after:  # this cycle's children, and those of earlier ones that were not there yet
+            await self.unload_children(self.children_wait_s)
         return cycle.decisions
+
+    def _record_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
+        """A channel listener (on the follower thread): wake :meth:`unload_children` for a child it awaits."""
+        loop = self._loop
+        if loop is not None and bundle in self.unload_after and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown)
+                loop.call_soon_threadsafe(self._children_changed.set)
+
+    async def unload_children(self, wait_s: float) -> list[str]:
+        """Unload the awaited split children that are Owned here now, waiting up to ``wait_s`` for the rest
+        (the reconciler publishes them when it carries the split out). Returns the children unloaded."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        done: list[str] = []
+        while self.unload_after:
+            self._children_changed.clear()
+            for child, (reason, since) in sorted(self.unload_after.items()):
+                cur = self.channel.table.get(child)
+                if cur is None:
+                    if self.clock() - since > CHILD_WAIT_MAX_S:
+                        del self.unload_after[child]
+                        log.warning(
+                            "split_child_never_appeared", bundle=child, waited_s=round(self.clock() - since)
+                        )
+                    continue  # the split is not done yet
+                del self.unload_after[child]
+                if not intents.owned_by(cur, self.me):
+                    continue  # moved (or moving) since: not ours to unload
+                rec = intents.release(
+                    cur, src=self.me, dst=None, writer=self.me, now_ms=int(self.clock() * 1000)
+                )
+                try:
+                    await asyncio.wait_for(
+                        asyncio.wrap_future(self.channel.publish(child, rec)), self.publish_timeout_s
+                    )
+                except Exception as e:
+                    log.warning("split_child_unload_failed", bundle=child, error=str(e))
+                    continue
+                self.metrics.splits.labels(reason, "child_unloaded").inc()
+                done.append(child)
+            remaining = deadline - loop.time()
+            if not self.unload_after or remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._children_changed.wait(), remaining)
+            except TimeoutError:
+                break
+        if done:
+            log.info("split_children_unloaded", bundles=done)
+            self.events.publish("split_children_unloaded", bundles=done)
+        return done
 
     def check_owned(self, bundle: str) -> Record:
         """The bundle's Owned record, if this broker may split it now; else :class:`SplitRefused` (409 owned

@@ -199,6 +199,7 @@ def build(
         interval_s=s.split.interval_s,
         paused=lambda: drainer.draining,
         clock=clock,
+        auto_unload=s.split.auto_unload,
     )
 
     _route_events(loop, channel, layouts, reconciler, lookups, registry, zk, metrics)

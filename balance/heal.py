@@ -36,6 +36,7 @@ class HealConfig:
     mass_failure_max_fraction: float = 0.4
     in_flight_timeout_s: float = 30.0
     tombstone_delay_s: float = 3600.0
+    alert_after_s: float = 600.0  # the failed-broker alert: see overdue()
 
     @classmethod
     def from_settings(cls, s: Settings) -> HealConfig:
@@ -48,6 +49,7 @@ class HealConfig:
             mass_failure_max_fraction=h.mass_failure_max_fraction,
             in_flight_timeout_s=s.channel.in_flight_timeout_s,
             tombstone_delay_s=s.channel.tombstone_delay_s,
+            alert_after_s=h.alert_after_s,
         )
 
 
@@ -154,6 +156,26 @@ def due(failed: Mapping[str, int], cfg: HealConfig, now_ms: int) -> list[str]:
     if cfg.grace_s < 0:
         return []
     return sorted(b for b, t in failed.items() if now_ms - t >= cfg.grace_s * 1000)
+
+
+def overdue(
+    failed: Mapping[str, int], needing: Iterable[Record], cfg: HealConfig, now_ms: int
+) -> dict[str, int]:
+    """The failed-broker alert (Cruise Control's ``broker.failure.alert.threshold.ms``): each failed broker
+    (``failed``: broker -> first failure, ms) whose bundles are not all reassigned ``alert_after_s`` after
+    its first failure, with how many of ``needing`` (records that still need healing) still depend on it.
+
+    Whatever held them back counts -- a grace period longer than the alert delay, healing disabled or
+    paused by the mass-failure guard, no broker the placement rules allow -- since each leaves bundles
+    unserved that an operator has to hear about. A broker whose bundles all moved is not overdue, however
+    long ago it failed."""
+    late = {b for b, t in failed.items() if now_ms - t >= cfg.alert_after_s * 1000}
+    if not late:
+        return {}
+    counts: Counter[str] = Counter()
+    for r in needing:
+        counts.update(b for b in dependents(r) if b in late)
+    return dict(sorted(counts.items()))
 
 
 def override_for(

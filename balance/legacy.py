@@ -31,8 +31,8 @@ not bugs):
 Where trimtab's TransferShedder differs from all three: it compares load *dispersion* (std, relative
 under-load of the idlest broker) rather than a fixed threshold, so it sees PIP-220's cases ([12, 2, 1, 1]%,
 [50, 50, 50, 50, 50, 0]%) these miss; it requires the trigger to hold for several cycles (hit count) and
-cools down a broker after a move; it pairs each hot broker with a cold one and moves about half the gap
-directly to it (a transfer), where these unload and let the next lookup choose.
+cools down a broker after a move; it moves bundles straight to a chosen cold broker (a transfer), where
+these unload and let the next lookup choose.
 """
 
 from __future__ import annotations

@@ -19,9 +19,16 @@
      the source whose move lowers the variance most, until the trigger no longer holds. The fewest moves
      that meet the target: every move leaves a bundle unserved for a moment, and the simulator showed the
      half-gap pairs moving twice the exact minimum after a scale-out (docs/benchmarks.md).
-   * ``plan = "half_gap"`` (Pulsar's): pair the most with the least loaded brokers and move about half of
-     each pair's gap. A more even result for more moves.
+   * ``plan = "half_gap"``: Pulsar's own TransferShedder loop (``findBundlesForUnloading``; see
+     :func:`_shed_pairs`): pair the most with the least loaded brokers, read the source's top-k report
+     lightest first and move bundles until the next one would overshoot half the pair's gap -- or, with
+     transfers on, swap bundles back from the destination so that it fits. A more even result for more
+     moves.
 4. Every move is projected (loads, throughputs) before the next decision.
+
+A bundle whose namespace has an isolation policy or an anti-affinity group is only moved when
+``shed_bundles_with_policies`` (Pulsar's ``loadBalancerSheddingBundlesWithPoliciesEnabled``, off by
+default): see :func:`movable`.
 
 Every cycle ends with decisions (``success``) or a ``skip`` reason; the caller turns that into a metric,
 a log line and an event.
@@ -29,6 +36,14 @@ a log line and an event.
 **ThresholdShedder** (Pulsar's classic): a broker whose usage exceeds ``avg + threshold`` unloads
 ``usage - avg - threshold + 5%`` of its traffic, largest bundles first; with transfers on, each to the
 broker with the least *projected* load (less loaded than the source), so one cycle spreads over several.
+With ``lower_boundary`` (Pulsar's ``lowerBoundarySheddingEnabled``) a cycle that shed nothing while some
+broker is below ``avg - threshold`` makes the most loaded broker shed ``threshold x 50%`` of its traffic.
+
+**Waiting for the moves** (Pulsar's ``UnloadScheduler`` with ``namespaceBundleUnloadingTimeoutMs``): the
+caller records each published move (:func:`track_move`) and, before the next cycle, :func:`settle_moves`
+says whether they are done. While some are still in flight within ``unload_timeout_s`` no new cycle
+starts; one that is not done by then has failed, and is not remembered as moved (no grace period for the
+bundle, no cool-down for its source unless another of its moves completed).
 """
 
 from __future__ import annotations
@@ -39,7 +54,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, is_fresh
+from trimtab.channel.records import Record
 from trimtab.config.settings import Settings
+
+#: ThresholdShedder's LOWER_BOUNDARY_THRESHOLD_MARGIN: lower-boundary shedding offloads half the threshold.
+LOWER_BOUNDARY_MARGIN = 0.5
+#: Pulsar's swap rule: swapping bundles back must leave the source below 75% of its throughput.
+SWAP_MAX_FRACTION = 0.75
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,9 @@ class ShedConfig:
     load_ttl_s: float = 1800.0
     threshold: float = 0.10  # ThresholdShedder margin, fraction
     min_unload_throughput: float = 10 * 1024 * 1024
+    lower_boundary: bool = False  # ThresholdShedder's lowerBoundarySheddingEnabled
+    shed_bundles_with_policies: bool = False  # loadBalancerSheddingBundlesWithPoliciesEnabled
+    unload_timeout_s: float = 60.0  # namespaceBundleUnloadingTimeoutMs
 
     @classmethod
     def from_settings(cls, s: Settings) -> ShedConfig:
@@ -71,7 +95,20 @@ class ShedConfig:
             load_ttl_s=s.load.ttl_s,
             threshold=sh.threshold_pct / 100,
             min_unload_throughput=sh.min_unload_throughput_bytes,
+            lower_boundary=sh.lower_boundary_enabled,
+            shed_bundles_with_policies=sh.shed_bundles_with_policies,
+            unload_timeout_s=sh.unload_timeout_s,
         )
+
+
+@dataclass(frozen=True)
+class Move:
+    """A move the leader published and waits for: ``Releasing`` at ``version`` of ``bundle`` off ``src``."""
+
+    bundle: str
+    src: str
+    version: int
+    at_ms: int
 
 
 @dataclass
@@ -82,6 +119,7 @@ class ShedState:
     recent_bundles: dict[str, int] = field(default_factory=dict)  # bundle -> ms of its last move
     recent_brokers: dict[str, int] = field(default_factory=dict)  # broker -> ms of its last shed
     usage_ema: dict[str, float] = field(default_factory=dict)  # broker -> legacy ThresholdShedder's own EMA
+    moves: dict[str, Move] = field(default_factory=dict)  # bundle -> a published move not yet settled
 
 
 @dataclass(frozen=True)
@@ -109,6 +147,81 @@ class ShedResult:
 
 Owner = Callable[[str], str | None]
 Transferable = Callable[[str, str, str | None], bool]
+#: Why ``bundle`` may not move from ``src`` to ``dst`` (None: it may). See :func:`movable`.
+Movable = Callable[[str, str, str | None], str | None]
+#: Whether the bundle's namespace has an isolation policy or an anti-affinity group.
+HasPolicies = Callable[[str], bool]
+
+
+def movable(cfg: ShedConfig, transferable: Transferable, has_policies: HasPolicies | None = None) -> Movable:
+    """The shedders' guard on every bundle they would move, Pulsar's ``isTransferable``.
+
+    A bundle of a namespace with an isolation policy or an anti-affinity group is refused (``has_policies``)
+    unless ``cfg.shed_bundles_with_policies`` (``loadBalancerSheddingBundlesWithPoliciesEnabled``, off by
+    default): an operator placed those on purpose, and balancing load is not a reason to second-guess it.
+    Then the placement rules (``transferable``) must allow the move. ``has_policies`` None: no namespace has
+    policies (the simulator, tests)."""
+    with_policies = cfg.shed_bundles_with_policies or has_policies is None
+
+    def why_not(bundle: str, src: str, dst: str | None) -> str | None:
+        if not with_policies and has_policies is not None and has_policies(bundle):
+            return "has_policies"
+        if not transferable(bundle, src, dst):
+            return "not_transferable"
+        return None
+
+    return why_not
+
+
+def track_move(state: ShedState, bundle: str, src: str, version: int, now_ms: int) -> None:
+    """Remember a published move (``Releasing`` at ``version``) so the next cycle waits for it."""
+    state.moves[bundle] = Move(bundle, src, version, now_ms)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What :func:`settle_moves` found: moves still in flight (the cycle waits), or the last cycle's moves
+    settled as completed or timed out."""
+
+    pending: list[Move]
+    completed: list[Move]
+    timed_out: list[Move]
+
+
+def move_done(move: Move, rec: Record | None) -> bool:
+    """Pulsar's ``UnloadManager`` completes an unload on the bundle's next ``Owned`` or ``Free``: here, the
+    record moved past the ``Releasing`` that started it and is no longer in flight (tombstoned counts)."""
+    return rec is None or (rec.version > move.version and not rec.state.in_flight)
+
+
+def settle_moves(
+    state: ShedState, record_of: Callable[[str], Record | None], cfg: ShedConfig, now_ms: int
+) -> Settled:
+    """Settle the moves the last cycle published, Pulsar's ``UnloadScheduler`` way: it waits for all of
+    them, up to ``namespaceBundleUnloadingTimeoutMs`` (``cfg.unload_timeout_s``), before another cycle.
+
+    While a move is neither done nor older than the timeout, nothing changes and the caller skips its cycle
+    (``pending``). Otherwise the batch is settled and forgotten. A move that timed out failed: Pulsar
+    records a bundle (grace period) and its source (cool-down) only when an unload completes, so its grace
+    entry is dropped -- it may be chosen again -- and so is its source's cool-down, unless another move of
+    that source completed."""
+    if not state.moves:
+        return Settled([], [], [])
+    timeout_ms = cfg.unload_timeout_s * 1000
+    done = {b: move_done(m, record_of(b)) for b, m in state.moves.items()}
+    pending = [m for b, m in state.moves.items() if not done[b] and now_ms - m.at_ms < timeout_ms]
+    if pending:
+        return Settled(sorted(pending, key=lambda m: m.bundle), [], [])
+    moves = sorted(state.moves.values(), key=lambda m: m.bundle)
+    completed = [m for m in moves if done[m.bundle]]
+    timed_out = [m for m in moves if not done[m.bundle]]
+    moved_srcs = {m.src for m in completed}
+    for m in timed_out:
+        state.recent_bundles.pop(m.bundle, None)
+        if m.src not in moved_srcs:
+            state.recent_brokers.pop(m.src, None)
+    state.moves.clear()
+    return Settled([], completed, timed_out)
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -159,49 +272,6 @@ def _expire(state: ShedState, cfg: ShedConfig, now_ms: int) -> None:
         del state.recent_bundles[b]
 
 
-def _pick_bundles(
-    report: TopBundles,
-    hi: str,
-    lo: str,
-    transfer: bool,
-    budget: float,
-    reason: str,
-    load: Mapping[str, float],
-    owner: Owner,
-    state: ShedState,
-    transferable: Transferable,
-    result: ShedResult,
-) -> tuple[list[Unload], float]:
-    """The bundles to move off ``hi`` (to ``lo`` when ``transfer``), heaviest first, up to ``budget`` bytes/s
-    of throughput, always leaving it one bundle; every bundle passed over is noted in
-    ``result.skipped_bundles`` with why. Returns the moves and the throughput they take away."""
-    dst = lo if transfer else None
-    remaining = len(report.bundles)
-    marked = 0.0
-    moved: list[Unload] = []
-    for s in sorted(report.bundles, key=lambda x: (-x.throughput, x.bundle)):
-        if remaining <= 1:
-            break
-        if owner(s.bundle) != hi:
-            result.skipped_bundles.append((s.bundle, "not_owner"))
-            continue
-        if s.bundle in state.recent_bundles:
-            result.skipped_bundles.append((s.bundle, "grace_period"))
-            continue
-        if s.throughput <= 0:
-            continue
-        if not transferable(s.bundle, hi, dst):
-            result.skipped_bundles.append((s.bundle, "not_transferable"))
-            continue
-        if marked + s.throughput > budget:
-            result.skipped_bundles.append((s.bundle, "overshoot"))
-            continue
-        moved.append(Unload(s.bundle, hi, dst, reason, s.throughput, load[hi], load[lo]))
-        marked += s.throughput
-        remaining -= 1
-    return moved, marked
-
-
 def transfer_shedder(
     brokers: Mapping[str, bool],
     loads: Mapping[str, BrokerLoadData],
@@ -211,8 +281,11 @@ def transfer_shedder(
     cfg: ShedConfig,
     now_ms: int,
     transferable: Transferable = lambda bundle, src, dst: True,
+    *,
+    has_policies: HasPolicies | None = None,
 ) -> ShedResult:
-    """One TransferShedder cycle. ``brokers`` maps live broker -> may receive load (False if draining).
+    """One TransferShedder cycle. ``brokers`` maps live broker -> may receive load (False if draining);
+    ``transferable`` and ``has_policies`` guard each move (:func:`movable`).
 
     Mutates ``state`` (hit count, recent moves): that is the shedder's memory between cycles.
     """
@@ -243,22 +316,21 @@ def transfer_shedder(
         result.reason = "hit_count"
         return result
 
+    guard = movable(cfg, transferable, has_policies)
     if cfg.plan == "half_gap":
         last_skip = _shed_pairs(
-            order, load, tput, tput_ema, m, brokers, cooling, top, owner, state, cfg, transferable, result
+            order, load, tput, tput_ema, m, brokers, cooling, top, owner, state, cfg, guard, result
         )
     else:
-        plan = _TargetPlan(
-            load, tput, dict(tput_ema), m, brokers, cooling, top, owner, state, cfg, transferable
-        )
+        plan = _TargetPlan(load, tput, dict(tput_ema), m, brokers, cooling, top, owner, state, cfg, guard)
         last_skip = plan.run(result)
     return _finish(result, state, now_ms, last_skip)
 
 
 def _shed_pairs(
     order: list[str],
-    load: dict[str, float],
-    tput: dict[str, float],
+    load: Mapping[str, float],
+    tput: Mapping[str, float],
     tput_ema: Mapping[str, float],
     m: float,
     brokers: Mapping[str, bool],
@@ -267,64 +339,175 @@ def _shed_pairs(
     owner: Owner,
     state: ShedState,
     cfg: ShedConfig,
-    transferable: Transferable,
+    guard: Movable,
     result: ShedResult,
 ) -> str:
-    """Pair the most with the least loaded brokers (``order`` is by load, ascending) and move about half of
-    each gap, updating ``load`` and ``tput`` as if the moves were done so the next pair sees their effect.
-    Appends to ``result``; returns why the last pair moved nothing (the reason when nothing moves)."""
-    max_tput_ema = max(tput_ema.values())
-    min_idx, max_idx = 0, len(order) - 1
+    """Pulsar's TransferShedder loop (``TransferShedder.findBundlesForUnloading``), pair by pair.
+
+    ``order`` is the population by load, ascending. While fewer than ``max_broker_pairs`` pairs moved
+    something and brokers are left between the two ends:
+
+    * The reason: the std -- projected after each pair's moves, as Pulsar's ``LoadStats.offload`` does --
+      still above the target; else the least loaded broker left is under-loaded, by load against the
+      average or by throughput EMA against the *current* most loaded broker (the next source: the cluster's
+      maximum may already have shed); else the most loaded broker left is overloaded. Else stop.
+    * The most loaded broker left is paired with the least loaded one left; the budget is half their load
+      gap in bytes/s, ``T_max x (L_max - L_min) / 2 / L_max``.
+    * The source's top-k bundles are read lightest first (the report's own order in Pulsar). Passed over:
+      not owned per the channel, in their grace period, not movable (:func:`movable`); the source always
+      keeps one bundle; bundles without throughput are not moved.
+    * A bundle that would take the traffic marked (net of what swaps brought back) over the budget ends the
+      pair -- unless, with transfers on, bundles of the destination (lightest first, through the pair) can
+      be swapped back to the source so that the destination stays at most as loaded as the source and the
+      source ends below 75% of its throughput: then those go back and the bundle goes. Swapped bundles are
+      counted as gained whether or not debug mode is on (Pulsar's code counts them only in debug mode).
+    * A pair that moved something advances to the next least loaded broker; one that moved nothing keeps
+      it for the next source.
+
+    trimtab's differences, shared with its other plan: brokers in their cool-down sit the cycle out (a
+    cooling destination is passed over, a cooling source skipped) instead of stopping the whole cycle; a
+    draining broker is never a destination (of a move or a swap); a swapped bundle must be owned by the
+    destination per the channel and out of its grace period, like every moved bundle; ties in load or
+    throughput are broken by name.
+
+    Appends to ``result``; returns why nothing moved, when nothing did."""
+    n = len(order)
+    avg = result.avg
+    sq_sum = sum(v * v for v in load.values())
+    std = result.std
+    min_idx, max_idx = 0, n - 1
     pairs = 0
-    last_skip = "no_bundles"
+    empty = few = cooled = 0
     while pairs < cfg.max_broker_pairs and min_idx < max_idx:
-        cur_avg, cur_std = _stats(list(load.values()))
         lo, hi = order[min_idx], order[max_idx]
-        if cur_std > cfg.target_std:
+        if std > cfg.target_std:
             reason = "overloaded"
-        elif load[lo] < cur_avg * m or tput_ema[lo] < max_tput_ema * m:
+        elif load[lo] < avg * m or tput_ema[lo] < tput_ema[hi] * m:
             reason = "underloaded"
-        elif load[hi] > cfg.overload_threshold and load[hi] > cur_avg + cfg.target_std:
+        elif load[hi] > cfg.overload_threshold and load[hi] > avg + cfg.target_std:
             reason = "overloaded"
         else:
             break
         if not brokers.get(lo, False) or lo in cooling:
             min_idx += 1  # draining brokers take no load; cooling ones sit this cycle out
-            last_skip = "cool_down"
+            cooled += 1
             continue
         max_idx -= 1
         if hi in cooling:
-            last_skip = "cool_down"
+            cooled += 1
             continue
-        gap = (load[hi] - load[lo]) / 2
-        if load[hi] <= 0 or tput[hi] <= 0 or gap <= 0:
-            last_skip = "no_load_data" if tput[hi] <= 0 else "no_gap"
+        if load[hi] <= 0 or tput[hi] <= 0:
+            empty += 1  # no figures to size the budget with
             continue
-        budget = tput[hi] * gap / load[hi]
         report = top.get(hi)
         if report is None or not report.bundles:
-            last_skip = "no_load_data"
+            empty += 1
             continue
         if len(report.bundles) == 1:
-            last_skip = "no_bundles"  # the sole bundle is the overload: it needs a split, not a move
+            few += 1  # the sole bundle is the overload: it needs a split, not a move
             result.skipped_bundles.append((report.bundles[0].bundle, "sole_bundle"))
             continue
-        moved, marked = _pick_bundles(
-            report, hi, lo, cfg.transfer, budget, reason, load, owner, state, transferable, result
-        )
-        if not moved:
-            last_skip = "no_bundles"
+        pair = _Pair(hi, lo, reason, load, tput, top.get(lo), brokers, owner, state, cfg, guard, result)
+        net = pair.run(report, budget=tput[hi] * (load[hi] - load[lo]) / 2 / load[hi])
+        if net is None:
+            few += 1
             continue
-        shift = marked * load[hi] / tput[hi]
-        load[hi] -= shift
-        load[lo] += shift
-        tput[hi] -= marked
-        tput[lo] += marked
-        result.decisions.extend(moved)
+        # LoadStats.offload: project the pair's net move onto the statistics.
+        shift = net * load[hi] / tput[hi]
+        sq_sum -= load[hi] ** 2 + load[lo] ** 2
+        sq_sum += max(0.0, load[hi] - shift) ** 2 + (load[lo] + shift) ** 2
+        std = math.sqrt(abs(sq_sum / n - avg * avg))
         pairs += 1
         min_idx += 1
+    if empty:
+        return "no_load_data"
+    if few:
+        return "no_bundles"
+    return "cool_down" if cooled else "no_bundles"
 
-    return last_skip
+
+@dataclass
+class _Pair:
+    """One source (``hi``) and destination (``lo``) of :func:`_shed_pairs`; ``run`` appends their moves."""
+
+    hi: str
+    lo: str
+    reason: str
+    load: Mapping[str, float]
+    tput: Mapping[str, float]
+    lo_report: TopBundles | None
+    brokers: Mapping[str, bool]
+    owner: Owner
+    state: ShedState
+    cfg: ShedConfig
+    guard: Movable
+    result: ShedResult
+    swap_next: int = 0  # Pulsar walks the destination's report once per pair, across swap attempts
+
+    def run(self, report: TopBundles, budget: float) -> float | None:
+        """Moves within ``budget`` bytes/s; returns the net throughput moved, or None if nothing moved."""
+        hi, lo, result = self.hi, self.lo, self.result
+        dst = lo if self.cfg.transfer else None
+        marked = gained = 0.0
+        remaining = len(report.bundles)
+        for s in sorted(report.bundles, key=lambda x: (x.throughput, x.bundle)):
+            if self.owner(s.bundle) != hi:
+                result.skipped_bundles.append((s.bundle, "not_owner"))
+                continue
+            if s.bundle in self.state.recent_bundles:
+                result.skipped_bundles.append((s.bundle, "grace_period"))
+                continue
+            why = self.guard(s.bundle, hi, dst)
+            if why is not None:
+                result.skipped_bundles.append((s.bundle, why))
+                continue
+            if remaining <= 1:
+                break
+            if s.throughput <= 0:
+                continue
+            if marked - gained + s.throughput > budget:
+                back = self._swap(s.throughput, marked, gained) if dst is not None else None
+                if back is None:
+                    result.skipped_bundles.append((s.bundle, "overshoot"))
+                    break
+                for b in back:
+                    result.decisions.append(
+                        Unload(b.bundle, lo, hi, self.reason, b.throughput, self.load[lo], self.load[hi])
+                    )
+                    gained += b.throughput
+            result.decisions.append(
+                Unload(s.bundle, hi, dst, self.reason, s.throughput, self.load[hi], self.load[lo])
+            )
+            marked += s.throughput
+            remaining -= 1
+        return marked - gained if marked > 0 else None
+
+    def _swap(self, t_bundle: float, marked: float, gained: float) -> list[BundleStats] | None:
+        """Bundles of ``lo`` to send back to ``hi`` so that moving a bundle of ``t_bundle`` bytes/s fits, or
+        None. Each must keep both brokers below the source's throughput; enough of them must leave the
+        destination no more loaded than the source, and the source below 75% of its throughput."""
+        hi, lo = self.hi, self.lo
+        if self.lo_report is None or not self.brokers.get(hi, False):
+            return None
+        t_max = self.tput[hi]
+        max_new = t_max - marked + gained - t_bundle
+        min_new = self.tput[lo] + marked - gained + t_bundle
+        pool = sorted(self.lo_report.bundles, key=lambda x: (x.throughput, x.bundle))
+        back: list[BundleStats] = []
+        while self.swap_next < len(pool):
+            b = pool[self.swap_next]
+            self.swap_next += 1
+            if self.owner(b.bundle) != lo or b.bundle in self.state.recent_bundles:
+                continue
+            if b.throughput <= 0 or self.guard(b.bundle, lo, hi) is not None:
+                continue
+            if max_new + b.throughput < t_max and min_new - b.throughput < t_max:
+                back.append(b)
+                max_new += b.throughput
+                min_new -= b.throughput
+                if min_new <= max_new < t_max * SWAP_MAX_FRACTION:
+                    return back
+        return None
 
 
 @dataclass
@@ -348,7 +531,7 @@ class _TargetPlan:
     owner: Owner
     state: ShedState
     cfg: ShedConfig
-    transferable: Transferable
+    guard: Movable
     sources: set[str] = field(default_factory=set)
     received: set[str] = field(default_factory=set)
     exhausted: set[str] = field(default_factory=set)  # nothing of theirs fits any more: gaps only shrink
@@ -439,8 +622,8 @@ class _TargetPlan:
                 self._skip(b.bundle, "not_owner")
             elif b.throughput * per_byte > half_gap:
                 continue  # would overshoot this pair; a lighter one may fit
-            elif not self.transferable(b.bundle, src, lo if self.cfg.transfer else None):
-                self._skip(b.bundle, "not_transferable")
+            elif (why := self.guard(b.bundle, src, lo if self.cfg.transfer else None)) is not None:
+                self._skip(b.bundle, why)
             else:
                 return b.throughput * per_byte, b
         return "no_bundles"
@@ -527,8 +710,17 @@ def threshold_shedder(
     cfg: ShedConfig,
     now_ms: int,
     transferable: Transferable = lambda bundle, src, dst: True,
+    *,
+    has_policies: HasPolicies | None = None,
 ) -> ShedResult:
-    """One ThresholdShedder cycle: unload ``usage - (avg + threshold) + 5%`` of each hot broker's traffic."""
+    """One ThresholdShedder cycle: unload ``usage - (avg + threshold) + 5%`` of each hot broker's traffic.
+
+    With ``cfg.lower_boundary`` (Pulsar's ``lowerBoundarySheddingEnabled``, ``tryLowerBoundaryShedding``):
+    when nothing was shed and some broker is below ``avg - threshold``, the most loaded broker above that
+    line with at least two reported bundles sheds ``threshold x 50%`` of its traffic (the same minimum
+    applies), reason ``underloaded`` -- the case the plain rule misses: [50, 50, 50, 50, 50, 0]% never puts
+    anyone above ``avg + threshold``, so the new broker would stay idle. Brokers in their cool-down are left
+    out, as in the main rule."""
     pop, cooling, why = _population(brokers, loads, state, cfg, now_ms)
     if pop is None:
         return ShedResult([], "skip", why)
@@ -538,8 +730,18 @@ def threshold_shedder(
     # Destinations by projected load: each transfer adds its share to its destination, so one cycle does not
     # pile every hot broker's bundles onto the single coldest one (the simulator showed a 5 -> 10 scale-out
     # putting one new broker at 149 % that way).
-    projected = dict(load)
-    coldest = _Coldest(load, [x for x in load if brokers.get(x, False) and x not in cooling])
+    shed = _ThresholdShed(
+        load,
+        pop,
+        dict(load),
+        _Coldest(load, [x for x in load if brokers.get(x, False) and x not in cooling]),
+        top,
+        owner,
+        state,
+        cfg,
+        movable(cfg, transferable, has_policies),
+        result,
+    )
     for b in sorted(load, key=lambda x: (-load[x], x)):
         if load[b] < avg + cfg.threshold:
             break
@@ -547,39 +749,72 @@ def threshold_shedder(
             result.skipped_bundles.append((b, "cool_down"))
             continue
         frac = load[b] - avg - cfg.threshold + 0.05
-        budget = frac * pop[b].throughput
-        if budget < cfg.min_unload_throughput:
+        shed.broker(b, frac * pop[b].throughput, "overloaded")
+    floor = avg - cfg.threshold
+    if not result.decisions and cfg.lower_boundary and any(v < floor for v in load.values()):
+        hot = [b for b in load if load[b] > floor and b not in cooling and _reported(top, b) > 1]
+        if hot:
+            b = min(hot, key=lambda x: (-load[x], x))
+            shed.broker(b, pop[b].throughput * cfg.threshold * LOWER_BOUNDARY_MARGIN, "underloaded")
+    if result.decisions:
+        for u in result.decisions:
+            state.recent_bundles[u.bundle] = now_ms
+            state.recent_brokers[u.src] = now_ms
+        result.result, result.reason = "success", result.decisions[0].reason
+    return result
+
+
+def _reported(top: Mapping[str, TopBundles], broker: str) -> int:
+    report = top.get(broker)
+    return len(report.bundles) if report is not None else 0
+
+
+@dataclass
+class _ThresholdShed:
+    """ThresholdShedder's pick for one broker at a time, over one cycle's projected destinations."""
+
+    load: Mapping[str, float]
+    pop: Mapping[str, BrokerLoadData]
+    projected: dict[str, float]
+    coldest: _Coldest
+    top: Mapping[str, TopBundles]
+    owner: Owner
+    state: ShedState
+    cfg: ShedConfig
+    guard: Movable
+    result: ShedResult
+
+    def broker(self, b: str, budget: float, reason: str) -> None:
+        """Shed ``budget`` bytes/s off ``b``: its heaviest bundles while less than that is marked, one
+        always left, each to the least loaded destination so far (or a plain unload)."""
+        result, load, tput = self.result, self.load, self.pop[b].throughput
+        if budget < self.cfg.min_unload_throughput:
             result.skipped_bundles.append((b, "below_min_throughput"))
-            continue
-        report = top.get(b)
+            return
+        report = self.top.get(b)
         if report is None or len(report.bundles) < 2:
             result.skipped_bundles.append((b, "no_bundles"))
-            continue
+            return
         marked = 0.0
         remaining = len(report.bundles)
         for s in sorted(report.bundles, key=lambda x: (-x.throughput, x.bundle)):
             if marked >= budget or remaining <= 1:
                 break
-            if owner(s.bundle) != b or s.bundle in state.recent_bundles or s.throughput <= 0:
+            if self.owner(s.bundle) != b or s.bundle in self.state.recent_bundles or s.throughput <= 0:
                 continue
-            dst = coldest.pop_for(b) if cfg.transfer else None
-            ok = transferable(s.bundle, b, dst)
-            if ok and dst is not None and pop[b].throughput > 0:
-                shift = s.throughput * load[b] / pop[b].throughput
-                projected[dst] += shift
-                projected[b] -= shift
+            dst = self.coldest.pop_for(b) if self.cfg.transfer else None
+            why = self.guard(s.bundle, b, dst)
+            if why is None and dst is not None and tput > 0:
+                shift = s.throughput * load[b] / tput
+                self.projected[dst] += shift
+                self.projected[b] -= shift
             if dst is not None:
-                coldest.push(dst, projected[dst])
-            if not ok:
+                self.coldest.push(dst, self.projected[dst])
+            if why is not None:
+                result.skipped_bundles.append((s.bundle, why))
                 continue
             result.decisions.append(
-                Unload(s.bundle, b, dst, "overloaded", s.throughput, load[b], load.get(dst or ""))
+                Unload(s.bundle, b, dst, reason, s.throughput, load[b], load.get(dst or ""))
             )
             marked += s.throughput
             remaining -= 1
-    if result.decisions:
-        for u in result.decisions:
-            state.recent_bundles[u.bundle] = now_ms
-            state.recent_brokers[u.src] = now_ms
-        result.result, result.reason = "success", "overloaded"
-    return result

@@ -146,6 +146,12 @@ class LivePlacement:
         """The shedder's guard: an unload (``dst`` None) or a transfer that keeps the rules."""
         return self.may_unload(bundle) if dst is None else self.may_transfer(bundle, dst)
 
+    def has_policies(self, bundle: str) -> bool:
+        """Whether ``bundle``'s namespace has an isolation policy or an anti-affinity group (the shedder's
+        ``shedding.shed_bundles_with_policies`` guard)."""
+        with self._lock:
+            return self._current().policy.has_policies(namespace_of(bundle))
+
     def standbys(
         self, spec: StandbySpec, keep: Mapping[str, Sequence[str]] | None = None
     ) -> dict[str, list[str]]:

@@ -515,7 +515,9 @@ class SheddingSettings(Section):
     plan: Literal["to_target", "half_gap"] = Field(
         "to_target",
         description="TransferShedder's plan. to_target: bundle by bundle, only until the trigger no longer "
-        "holds (fewest moves). half_gap: Pulsar's pairs, half of each gap (more even, more moves).",
+        "holds (fewest moves). half_gap: Pulsar's TransferShedder loop -- the most with the least loaded "
+        "brokers, each source's top bundles lightest first up to half the pair's gap, swapping bundles back "
+        "from the destination when the next one would overshoot (more even, more moves).",
     )
     threshold_pct: float = Field(
         10.0,
@@ -530,14 +532,23 @@ class SheddingSettings(Section):
     )
     lower_boundary_enabled: bool = Field(
         False,
-        description="ThresholdShedder also sheds toward under-loaded brokers. [lowerBoundarySheddingEnabled]",
+        description="ThresholdShedder (strategy = threshold): when a cycle shed nothing but some broker is "
+        "below avg - threshold_pct, the most loaded broker with two or more bundles sheds threshold_pct x 50% "
+        "of its throughput (min_unload_throughput_bytes still applies), toward the least loaded. "
+        "[lowerBoundarySheddingEnabled]",
     )
     shed_bundles_with_policies: bool = Field(
         False,
-        description="Allow moving bundles with isolation/anti-affinity policies. [loadBalancerSheddingBundlesWithPoliciesEnabled]",
+        description="Let the shedder move bundles of namespaces with an isolation policy or an anti-affinity "
+        "group (within what the policies allow). Off: those stay where placement put them, whatever the load "
+        "(skip reason has_policies). [loadBalancerSheddingBundlesWithPoliciesEnabled]",
     )
     unload_timeout_s: Seconds = Field(
-        60.0, description="How long one unload/transfer may take. [namespaceBundleUnloadingTimeoutMs]"
+        60.0,
+        description="How long a shedding cycle's moves may take: the next cycle waits for them this long "
+        "(skip reason unloads_in_flight); a move not done by then failed -- counted as timed_out in "
+        "trimtab_shedding_moves_total, logged as unload_timed_out, and not remembered as moved (no grace "
+        "period, no cool-down). [namespaceBundleUnloadingTimeoutMs]",
     )
 
 
@@ -566,7 +577,10 @@ class SplitSettings(Section):
         "flow_or_qps_equally_divide",
     ] = Field("range_equally_divide", description="[defaultNamespaceBundleSplitAlgorithm]")
     auto_unload: bool = Field(
-        False, description="Unload the children after a split. [loadBalancerAutoUnloadSplitBundlesEnabled]"
+        False,
+        description="Unload the children of an automatic split once it is done, so the next lookups place "
+        "them on the least loaded brokers; off, they stay on the parent's owner until the shedder moves "
+        "them (as in Pulsar's extensible load manager). [loadBalancerAutoUnloadSplitBundlesEnabled]",
     )
     flow_or_qps_diff_threshold_pct: Pct = Field(10.0, description="[flowOrQpsDifferenceThresholdPercentage]")
 
@@ -579,9 +593,13 @@ class HealingSettings(Section):
         "auto-healing. [KIP-46 failure interval; Cruise Control broker.failure.self.healing.threshold.ms]",
     )
     alert_after_s: float = Field(
-        0.0,
+        600.0,
         ge=0,
-        description="Raise the failed-broker alert this long after the first failure. [broker.failure.alert.threshold.ms]",
+        description="Raise the failed-broker alert when a failed broker's bundles are not all reassigned this "
+        "long after its first failure, whatever held them (grace period, healing disabled or paused, no "
+        "allowed destination): trimtab_healing_overdue_brokers, alert TrimtabBundlesStuckOnFailedBroker, "
+        "log broker_failure_alert. 0: as soon as a failure leaves bundles behind. "
+        "[broker.failure.alert.threshold.ms]",
     )
     max_in_flight: int = Field(
         10_000,

@@ -32,6 +32,7 @@ from trimtab.balance.heal import (
     in_flight_by_broker,
     mass_failure,
     needs_healing,
+    overdue,
     plan_destinations,
     throttle,
 )
@@ -76,6 +77,8 @@ class Healer:
         self.failed: dict[str, FailedBroker] = {}
         self.paused_reason: str | None = None
         self.pending = 0
+        # Failed brokers past healing.alert_after_s with bundles still to move -> how many (the alert).
+        self.overdue: dict[str, int] = {}
         self.loaded = False
         # The persisted plans, as this leader last read or wrote them: it is their only writer while it
         # leads, so rounds need not read ZooKeeper again (load() re-reads them on every new leadership).
@@ -147,6 +150,8 @@ class Healer:
         gone = frozenset(self.failed)
         needing = [(b, r) for b, r in items if needs_healing(r, gone)]
         self.pending = len(needing)
+        first_failures = {b: f.first_failure for b, f in self.failed.items()}
+        self.overdue = overdue(first_failures, (r for _, r in needing), self.cfg, now_ms)
         if self.paused_reason is not None or not ripe:
             return [], info
         in_flight = in_flight_by_broker(items)
@@ -207,6 +212,8 @@ class Healer:
             "paused": self.paused_reason,
             "pending_bundles": self.pending,
             "grace_s": self.cfg.grace_s,
+            "overdue": dict(self.overdue),
+            "alert_after_s": self.cfg.alert_after_s,
         }
 
 
@@ -262,6 +269,7 @@ class HealingJob:
         self.bookkeeping_every_s = bookkeeping_every_s
         self._membership_changed = True
         self._last_bookkeeping = -math.inf
+        self._alerted: set[str] = set()  # failed brokers whose alert was logged (once each)
 
     def membership_changed(self) -> None:
         """Brokers came or went: look for failures in the next round."""
@@ -287,6 +295,8 @@ class HealingJob:
         if not self.healer.failed:
             self.metrics.failed_brokers.set(0)
             self.metrics.healing_pending.set(0)
+            self.metrics.healing_overdue.set(0)
+            self._alerted.clear()
             # Nothing to heal, so nothing is paused: a pause must not outlive the failures behind it
             # (TrimtabHealingPausedMassFailure would fire on after every broker came back).
             for reason in HEALING_PAUSE_REASONS:
@@ -342,6 +352,33 @@ class HealingJob:
                 detail=info.get("guard"),
                 failed=sorted(healer.failed),
             )
+        self._alert()
+
+    def _alert(self) -> None:
+        """The failed-broker alert: ``trimtab_healing_overdue_brokers`` (TrimtabBundlesStuckOnFailedBroker
+        fires on it), and once per failed broker an error log line and an event naming it."""
+        healer, now = self.healer, int(self.clock() * 1000)
+        self.metrics.healing_overdue.set(len(healer.overdue))
+        for broker, pending in healer.overdue.items():
+            if broker in self._alerted:
+                continue
+            first = healer.failed[broker].first_failure if broker in healer.failed else now
+            log.error(
+                "broker_failure_alert",
+                broker=broker,
+                pending_bundles=pending,
+                failed_for_s=round((now - first) / 1000, 1),
+                alert_after_s=healer.cfg.alert_after_s,
+                paused=healer.paused_reason,
+            )
+            self.journal.record(
+                "broker_failure_alert",
+                key=broker,
+                broker=broker,
+                pending_bundles=pending,
+                paused=healer.paused_reason,
+            )
+        self._alerted = set(healer.overdue)
 
     async def _report(self, overrides: list[Override], n: int, info: dict[str, Any]) -> None:
         by_broker: dict[str, int] = {}

@@ -17,6 +17,7 @@ class ControllerMetrics:
     safe_mode: Gauge
     shed_cycles: Counter
     unloads: Counter
+    shed_moves: Counter
     shed_seconds: Histogram
     load_avg: Gauge
     load_std: Gauge
@@ -25,6 +26,7 @@ class ControllerMetrics:
     job_failures: Counter
     failed_brokers: Gauge
     healing_pending: Gauge
+    healing_overdue: Gauge
     healing_paused: Gauge
     broker_failures: Counter
     snapshots: Counter
@@ -59,7 +61,8 @@ class ControllerMetrics:
             shed_cycles=Counter(
                 "trimtab_shedding_cycles_total",
                 "Shedding cycles by result (success, skip, failure) and reason "
-                "(overloaded, underloaded, balanced, hit_count, cool_down, no_load_data, no_brokers, no_bundles, paused, safe_mode).",
+                "(overloaded, underloaded, balanced, hit_count, cool_down, no_load_data, no_brokers, no_bundles, paused, safe_mode, "
+                "unloads_in_flight).",
                 ["result", "reason"],
                 registry=r,
             ),
@@ -67,6 +70,14 @@ class ControllerMetrics:
                 "trimtab_unloads_total",
                 "Bundle moves published, by kind (transfer, unload) and reason (overloaded, underloaded, admin).",
                 ["kind", "reason"],
+                registry=r,
+            ),
+            shed_moves=Counter(
+                "trimtab_shedding_moves_total",
+                "Moves the shedder published, by how they ended: completed (the bundle left the in-flight "
+                "states within shedding.unload_timeout_s) or timed_out (it did not: the move failed, and is not "
+                "remembered as moved).",
+                ["result"],
                 registry=r,
             ),
             shed_seconds=Histogram(
@@ -98,6 +109,12 @@ class ControllerMetrics:
             healing_pending=Gauge(
                 "trimtab_healing_pending_bundles",
                 "Bundles still waiting to be moved off failed brokers.",
+                registry=r,
+            ),
+            healing_overdue=Gauge(
+                "trimtab_healing_overdue_brokers",
+                "Failed brokers whose bundles are not all reassigned healing.alert_after_s after their first "
+                "failure (set by the leader): the failed-broker alert.",
                 registry=r,
             ),
             healing_paused=Gauge(

@@ -10,7 +10,15 @@ from typing import Any
 import structlog
 
 from trimtab.balance.load import BrokerLoadData, TopBundles
-from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
+from trimtab.balance.shed import (
+    ShedConfig,
+    ShedResult,
+    ShedState,
+    settle_moves,
+    threshold_shedder,
+    track_move,
+    transfer_shedder,
+)
 from trimtab.channel import intents
 from trimtab.channel.intents import IntentRefused
 from trimtab.channel.records import State
@@ -67,7 +75,13 @@ def shed_event(res: ShedResult) -> dict[str, Any]:
 class SheddingJob:
     """One shedding cycle per ``shedding.interval_s``: decide with the configured shedder over the live
     brokers' load reports and top bundles, confirm leadership, publish a ``Releasing`` per decision that
-    still matches the table. Skips (disabled or paused, safe mode, fewer than two brokers) are counted."""
+    still matches the table. Skips (disabled or paused, safe mode, fewer than two brokers) are counted.
+
+    Like Pulsar's ``UnloadScheduler``, a cycle does not start while the moves of the last one are still in
+    flight, for up to ``shedding.unload_timeout_s`` (reason ``unloads_in_flight``): deciding again from load
+    reports that do not show those moves yet would move more than needed. A move not done by then is counted
+    as ``timed_out`` (``trimtab_shedding_moves_total``), logged (``unload_timed_out``) and not remembered as
+    moved (:func:`~trimtab.balance.shed.settle_moves`)."""
 
     name = "shedding"
 
@@ -120,7 +134,10 @@ class SheddingJob:
     async def run_once(self) -> ShedResult | None:
         """One cycle; the decision (possibly empty), or None when the cycle was skipped."""
         live = self.destinations.live()
+        self.settle()
         skip = self.skip_reason(len(live))
+        if skip is None and self.state.moves:
+            skip = "unloads_in_flight"
         if skip is not None:
             self.metrics.shed_cycles.labels("skip", skip).inc()
             return None
@@ -138,6 +155,32 @@ class SheddingJob:
         )
         self.journal.record("shed", **shed_event(res))
         return res
+
+    def settle(self) -> None:
+        """Count how the last cycle's moves ended, once they all have (Pulsar's ``UnloadManager`` outcome)."""
+        now = int(self.clock() * 1000)
+        out = settle_moves(self.state, self.table.get, self.cfg, now)
+        if out.completed:
+            self.metrics.shed_moves.labels("completed").inc(len(out.completed))
+        if not out.timed_out:
+            return
+        self.metrics.shed_moves.labels("timed_out").inc(len(out.timed_out))
+        for m in out.timed_out:
+            rec = self.table.get(m.bundle)
+            log.warning(
+                "unload_timed_out",
+                bundle=m.bundle,
+                src=m.src,
+                state=rec.state.value if rec is not None else None,
+                waited_s=round((now - m.at_ms) / 1000, 1),
+                timeout_s=self.cfg.unload_timeout_s,
+            )
+        self.journal.record(
+            "shed_timed_out",
+            key="shed",
+            bundles=[m.bundle for m in out.timed_out][:20],
+            timed_out=len(out.timed_out),
+        )
 
     def decide(self, brokers: dict[str, bool]) -> ShedResult:
         """The shedder's decision over ``brokers`` (id -> may receive load), with its metrics."""
@@ -158,6 +201,7 @@ class SheddingJob:
             self.cfg,
             int(self.clock() * 1000),
             transferable=self.destinations.placement.may_move,
+            has_policies=self.destinations.placement.has_policies,
         )
         self.last = res
         observe_shed_cycle(self.metrics, res, self.perf() - t0)
@@ -182,6 +226,7 @@ class SheddingJob:
             try:
                 await self.writes.publish(u.bundle, rec)
                 published += 1
+                track_move(self.state, u.bundle, u.src, rec.version, now)
                 self.metrics.unloads.labels("transfer" if u.dst else "unload", u.reason).inc()
             except Exception as e:
                 log.warning("unload_publish_failed", bundle=u.bundle, error=str(e))

@@ -129,6 +129,13 @@ class PlacementPolicy:
         """The brokers isolation allows for ``namespace``, sorted (may be empty)."""
         return self.rules(namespace).candidates
 
+    def has_policies(self, namespace: str) -> bool:
+        """Whether ``namespace`` has an isolation policy or an anti-affinity group: the bundles the shedder
+        leaves alone unless ``shedding.shed_bundles_with_policies`` (Pulsar's
+        ``isLoadBalancerSheddingBundlesWithPoliciesEnabled``)."""
+        rules = self.rules(namespace)
+        return rules.policy is not None or rules.group is not None
+
 
 class Placement:
     """A policy plus who owns what (``Owned`` bundles only), answering the placement questions.

@@ -333,7 +333,8 @@ def check_transfer(inp: ShedInputs, res: ShedResult, before: ShedState) -> None:
     what = "transfer_shedder"
     _common_checks(inp, res, before, what)
     # max_broker_pairs bounds the brokers that shed (Pulsar's MaxNumberOfBrokerSheddingPerCycle); the
-    # to_target plan may spread one source over several destinations, the half_gap plan pairs one each.
+    # to_target plan may spread one source over several destinations, and so may half_gap (Pulsar's
+    # TransferShedder: one destination per source, plus swaps back from it).
     srcs = {u.src for u in res.decisions}
     if len(srcs) > inp.cfg.max_broker_pairs:
         raise BenchError(

@@ -12,7 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
-from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
+from trimtab.balance.shed import (
+    ShedConfig,
+    ShedResult,
+    ShedState,
+    Unload,
+    threshold_shedder,
+    transfer_shedder,
+)
 
 NOW = 5_000_000_000
 IDS = [f"b{i}" for i in range(7)]
@@ -26,6 +33,7 @@ class Case:
     top: dict[str, TopBundles]
     owners: dict[str, str | None]
     denied: frozenset[str]
+    with_policies: frozenset[str]  # bundles whose namespace has an isolation policy or anti-affinity group
     state: ShedState
     cfg: ShedConfig
 
@@ -34,6 +42,9 @@ class Case:
 
     def transferable(self, bundle: str, src: str, dst: str | None) -> bool:
         return bundle not in self.denied
+
+    def has_policies(self, bundle: str) -> bool:
+        return bundle in self.with_policies
 
     def run(self, fn: Any, state: ShedState | None = None) -> ShedResult:
         return fn(
@@ -45,6 +56,7 @@ class Case:
             self.cfg,
             NOW,
             self.transferable,
+            has_policies=self.has_policies,
         )
 
     def cooling(self) -> set[str]:
@@ -100,6 +112,7 @@ def cases(draw: Any) -> Case:
             )
     every = sorted(owners)
     denied = frozenset(draw(st.lists(st.sampled_from(every), max_size=3))) if every else frozenset()
+    with_policies = frozenset(draw(st.lists(st.sampled_from(every), max_size=3))) if every else frozenset()
     recent_bundles = (
         {
             n: NOW - draw(st.sampled_from([0, 60_000, 1_800_000, 1_800_001]))
@@ -127,8 +140,20 @@ def cases(draw: Any) -> Case:
         plan=draw(st.sampled_from(["to_target", "half_gap"])),
         threshold=draw(st.sampled_from([0.05, 0.1])),
         min_unload_throughput=draw(st.sampled_from([0.0, 100.0])),
+        lower_boundary=draw(st.booleans()),
+        shed_bundles_with_policies=draw(st.booleans()),
     )
-    return Case(brokers, loads, top, owners, denied, state, cfg)
+    return Case(brokers, loads, top, owners, denied, with_policies, state, cfg)
+
+
+def swaps(c: Case, res: ShedResult) -> list[Unload]:
+    """The half-gap plan's swaps: bundles sent back from a pair's destination to its source. A swap batch
+    comes just before the bundle it made room for, so a pair's last decision goes the forward way and
+    those going the other way are the swaps. No other plan has any."""
+    last: dict[frozenset[str | None], Unload] = {}
+    for u in res.decisions:
+        last[frozenset({u.src, u.dst})] = u
+    return [u for u in res.decisions if u.src != last[frozenset({u.src, u.dst})].src]
 
 
 def common_checks(c: Case, res: ShedResult) -> None:
@@ -136,6 +161,8 @@ def common_checks(c: Case, res: ShedResult) -> None:
     # never the same bundle twice
     assert len({u.bundle for u in us}) == len(us)
     cooling, grace = c.cooling(), c.in_grace()
+    back = swaps(c, res)
+    assert not back or (c.cfg.plan == "half_gap" and c.cfg.transfer)
     for u in us:
         # owned by its source, per the channel, at decision time
         assert c.owner(u.bundle) == u.src
@@ -144,6 +171,7 @@ def common_checks(c: Case, res: ShedResult) -> None:
         assert u.throughput > 0
         assert u.bundle not in grace
         assert u.bundle not in c.denied
+        assert c.cfg.shed_bundles_with_policies or u.bundle not in c.with_policies
         assert u.src not in cooling
         assert u.src in c.brokers
         if u.dst is not None:
@@ -151,9 +179,10 @@ def common_checks(c: Case, res: ShedResult) -> None:
             assert u.dst != u.src
             assert c.brokers.get(u.dst) is True  # live and not draining
             assert u.dst not in cooling
-            assert u.dst_load is not None and u.src_load > u.dst_load
-    # no source loses all the bundles of its top-k report
-    for src, n in Counter(u.src for u in us).items():
+            assert u.dst_load is not None
+            assert u.src_load > u.dst_load or u in back  # a swap goes back up to the pair's source
+    # no source loses all the bundles of its top-k report (a swap's source receives the pair's bundles)
+    for src, n in Counter(u.src for u in us if u not in back).items():
         assert n < len(c.top[src].bundles)
     assert (res.result == "success") == bool(us)
 
@@ -166,23 +195,14 @@ def test_transfer_shedder_invariants(c: Case) -> None:
     c.state, after = before, c.state  # check against the memory the cycle started from
     common_checks(c, res)
     us = res.decisions
-    srcs = {u.src for u in us}
+    back = swaps(c, res)
+    srcs = {u.src for u in us if u not in back}
     assert len(srcs) <= c.cfg.max_broker_pairs
     if c.cfg.plan == "to_target":
         to_target_checks(c, res)
-    for src in srcs if c.cfg.plan == "half_gap" else ():
-        # Pulsar's pairs: each source paired with one destination
-        mine = [u for u in us if u.src == src]
-        assert len({u.dst_load for u in mine}) == 1
-        if c.cfg.transfer:
-            assert len({u.dst for u in mine}) == 1
-        # about half the gap: never more than T_max * (L_max - L_min) / 2 / L_max
-        u0 = mine[0]
-        assert u0.dst_load is not None
-        budget = c.loads[src].throughput * (u0.src_load - u0.dst_load) / 2 / u0.src_load
-        assert sum(u.throughput for u in mine) <= budget * (1 + 1e-9)
-        assert u0.src_load == c.loads[src].weighted_max_ema
-    dsts = [u.dst for u in us if u.dst is not None]
+    else:
+        half_gap_checks(c, res)
+    dsts = [u.dst for u in us if u.dst is not None and u not in back]
     assert not srcs & set(dsts)  # a broker is a source or a destination, not both
     # the memory it keeps
     if us:
@@ -193,6 +213,33 @@ def test_transfer_shedder_invariants(c: Case) -> None:
         assert after.hit_count == res.hit_count
         if res.reason in ("no_brokers", "no_load_data", "stale_load_data") and not res.loads:
             assert after.hit_count == before.hit_count  # a cycle that never looked neither counts nor resets
+
+
+def half_gap_checks(c: Case, res: ShedResult) -> None:
+    """Pulsar's pairs: each source sheds to one destination, lightest bundles first, within half the pair's
+    gap net of what the destination swapped back; a swap only when the next bundle would overshoot."""
+    us, back = res.decisions, swaps(c, res)
+    for src in {u.src for u in us if u not in back}:
+        mine = [u for u in us if u.src == src]
+        assert len({u.dst_load for u in mine}) == 1
+        u0 = mine[0]
+        assert u0.src_load == c.loads[src].weighted_max_ema
+        assert u0.dst_load is not None
+        if c.cfg.transfer:
+            assert len({u.dst for u in mine}) == 1
+        # the source's report read lightest first: what moved is a prefix of what could have moved
+        assert [u.throughput for u in mine] == sorted(u.throughput for u in mine)
+        gained = [u for u in back if u.dst == src]
+        assert all(u.src == mine[0].dst for u in gained)
+        if not gained:
+            # half the gap: never more than T_max * (L_max - L_min) / 2 / L_max
+            budget = c.loads[src].throughput * (u0.src_load - u0.dst_load) / 2 / u0.src_load
+            assert sum(u.throughput for u in mine) <= budget * (1 + 1e-9)
+    # a broker is in one pair at most
+    pairs = [frozenset({u.src, u.dst or ""}) for u in us]
+    for a in pairs:
+        for b in pairs:
+            assert a == b or not (a & b) - {""}
 
 
 def to_target_checks(c: Case, res: ShedResult) -> None:
@@ -234,7 +281,17 @@ def test_threshold_shedder_invariants(c: Case) -> None:
     c.state = before
     common_checks(c, res)
     for u in res.decisions:
-        assert u.src_load >= res.avg + c.cfg.threshold - 1e-12
+        if u.reason == "overloaded":
+            assert u.src_load >= res.avg + c.cfg.threshold - 1e-12
+        else:
+            # lower-boundary shedding: only when on, nothing else shed, and some broker below the line;
+            # the most loaded broker with two or more reported bundles (not cooling) sheds, and only it
+            assert c.cfg.lower_boundary and u.reason == "underloaded"
+            assert {(v.reason, v.src) for v in res.decisions} == {("underloaded", u.src)}
+            assert u.src_load > res.avg - c.cfg.threshold
+            assert min(res.loads.values()) < res.avg - c.cfg.threshold
+            able = [b for b in res.loads if b not in c.cooling() and b in c.top and len(c.top[b].bundles) > 1]
+            assert u.src_load == max(res.loads[b] for b in able)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

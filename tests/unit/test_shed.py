@@ -232,19 +232,22 @@ def test_trigger_overloaded_max() -> None:
 # ---------------------------------------------------------------------------------------------- moves
 
 
-def test_half_gap_plan_moves_about_half_the_gap_largest_first() -> None:
-    # gap (.9 - .1) / 2 = .4 of load = 650 * .4 / .9 = 288.9 bytes/s of budget
+def test_half_gap_plan_reads_the_report_lightest_first_and_stops_at_the_first_overshoot() -> None:
+    # Pulsar's TransferShedder: gap (.9 - .1) / 2 = .4 of load = 650 * .4 / .9 = 288.9 bytes/s of budget.
+    # Lightest first: 50, then 100 (150); 200 would make 350 > 288.9 and cold's only bundle (10) cannot be
+    # swapped back to make it fit, so the pair stops there -- 300 is never looked at.
     w = World().add("cold", 0.1, [10]).add("hot", 0.9, [300, 200, 100, 50])
     res = w.shed(cfg=HALF)
-    assert moved(res) == [("hot/1", "hot", "cold"), ("hot/3", "hot", "cold")]  # 200 + 50
+    assert moved(res) == [("hot/3", "hot", "cold"), ("hot/2", "hot", "cold")]
     assert sum(u.throughput for u in res.decisions) <= 650 * (0.9 - 0.1) / 2 / 0.9
-    assert ("hot/0", "overshoot") in res.skipped_bundles  # 300 alone is more than the budget
-    assert ("hot/2", "overshoot") in res.skipped_bundles  # 200 + 100 would be too
+    assert ("hot/1", "overshoot") in res.skipped_bundles
+    assert ("hot/0", "overshoot") not in res.skipped_bundles  # the first overshoot ends the pair
     u = res.decisions[0]
-    assert (u.reason, u.src_load, u.dst_load, u.throughput) == ("overloaded", 0.9, 0.1, 200)
-    # two brokers: the budget is T * (L_max - L_min) / 2 / L_max
+    assert (u.reason, u.src_load, u.dst_load, u.throughput) == ("overloaded", 0.9, 0.1, 50)
+    # two brokers: the budget is T * (L_max - L_min) / 2 / L_max = 1000 * .4 / .9 = 444: 100 + 200, then 300
+    # overshoots
     res = two_brokers().shed(cfg=HALF)
-    assert moved(res) == [("hot/0", "hot", "cold")]  # 1000 * .4 / .9 = 444: 400, then nothing fits
+    assert moved(res) == [("hot/3", "hot", "cold"), ("hot/2", "hot", "cold")]
 
 
 def test_to_target_plan_stops_as_soon_as_the_trigger_no_longer_holds() -> None:
