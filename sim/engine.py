@@ -1,7 +1,7 @@
 """The simulator's engine: one scenario under one shedding policy, in virtual time.
 
 What runs is the production decision code -- the agent's role plans (balance.roles), broker selection with
-its filters (balance.assign), the shedders (balance.shed, balance.legacy), split decisions (balance.split),
+its filters (balance.assign), the shedders (balance.shed, sim.legacy), split decisions (balance.split),
 healing and the stuck-state monitor (balance.heal), load EMAs and report thresholds (balance.load) -- and
 every ownership change is a record produced to the in-memory transport and resolved by the channel's own
 table (channel.table: first valid transition wins). What is modelled is what happens between decisions:

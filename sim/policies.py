@@ -1,7 +1,7 @@
 """The shedding policies a scenario can run side by side, by name.
 
 ``transfer`` and ``threshold`` are trimtab's own shedders (the leader's code path, balance.shed); the
-``legacy-*`` ones are Pulsar's modular-load-manager shedders (balance.legacy), which unload without choosing
+``legacy-*`` ones are Pulsar's modular-load-manager shedders (sim.legacy), which unload without choosing
 a destination -- the next lookup places the bundle; ``none`` never sheds.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from trimtab.balance.legacy import legacy_threshold_shedder, overload_shedder, uniform_load_shedder
 from trimtab.balance.load import BrokerLoadData, TopBundles
 from trimtab.balance.shed import (
     Owner,
@@ -20,6 +19,7 @@ from trimtab.balance.shed import (
     threshold_shedder,
     transfer_shedder,
 )
+from trimtab.sim.legacy import legacy_threshold_shedder, overload_shedder, uniform_load_shedder
 
 Shedder = Callable[
     [

@@ -1,4 +1,4 @@
-"""Properties of Pulsar's modular-load-manager shedders (balance/legacy.py) over random clusters.
+"""Properties of Pulsar's modular-load-manager shedders (sim/legacy.py) over random clusters.
 
 The channel's ownership is the truth here: each broker owns a set of bundles (``owned``) and reports their
 count; its top-bundles report lists some of them (the busy ones, maybe not all) and sometimes stale entries
@@ -16,14 +16,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trimtab.balance.legacy import (
+from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, Usage, Weights, with_ema
+from trimtab.balance.shed import ShedConfig, ShedResult, ShedState
+from trimtab.sim.legacy import (
     LegacyConfig,
     legacy_threshold_shedder,
     overload_shedder,
     uniform_load_shedder,
 )
-from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, Usage, Weights, with_ema
-from trimtab.balance.shed import ShedConfig, ShedResult, ShedState
 
 NOW = 5_000_000_000
 M = 1024 * 1024

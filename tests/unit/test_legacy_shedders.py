@@ -1,4 +1,4 @@
-"""Pulsar's modular-load-manager shedders (balance/legacy.py; digest pulsar_elb.md 4.4), hand-computed cases.
+"""Pulsar's modular-load-manager shedders (sim/legacy.py; digest pulsar_elb.md 4.4), hand-computed cases.
 
 Every case builds real :class:`BrokerLoadData` reports from cpu / memory / bandwidth usages through
 :func:`with_ema` (the reporter's derivation), so the shedders read ``max_resource_usage`` and
@@ -13,14 +13,14 @@ import msgspec
 import pytest
 
 from tests.support.shed_world import ShedWorld
-from trimtab.balance.legacy import (
+from trimtab.balance.load import BrokerLoadData, BundleStats, Usage, Weights, with_ema
+from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, transfer_shedder
+from trimtab.sim.legacy import (
     LegacyConfig,
     legacy_threshold_shedder,
     overload_shedder,
     uniform_load_shedder,
 )
-from trimtab.balance.load import BrokerLoadData, BundleStats, Usage, Weights, with_ema
-from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, transfer_shedder
 
 M = 1024 * 1024
 NOW = 10_000_000_000

@@ -1,4 +1,5 @@
-"""Pulsar's modular-load-manager shedders, as baselines for the simulator (issue 11; digest pulsar_elb.md 4.4).
+"""Pulsar's modular-load-manager shedders: baselines the simulator compares trimtab's shedders with, never run by a
+daemon (issue 11; digest pulsar_elb.md 4.4).
 
 Three pure functions with the signature of :func:`trimtab.balance.shed.transfer_shedder` plus a keyword-only
 :class:`LegacyConfig`:
