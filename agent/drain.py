@@ -18,7 +18,14 @@ import structlog
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reconciler import Reconciler
-from trimtab.balance.assign import AssignContext, BurstPicks, Placement, Selection, headed_to, select_broker
+from trimtab.balance.assign import (
+    AssignContext,
+    BurstPicks,
+    PlacementRule,
+    Selection,
+    headed_to,
+    select_broker,
+)
 from trimtab.channel import intents
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State
@@ -36,7 +43,7 @@ class Drainer:
         registry: BrokerRegistry,
         *,
         assign_context: Callable[[frozenset[str]], AssignContext],
-        placement: Placement,
+        placement: PlacementRule,
         rng: random.Random,
         metrics: AgentMetrics,
         timeout_s: float,

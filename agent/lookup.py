@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import structlog
 
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, Placement, select_broker
+from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, PlacementRule, select_broker
 from trimtab.balance.namespaces import AutoCreatePolicy, not_found_message
 from trimtab.channel import intents
 from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
@@ -203,7 +203,7 @@ class LookupService:
         brokers: Callable[[], Mapping[str, BrokerInfo]],
         brokers_trusted: Callable[[], bool],
         filters: Sequence[BrokerFilter],
-        placement: Placement,
+        placement: PlacementRule,
         timeout_s: float,
         assign_context: Callable[[frozenset[str]], AssignContext],
         diff: float,

@@ -69,7 +69,7 @@ class AssignContext:
         )
 
 
-Placement = Callable[[str, dict[str, BrokerInfo]], dict[str, BrokerInfo]]
+PlacementRule = Callable[[str, dict[str, BrokerInfo]], dict[str, BrokerInfo]]
 """(bundle, candidates) -> the candidates the placement rules allow."""
 
 
@@ -174,7 +174,7 @@ def select_broker(
     *,
     filters: Sequence[BrokerFilter] = DEFAULT_FILTERS,
     diff: float = 0.10,
-    placement: Placement | None = None,
+    placement: PlacementRule | None = None,
 ) -> Selection:
     """Pick a broker for ``bundle`` among live, non-draining, non-excluded ``brokers``.
 

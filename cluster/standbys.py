@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from trimtab.balance.assign import BrokerInfo, Placement
+from trimtab.balance.assign import BrokerInfo, PlacementRule
 
 
 class StandbySet(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -52,7 +52,7 @@ class StandbyIndex:
             return {b for b, brokers in self._of.items() if broker in brokers}
 
 
-def prefer_standbys(standbys: Callable[[str], tuple[str, ...]], restrict: Placement) -> Placement:
+def prefer_standbys(standbys: Callable[[str], tuple[str, ...]], restrict: PlacementRule) -> PlacementRule:
     """A placement rule that keeps, among the brokers ``restrict`` allows, the bundle's warm standbys when
     any is there -- they take it over fastest -- and all allowed brokers otherwise."""
 
