@@ -9,7 +9,7 @@ and need no network. ``$TRIMTAB_KUSTOMIZE`` names another binary (it must be the
 
 Also here: the operator's ``PrometheusRule`` made from ``deploy/prometheus/alerts.yml``, so the
 Kubernetes manifests carry the very rules docker-compose and the dev cluster load
-(``python -m trimtab.devkit.kustomize --write-prometheusrule`` rewrites it after the rules change).
+(``trimtab docs`` rewrites it after the rules change).
 """
 
 from __future__ import annotations
@@ -110,25 +110,22 @@ def prometheus_rule() -> str:
     head = (
         "# trimtab's alert rules for the Prometheus operator: deploy/prometheus/alerts.yml as they are (the test\n"
         "# command checks that they are equal). After editing alerts.yml, regenerate this file with\n"
-        "#   .venv/bin/python -m trimtab.devkit.kustomize --write-prometheusrule\n"
+        "#   .venv/bin/trimtab docs\n"
         "# Runbooks: docs/operations.md.\n"
     )
     return head + yaml.safe_dump(doc, sort_keys=False, width=110, allow_unicode=True)
 
 
 def main(argv: list[str]) -> int:
-    """``--write-prometheusrule``, ``--binary`` (print the binary's path), or a directory to render."""
+    """``--binary`` (print the binary's path), or a directory to render. (The PrometheusRule is written by
+    ``trimtab docs``, the one generator.)"""
     try:
-        if argv == ["--write-prometheusrule"]:
-            PROMETHEUS_RULE.write_text(prometheus_rule())
-            print(f"wrote {PROMETHEUS_RULE}", file=sys.stderr)
-            return 0
         if argv == ["--binary"]:
             print(find_binary())
             return 0
         if len(argv) != 1:
             print(
-                "usage: python -m trimtab.devkit.kustomize DIRECTORY | --binary | --write-prometheusrule",
+                "usage: python -m trimtab.devkit.kustomize DIRECTORY | --binary",
                 file=sys.stderr,
             )
             return 2

@@ -611,9 +611,9 @@ def _print_sim_table(report: dict[str, Any]) -> None:
     "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("docs"), show_default=True
 )
 def docs_cmd(out: Path) -> None:
-    """Regenerate the generated references: configuration.md, the OpenAPI specs (agent, controller,
-    broker webhook contract) and the rooms picture in architecture.md (from the imports). Tests fail when
-    they are stale."""
+    """Regenerate every generated file: configuration.md, the OpenAPI specs (agent, controller, broker
+    webhook contract), the rooms picture in architecture.md (from the imports) and, in the repository, the
+    Kubernetes PrometheusRule (from deploy/prometheus/alerts.yml). Tests fail when one is stale."""
     from trimtab.agent.adapters.simulated import SimulatedBroker
     from trimtab.agent.adapters.webhook_server import create_app as webhook_app
     from trimtab.agent.api import create_app as agent_app
@@ -639,7 +639,11 @@ def docs_cmd(out: Path) -> None:
         from trimtab.rooms import doors, mermaid, with_picture
 
         arch.write_text(with_picture(arch.read_text(), mermaid(doors(root))))
-    click.echo(f"wrote {out / 'configuration.md'}, {', '.join(specs)} and the rooms in {arch}")
+        kustomize = _devkit("trimtab.devkit.kustomize")  # the dev kit is there wherever the rooms are
+        kustomize.PROMETHEUS_RULE.write_text(kustomize.prometheus_rule())
+    click.echo(
+        f"wrote {out / 'configuration.md'}, {', '.join(specs)}, the rooms in {arch} and the PrometheusRule"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- config

@@ -456,8 +456,7 @@ def test_the_overlay_changes_what_it_says(tmp_path: Path) -> None:
 
 def test_prometheus_rule_is_the_deployed_alert_rules() -> None:
     assert PROMETHEUS_RULE.read_text() == prometheus_rule(), (
-        "deploy/kubernetes/base/prometheusrule.yaml is stale: "
-        "run .venv/bin/python -m trimtab.devkit.kustomize --write-prometheusrule"
+        "deploy/kubernetes/base/prometheusrule.yaml is stale: run .venv/bin/trimtab docs"
     )
     rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
     assert rule["spec"]["groups"] == yaml.safe_load(ALERT_RULES.read_text())["groups"]
