@@ -147,7 +147,7 @@ def log(settings: Settings) -> MemoryLog:
 @pytest.fixture
 def leader(settings: Settings, log: MemoryLog) -> Iterator[Node]:
     node = Node(settings, log).start()
-    node.ctl.placement_watch.start()
+    node.ctl.replica.placement_watch.start()
     try:
         wait_for(
             lambda: node.ctl.leadership.is_leader and node.ctl.leadership.safe_mode() is None, message="leads"

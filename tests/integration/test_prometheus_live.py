@@ -55,9 +55,21 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy/grafana/dashboards/trimtab.json"
 AGENT_DOWN = "TrimtabAgentDown"
 AGENT_DOWN_FOR = "2s"
-# Label names a trimtab metric may carry: each takes its values from a small fixed set (or, for broker
-# and topic, from the cluster's brokers and configured topics).
-BOUNDED_LABELS = {"result", "reason", "kind", "op", "outcome", "state", "event", "topic", "broker", "le"}
+# Label names a trimtab metric may carry: each takes its values from a small fixed set (task: the
+# background jobs a process runs; broker and topic: the cluster's brokers and configured topics).
+BOUNDED_LABELS = {
+    "result",
+    "reason",
+    "kind",
+    "op",
+    "outcome",
+    "state",
+    "event",
+    "topic",
+    "broker",
+    "le",
+    "task",
+}
 
 
 def rules_with_short_agent_down(dst: Path) -> Path:

@@ -698,16 +698,17 @@ def test_kafka_client_settings_reach_every_client(
             agent_parts = [
                 w.channel.transport,
                 w.reporter.transport,
-                a.transport,
+                a.replica.transport,
                 a.loads.transport,
-                a.standby_view.transport,
+                a.replica.standby_view.transport,
             ]
+            assert ctl.replica.top is not None
             ctl_parts = [
-                ctl.transport,
+                ctl.replica.transport,
                 ctl.channel.transport,
-                ctl.loads.transport,
-                ctl.top.transport,
-                ctl.standby_view.transport,
+                ctl.replica.loads.transport,
+                ctl.replica.top.transport,
+                ctl.replica.standby_view.transport,
                 ctl.snapshots.transport,
                 ctl.snapshots.writer.transport,
                 ctl.standbys.transport,
