@@ -108,7 +108,8 @@ def retire(cur: Record | None, me: str, *, now_ms: int) -> Record:
     """The splitting owner published the children: the parent is ``Deleted``."""
     if cur is None or cur.state is not State.SPLITTING or cur.src != me:
         raise IntentRefused("retire", cur, f"{me} is not splitting the bundle")
-    return make(State.DELETED, src=me, version=cur.version + 1, ts=now_ms, writer=me)
+    # dst continues the split's (None, unless a forced record set one): replicas require both to carry on
+    return make(State.DELETED, src=me, dst=cur.dst, version=cur.version + 1, ts=now_ms, writer=me)
 
 
 def force(
