@@ -15,8 +15,8 @@ import structlog
 
 from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.cluster.placement.standbys import StandbyIndex
 from trimtab.cluster.runner import Schedule
-from trimtab.cluster.standbys import StandbyIndex
 
 log = structlog.get_logger("trimtab.agent")
 

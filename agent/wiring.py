@@ -49,8 +49,8 @@ from trimtab.cluster.http import HttpServer, bind
 from trimtab.cluster.http_guard import Refusals
 from trimtab.cluster.logs import bind as bind_log
 from trimtab.cluster.metrics import new_registry
+from trimtab.cluster.placement.standbys import prefer_standbys
 from trimtab.cluster.replica import Replica
-from trimtab.cluster.standbys import prefer_standbys
 from trimtab.cluster.wiring import check_security
 from trimtab.cluster.zk import BrokerRegistry, NamespaceStore, ZkSession
 from trimtab.config.settings import Settings

@@ -31,9 +31,9 @@ from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.logs import SkipLog
 from trimtab.cluster.metrics import ChannelCollector, KeyValueCollector
-from trimtab.cluster.placement_store import PlacementWatch
-from trimtab.cluster.placement_view import LivePlacement
-from trimtab.cluster.standbys import StandbyIndex, StandbySet
+from trimtab.cluster.placement.standbys import StandbyIndex, StandbySet
+from trimtab.cluster.placement.store import PlacementWatch
+from trimtab.cluster.placement.view import LivePlacement
 from trimtab.cluster.wiring import kafka_clients, zk_session
 from trimtab.cluster.zk import BrokerRegistry, ZkPaths, ZkSession
 from trimtab.config.settings import Settings

@@ -23,7 +23,7 @@ from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.http import PeerHttp
 from trimtab.cluster.openapi import declares
-from trimtab.cluster.placement_view import LivePlacement
+from trimtab.cluster.placement.view import LivePlacement
 from trimtab.cluster.zk import BrokerRegistry, zk_call
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership

@@ -32,8 +32,8 @@ from trimtab.controller.healing import Healer
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.namespace_admin import NamespaceAdmin
 from trimtab.controller.namespace_api import add_namespace_routes
-from trimtab.controller.placement_admin import PlacementAdmin
-from trimtab.controller.placement_api import add_placement_routes
+from trimtab.controller.placement.admin import PlacementAdmin
+from trimtab.controller.placement.api import add_placement_routes
 from trimtab.controller.status import StatusReport
 
 

@@ -41,9 +41,9 @@ from trimtab.controller.healing import HealingJob
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
+from trimtab.controller.placement.standbys import StandbyJob
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.snapshots import SnapshotJob
-from trimtab.controller.standbys import StandbyJob
 from trimtab.controller.stores import Switches
 
 log = structlog.get_logger("trimtab.controller")

@@ -40,10 +40,10 @@ from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
 from trimtab.channel.table import TableView
 from trimtab.cluster.kvview import KeyValueView
-from trimtab.controller.destinations import Destinations
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokers, Reassignments
 from trimtab.controller.writes import ChannelWrites
 

@@ -11,10 +11,10 @@ import structlog
 
 from trimtab.balance.heal import HealConfig, Override, monitor
 from trimtab.channel.table import TableView
-from trimtab.controller.destinations import Destinations
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.writes import ChannelWrites
 
 log = structlog.get_logger("trimtab.controller")

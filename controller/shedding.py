@@ -25,10 +25,10 @@ from trimtab.channel.records import State
 from trimtab.channel.table import TableView
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.config.settings import SheddingSettings
-from trimtab.controller.destinations import Destinations
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.stores import ControllerSwitches
 from trimtab.controller.writes import ChannelWrites
 

@@ -21,7 +21,7 @@ from trimtab.cluster.http_guard import Refusals
 from trimtab.cluster.liveness import Liveness
 from trimtab.cluster.logs import bind as bind_log
 from trimtab.cluster.metrics import new_registry
-from trimtab.cluster.placement_store import PlacementStore
+from trimtab.cluster.placement.store import PlacementStore
 from trimtab.cluster.replica import Replica
 from trimtab.cluster.wiring import check_security
 from trimtab.cluster.zk import NamespaceStore
@@ -29,7 +29,6 @@ from trimtab.config.settings import Settings
 from trimtab.controller.admin import Admin
 from trimtab.controller.api import ControllerApi, create_app
 from trimtab.controller.daemon import Controller
-from trimtab.controller.destinations import Destinations
 from trimtab.controller.election import LeaderElection
 from trimtab.controller.healing import Healer, HealingJob
 from trimtab.controller.journal import DecisionJournal
@@ -37,10 +36,11 @@ from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
 from trimtab.controller.namespace_admin import NamespaceAdmin
-from trimtab.controller.placement_admin import PlacementAdmin
+from trimtab.controller.placement.admin import PlacementAdmin
+from trimtab.controller.placement.destinations import Destinations
+from trimtab.controller.placement.standbys import StandbyJob
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.snapshots import SnapshotJob
-from trimtab.controller.standbys import StandbyJob
 from trimtab.controller.status import StatusReport
 from trimtab.controller.stores import FailedBrokers, Reassignments, Switches
 from trimtab.controller.writes import ChannelWrites

@@ -3,7 +3,7 @@ bundle: a lookup's assignment, drain, healing and the monitor's destinations, th
 an operator's transfer.
 
 Three inputs change independently, each on its own thread: the policies (ZooKeeper znodes, through
-:class:`~trimtab.cluster.placement_store.PlacementWatch`), the live brokers (the registry) and who owns
+:class:`~trimtab.cluster.placement.store.PlacementWatch`), the live brokers (the registry) and who owns
 what (the channel table). The policy is rebuilt lazily -- on the first question after brokers or policies
 changed -- and the ownership index is kept current record by record, so a question costs a dictionary
 lookup or two, not a scan of 100 000 bundles.
@@ -29,7 +29,7 @@ from trimtab.balance.placement import (
     namespace_of,
 )
 from trimtab.channel.records import Record, State
-from trimtab.cluster.placement_store import PlacementDocs
+from trimtab.cluster.placement.store import PlacementDocs
 from trimtab.errors import TrimtabError
 
 log = structlog.get_logger("trimtab.placement")

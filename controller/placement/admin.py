@@ -1,6 +1,6 @@
 """Operators' placement policies (docs/placement.md, docs/design.md section 6): failure domains, namespace
 anti-affinity groups and namespace isolation policies, kept in ZooKeeper by
-:class:`~trimtab.cluster.placement_store.PlacementStore` and applied without restarts (every node watches
+:class:`~trimtab.cluster.placement.store.PlacementStore` and applied without restarts (every node watches
 the znodes; this module only writes them).
 
 Reads are answered by any controller straight from ZooKeeper; writes are the leader's. Every write is one
@@ -27,7 +27,7 @@ from trimtab.balance.placement import IsolationPolicy, PlacementConfigError, gro
 from trimtab.channel.bundles import validate_namespace
 from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
-from trimtab.cluster.placement_store import (
+from trimtab.cluster.placement.store import (
     AntiAffinityGroups,
     FailureDomain,
     FailureDomains,

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from trimtab.cluster.auth import ADMIN, READ
 from trimtab.cluster.http_errors import ErrorBody
-from trimtab.cluster.placement_store import IsolationPolicyDoc
-from trimtab.controller.placement_admin import (
+from trimtab.cluster.placement.store import IsolationPolicyDoc
+from trimtab.controller.placement.admin import (
     NAME_MAX,
     BrokerIsolation,
     PlacementAdmin,

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
 from trimtab.balance.load import BrokerLoadData
 from trimtab.cluster.kvview import KeyValueView
-from trimtab.cluster.placement_view import LivePlacement
-from trimtab.cluster.standbys import StandbyIndex, prefer_standby_set, prefer_standbys
+from trimtab.cluster.placement.standbys import StandbyIndex, prefer_standby_set, prefer_standbys
+from trimtab.cluster.placement.view import LivePlacement
 from trimtab.cluster.zk import BrokerRegistry
 from trimtab.config.settings import Settings
 

@@ -1,6 +1,6 @@
 """Warm standbys, leader only (KIP-708; docs/placement.md "Warm standbys"): every
 ``placement.standby_interval_s`` the standby sets of all owned bundles are computed with the placement
-rules and the sets that changed are written to the standby topic (cluster/standbys.py), where agents read
+rules and the sets that changed are written to the standby topic (cluster/placement/standbys.py), where agents read
 what to pre-warm and healing reads whom to prefer. Not destructive -- nothing moves -- so it runs whenever
 this controller leads, safe mode included.
 """
@@ -16,8 +16,8 @@ import structlog
 
 from trimtab.balance.placement import StandbySpec
 from trimtab.channel.transport import Transport
-from trimtab.cluster.placement_view import LivePlacement
-from trimtab.cluster.standbys import StandbyIndex, StandbySet
+from trimtab.cluster.placement.standbys import StandbyIndex, StandbySet
+from trimtab.cluster.placement.view import LivePlacement
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 

@@ -570,7 +570,7 @@ def test_a_redirect_is_followed_only_to_the_leader_the_server_names(
 
 
 # ---------------------------------------------------------------------------------------------- placement
-# These routes are being built (controller/placement_api.py); until the controller serves them, skip.
+# These routes are being built (controller/placement/api.py); until the controller serves them, skip.
 
 
 def test_failure_domains(admin: Admin) -> None:

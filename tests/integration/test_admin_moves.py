@@ -40,7 +40,7 @@ from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.memory import MemoryLog, MemoryTransport
 from trimtab.channel.records import State
-from trimtab.cluster.placement_store import IsolationPolicies, IsolationPolicyDoc, PlacementStore
+from trimtab.cluster.placement.store import IsolationPolicies, IsolationPolicyDoc, PlacementStore
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.settings import Settings
 from trimtab.controller.daemon import Controller

@@ -548,7 +548,7 @@ def test_lookups_assign_only_where_the_placement_policies_allow(
 ) -> None:
     """The namespace is isolated to ``peer-*`` hosts: a lookup assigns its bundle to the peer, never to
     this agent; when the policy's only broker leaves, lookups fail as retryable instead of breaking it."""
-    from trimtab.cluster.placement_store import IsolationPolicies, IsolationPolicyDoc, PlacementStore
+    from trimtab.cluster.placement.store import IsolationPolicies, IsolationPolicyDoc, PlacementStore
 
     paths = ZkPaths(settings.zk_path)
     doc = IsolationPolicyDoc(namespaces=[NS.replace("/", "/") + ".*"], primary=["peer-.*"], min_limit=1)

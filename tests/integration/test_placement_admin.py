@@ -1,4 +1,4 @@
-"""The placement-policy admin API (controller/placement_api.py over controller/placement_admin.py): failure
+"""The placement-policy admin API (controller/placement/api.py over controller/placement/admin.py): failure
 domains, anti-affinity groups and isolation policies stored in a real ZooKeeper, isolation changes
 unloading bundles on the in-memory channel, through a controller built by the production wiring.
 
@@ -30,13 +30,13 @@ from trimtab.channel.records import State, make
 from trimtab.channel.table import TableView
 from trimtab.cluster.auth import Authenticator, secure_app
 from trimtab.cluster.http_errors import install_error_handlers
-from trimtab.cluster.placement_store import PlacementDocs, PlacementStore, PlacementWatch, znode_paths
+from trimtab.cluster.placement.store import PlacementDocs, PlacementStore, PlacementWatch, znode_paths
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.loader import load_settings, parse_assignments
 from trimtab.config.settings import Settings
 from trimtab.controller.journal import DecisionJournal
-from trimtab.controller.placement_admin import PlacementAdmin
-from trimtab.controller.placement_api import add_placement_routes
+from trimtab.controller.placement.admin import PlacementAdmin
+from trimtab.controller.placement.api import add_placement_routes
 from trimtab.controller.writes import ChannelWrites
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from tests.support.waiting import wait_for
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.memory import MemoryLog
 from trimtab.channel.records import State, make
-from trimtab.cluster.placement_store import (
+from trimtab.cluster.placement.store import (
     AntiAffinityGroups,
     FailureDomain,
     FailureDomains,
@@ -27,7 +27,7 @@ from trimtab.cluster.placement_store import (
     PlacementStore,
     PlacementWatch,
 )
-from trimtab.cluster.placement_view import LivePlacement, build_policy
+from trimtab.cluster.placement.view import LivePlacement, build_policy
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.settings import Settings
 from trimtab.controller.admin import Admin

@@ -62,7 +62,7 @@ from trimtab.channel.snapshot import read_all
 from trimtab.cli import main
 from trimtab.cluster.auth import ADMIN, READ, Authenticator, StaticToken, route_table, secure_app
 from trimtab.cluster.http_errors import install_error_handlers
-from trimtab.cluster.placement_store import znode_paths
+from trimtab.cluster.placement.store import znode_paths
 from trimtab.cluster.wiring import kafka_transport, zk_session
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.loader import load_settings

@@ -1,4 +1,4 @@
-"""The warm-standby preference (cluster/standbys.py): among the brokers the placement rules allow, a
+"""The warm-standby preference (cluster/placement/standbys.py): among the brokers the placement rules allow, a
 bundle's standbys when any is there, else every allowed broker -- never a broker the rules forbid."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trimtab.balance.assign import BrokerInfo
-from trimtab.cluster.standbys import StandbyIndex, StandbySet, prefer_standby_set, prefer_standbys
+from trimtab.cluster.placement.standbys import StandbyIndex, StandbySet, prefer_standby_set, prefer_standbys
 
 BROKERS = [f"b{i}:1" for i in range(8)]
 ids = st.sets(st.sampled_from(BROKERS))

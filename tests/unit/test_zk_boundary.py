@@ -14,7 +14,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NoAuthError, NodeE
 from kazoo.retry import KazooRetry
 
 from trimtab.cluster import zk
-from trimtab.cluster.placement_store import FailureDomain, FailureDomains, PlacementStore
+from trimtab.cluster.placement.store import FailureDomain, FailureDomains, PlacementStore
 from trimtab.cluster.zk import ZkPaths, zk_call
 from trimtab.errors import RequestError, ZkAccessDenied, ZkConflict, ZkUnavailable
 
