@@ -80,11 +80,20 @@ def _common_flags(
     }
 
 
-def _run_daemon(role: str, build: Any, s: Settings) -> None:
-    """Configure logging, run the daemon's event loop, and turn a start-up failure into a clear exit."""
+def _run_daemon(role: str, wiring: Any, process: str, s: Settings) -> None:
+    """Check ``s`` with ``wiring.check`` (before binding or connecting anything: exit 2 on invalid
+    settings), configure logging, run ``wiring.<process>`` on an event loop, and turn a start-up failure
+    into a clear exit 1."""
     import asyncio
 
     from trimtab.cluster.logs import configure_logging
+
+    try:
+        wiring.check(s)
+    except ConfigError as e:
+        click.echo(f"{role}: invalid configuration: {e}", err=True)
+        sys.exit(2)
+    build = getattr(wiring, process)
 
     configure_logging(s.logging.level, s.logging.json_logs, role=role)
     try:
@@ -129,13 +138,9 @@ def agent(
     from trimtab.agent import wiring
 
     flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
-    s = settings_from(config_file, sets, **flags, **{"broker.id": broker_id})
-    try:
-        wiring.check(s)  # before binding or connecting anything
-    except ConfigError as e:
-        click.echo(f"agent: invalid configuration: {e}", err=True)
-        sys.exit(2)
-    _run_daemon("agent", wiring.AgentProcess, s)
+    _run_daemon(
+        "agent", wiring, "AgentProcess", settings_from(config_file, sets, **flags, **{"broker.id": broker_id})
+    )
 
 
 @main.command()
@@ -156,12 +161,7 @@ def controller(
 
     flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
     s = settings_from(config_file, sets, **flags, **{"controller.id": controller_id})
-    try:
-        wiring.check(s)  # before binding or connecting anything
-    except ConfigError as e:
-        click.echo(f"controller: invalid configuration: {e}", err=True)
-        sys.exit(2)
-    _run_daemon("controller", wiring.ControllerProcess, s)
+    _run_daemon("controller", wiring, "ControllerProcess", s)
 
 
 @main.command("sim-broker")
