@@ -145,22 +145,26 @@ def asof_loads(bl: DataFrame, bucket_ms: int, ttl_ms: int) -> DataFrame:
     until = sf.least(
         sf.coalesce(sf.lead("t").over(order), sf.lit(2**62)), sf.col("fresh_from") + sf.lit(ttl_ms + 1)
     )
+    # A report never in force (the broker's next one came at the same instant, or it was stale when
+    # published) is still one the broker published: it keeps one row, in its own bucket, for the count.
+    live = sf.col("until") > sf.col("t")
     spans = (
         ev.withColumn("until", until)
-        .where(~sf.col("tombstone") & (sf.col("until") > sf.col("t")))
+        .where(~sf.col("tombstone"))
+        .withColumn("live", live)
         .withColumn("k0", sf.floor(sf.col("t") / bucket_ms).cast("long"))
         .withColumn(
             "k1",
-            sf.when(sf.col("until") > hi, sf.lit(last_k)).otherwise(
-                sf.least(sf.lit(last_k), sf.floor((sf.col("until") - 1) / bucket_ms).cast("long"))
-            ),
+            sf.when(~sf.col("live"), sf.col("k0"))
+            .when(sf.col("until") > hi, sf.lit(last_k))
+            .otherwise(sf.least(sf.lit(last_k), sf.floor((sf.col("until") - 1) / bucket_ms).cast("long"))),
         )
     )
     per_bucket = spans.withColumn("k", sf.explode(sf.sequence("k0", "k1"))).withColumn(
         "asof", sf.least(sf.col("k") * bucket_ms + (bucket_ms - 1), sf.lit(hi))
     )
     thr = sf.col("msg_throughput_in") + sf.col("msg_throughput_out")
-    in_force = sf.col("until") > sf.col("asof")  # still the broker's state at the bucket's end
+    in_force = sf.col("live") & (sf.col("until") > sf.col("asof"))  # the broker's state at the bucket's end
     state = sf.struct(
         sf.col("t"),
         sf.col("weighted_max_ema").alias("load"),
@@ -169,7 +173,7 @@ def asof_loads(bl: DataFrame, bucket_ms: int, ttl_ms: int) -> DataFrame:
     )
     grouped = per_bucket.groupBy("k", "broker").agg(
         sf.max_by(sf.when(in_force, state), sf.when(in_force, sf.col("t"))).alias("end"),
-        sf.max("weighted_max_ema").alias("load_max"),
+        sf.max(sf.when(sf.col("live"), sf.col("weighted_max_ema"))).alias("load_max"),
         sf.sum(sf.when(sf.col("k") == sf.col("k0"), 1).otherwise(0)).cast("long").alias("reports"),
     )
     return grouped.where(sf.col("end").isNotNull()).select(

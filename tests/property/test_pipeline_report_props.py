@@ -200,3 +200,16 @@ def test_hottest_bundles_mean_weighs_each_report_by_how_long_it_held(spark: Any)
     assert abs(want - 18.91) < 1e-9  # not the 50.5 a plain mean over the 20 reports gives
     assert abs(got["mean_throughput"] - want) < 1e-9
     assert got["max_throughput"] == 100.0 and got["reports"] == 20 and got["last_broker"] == "a"
+
+
+def test_two_reports_at_one_instant_are_both_counted(spark: Any) -> None:
+    """Found by the property above: a broker that publishes twice at the same instant published two
+    reports in that bucket, though only the later one is ever in force."""
+    report = {"weighted_max_ema": 0.0, "msg_throughput_in": 0.0, "msg_throughput_out": 1.0, "bundles": 0}
+    rows = [
+        {"broker": "a", "t": 1000, "offset": 0, "tombstone": True},
+        {"broker": "b", "t": 1109, "offset": 1, **report, "updated_at": 1109},
+        {"broker": "b", "t": 1109, "offset": 2, **report, "updated_at": 1109},
+    ]
+    got = asof_loads(history_frame(spark, rows), 1, 0).collect()
+    assert [(r["bucket"], r["broker"], r["reports"]) for r in got] == [(1109, "b", 2)]
