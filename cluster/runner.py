@@ -124,7 +124,7 @@ class JobRunner:
             raise
         except Exception:
             self.failures.labels(job.name).inc()
-            log.exception("job_failed", job=job.name)
+            log.exception("job_failed", task=job.name)
         finally:
             self.runs[job.name] += 1
 
