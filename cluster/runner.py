@@ -79,7 +79,6 @@ class JobRunner:
         self.failures = failures
         self.mono = mono
         self.jobs: list[Job] = []
-        self.runs: dict[str, int] = {}  # completed runs per job, failed or not (tests and status)
         self._tasks: list[asyncio.Task[None]] = []
         self._epoch = 0
 
@@ -98,7 +97,6 @@ class JobRunner:
         if any(j.name == name for j in self.jobs):
             raise ValueError(f"job {name!r} added twice")
         self.jobs.append(Job(name, run_once, schedule, gate))
-        self.runs[name] = 0
         self.failures.labels(name)  # exported at 0 from the start, so a rate() alert has a series
 
     def start(self) -> None:
@@ -112,11 +110,6 @@ class JobRunner:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def run_now(self, name: str) -> None:
-        """One guarded run of a job, outside its schedule (tests, an operator's request)."""
-        (job,) = [j for j in self.jobs if j.name == name]
-        await self._run(job)
-
     async def _run(self, job: Job) -> None:
         try:
             await job.run_once()
@@ -125,8 +118,6 @@ class JobRunner:
         except Exception:
             self.failures.labels(job.name).inc()
             log.exception("job_failed", task=job.name)
-        finally:
-            self.runs[job.name] += 1
 
     async def _loop(self, job: Job) -> None:
         s = job.schedule
