@@ -380,6 +380,8 @@ def _shed_pairs(
     empty = few = cooled = 0
     while pairs < cfg.max_broker_pairs and min_idx < max_idx:
         lo, hi = order[min_idx], order[max_idx]
+        if load[hi] <= load[lo]:
+            break  # no gap left to halve: a move (or a swap) between equals only churns
         if std > cfg.target_std:
             reason = "overloaded"
         elif load[lo] < avg * m or tput_ema[lo] < tput_ema[hi] * m:
@@ -396,12 +398,9 @@ def _shed_pairs(
         if hi in cooling:
             cooled += 1
             continue
-        if load[hi] <= 0 or tput[hi] <= 0:
-            empty += 1  # no figures to size the budget with
-            continue
         report = top.get(hi)
-        if report is None or not report.bundles:
-            empty += 1
+        if load[hi] <= 0 or tput[hi] <= 0 or report is None or not report.bundles:
+            empty += 1  # no figures to size the budget with, or no bundles to choose from
             continue
         if len(report.bundles) == 1:
             few += 1  # the sole bundle is the overload: it needs a split, not a move

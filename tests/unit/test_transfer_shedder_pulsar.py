@@ -573,3 +573,17 @@ def replace_ema(d: BrokerLoadData, ema: float) -> BrokerLoadData:
     import msgspec
 
     return msgspec.structs.replace(d, msg_throughput_ema=ema)
+
+
+def test_a_pair_of_equally_loaded_brokers_moves_nothing() -> None:
+    """trimtab's addition (found by the property test): once the projected std still exceeds the target
+    but the brokers left between the ends are equally loaded, there is no gap to halve -- Pulsar's budget
+    is zero, and a swap would only trade bundles between equals. The cycle stops there."""
+    c = Cluster()
+    c.add(broker(0), 0, "ns0", [1_000, 1_000])
+    c.add(broker(1), 50, "ns1", [1, 5])  # lo of the second pair: a swap of its 1 B/s bundle would fit
+    c.add(broker(2), 50, "ns2", [10, 20])
+    c.add(broker(3), 100, "ns3", [100, 10_000])  # sheds 100 B/s: the std stays above the target
+    res = c.shed(replace(CFG, max_broker_pairs=5))
+    assert res.std > CFG.target_std
+    assert {(u.src, u.dst) for u in res.decisions} == {(broker(3), broker(0))}
