@@ -3,9 +3,9 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 # The whole context, so the image cannot miss a package the source tree has; .dockerignore keeps caches,
-# tests and docs out. pyproject.toml decides what is in the wheel (trimtab/<name> are symlinks to the
-# top-level folders; the dev kit is left out). scripts/check-wheel.sh builds the wheel from exactly this
-# context (trimtab.devkit.docker_context) and runs every command from a fresh virtualenv.
+# tests and docs out. pyproject.toml and setup.py decide what is in the wheel (package-dir maps the
+# top-level folders to trimtab.<name>; the dev kit is left out). scripts/check-wheel.sh builds the wheel
+# from exactly this context (trimtab.devkit.docker_context) and runs every command from a fresh virtualenv.
 COPY . .
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

@@ -1,0 +1,3 @@
+from trimtab import refuse_bare_import
+
+refuse_bare_import(__name__)

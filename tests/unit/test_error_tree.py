@@ -14,6 +14,7 @@ from types import ModuleType
 
 import trimtab
 from trimtab import errors
+from trimtab.devkit.layout import package_dirs
 from trimtab.errors import TrimtabError
 
 #: Exception classes that are not TrimtabErrors on purpose, with why.
@@ -36,7 +37,10 @@ class Drawn:
 def every_module() -> list[ModuleType]:
     """Every module of the package (the dev kit, the pipeline and the simulator included): a subclass
     exists for ``__subclasses__`` only once its module is imported."""
-    return [importlib.import_module(m.name) for m in pkgutil.walk_packages(trimtab.__path__, "trimtab.")]
+    found = [trimtab.__name__]
+    for name, path in package_dirs().items():
+        found += [m.name for m in pkgutil.walk_packages([str(path)], name + ".")]
+    return [importlib.import_module(m) for m in sorted(set(found))]
 
 
 def qualname(cls: type) -> str:

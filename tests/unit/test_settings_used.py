@@ -20,10 +20,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from trimtab.config.settings import Settings
+from trimtab.devkit.layout import package_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The code that may read settings (trimtab/ itself holds the CLI; its other entries are symlinks to these).
-CODE = ("agent", "controller", "balance", "channel", "cluster", "sim", "pipeline", "devkit", "trimtab")
+#: The code that may read settings: every folder of the package (trimtab/ itself holds the CLI).
+CODE = tuple(p.name for p in package_dirs(ROOT).values())
 
 #: Leaves read only by a derived accessor of ``Settings`` (config/settings.py), which the code outside
 #: config/ calls instead of the field: leaf -> that accessor as it appears at its call sites.
@@ -68,7 +69,7 @@ def parse(text: str) -> Source:
 
 
 def sources() -> dict[Path, Source]:
-    """Every Python source outside config/, once (resolved, so a symlinked package counts once)."""
+    """Every Python source outside config/."""
     out: dict[Path, Source] = {}
     for d in CODE:
         for p in (ROOT / d).rglob("*.py"):
