@@ -18,7 +18,7 @@ top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".di
 assert top == {"trimtab"}, f"the wheel installs these top-level names: {sorted(top)} (want only trimtab)"
 dev = [n for n in names if n.startswith("trimtab/devkit")]
 assert not dev, f"the dev kit is in the wheel: {dev[:5]}"
-for needed in ("trimtab/cli.py", "trimtab/channel/records.py", "trimtab/agent/daemon.py", "trimtab/pipeline/cli.py",
+for needed in ("trimtab/cli/main.py", "trimtab/channel/records.py", "trimtab/agent/daemon.py", "trimtab/cli/pipeline.py",
                "trimtab/controller/daemon.py", "trimtab/config/settings.py", "trimtab/py.typed"):
     assert needed in names, f"{needed} is missing from the wheel"
 print(f"wheel {sys.argv[1].rsplit('/', 1)[-1]}: top-level {sorted(top)}, {len(names)} files, no dev kit")
@@ -31,7 +31,7 @@ for cmd in "" agent controller admin pipeline sim sim-broker channel; do
   # shellcheck disable=SC2086  # an empty $cmd is no argument at all
   "$out/venv/bin/trimtab" $cmd --help >/dev/null || { echo "'trimtab $cmd --help' fails from the wheel" >&2; exit 1; }
 done
-"$out/venv/bin/python" -c "import trimtab.agent.daemon, trimtab.controller.daemon, trimtab.channel.client, trimtab.pipeline.cli, trimtab.sim.engine"
+"$out/venv/bin/python" -c "import trimtab.agent.daemon, trimtab.controller.daemon, trimtab.channel.client, trimtab.cli.pipeline, trimtab.sim.engine"
 if msg=$("$out/venv/bin/trimtab" bench channel 2>&1); then
   echo "'trimtab bench' ran without the dev kit" >&2; exit 1
 fi

@@ -17,7 +17,7 @@ How errors reach the outside, each in one place:
   400/404/405; anything unexpected 500, logged with its traceback.
 * **ZooKeeper.** kazoo's exceptions become :class:`ZooKeeperError`\\ s at one boundary
   (``trimtab.cluster.zk.zk_call``), which also retries connection losses through kazoo's ``KazooRetry``.
-* **The command line.** ``click.ClickException``\\ s (``admin_cli.AdminError``, with its exit code) or a
+* **The command line.** ``click.ClickException``\\ s (``cli.admin.AdminError``, with its exit code) or a
   clean ``exit 2`` for a :class:`ConfigError`.
 
 The tree (``[module]``: a class defined outside this one, relative to ``trimtab``)::
@@ -28,7 +28,7 @@ The tree (``[module]``: a class defined outside this one, relative to ``trimtab`
     ├── StartupError                a daemon could not start (the message says what it waited for)
     ├── BadExportLine               a line of a channel export that is not one (``channel replay``)
     ├── BundleError                 a bundle name, range or split that does not make sense
-    ├── DocumentError               [placement_solve] a ``placement solve`` document, naming each bad field
+    ├── DocumentError               [cli.placement_solve] a ``placement solve`` document, naming each bad field
     ├── IntentRefused               [channel.intents] the bundle's record does not allow this write
     ├── TransportError              Kafka refused or could not be reached
     │   ├── HistoryGap              records were deleted before this node read them
@@ -52,10 +52,10 @@ The tree (``[module]``: a class defined outside this one, relative to ``trimtab`
     │   ├── SplitRefused            [agent.splits] a split the agent will not start
     │   └── _Refused                [cluster.http_guard] a request the guard ends before the app sees it
     ├── PipelineError               [pipeline.common] a Spark job that cannot run or finish
-    ├── AdminError                  [admin_cli] a failed ``trimtab admin`` call (a ClickException too)
-    │   ├── Refused                 [admin_cli] the server said no (4xx): exit 1
-    │   ├── Unavailable             [admin_cli] no answer, or a temporary refusal: exit 3
-    │   └── Unexpected              [admin_cli] an answer the CLI cannot trust: exit 4
+    ├── AdminError                  [cli.admin] a failed ``trimtab admin`` call (a ClickException too)
+    │   ├── Refused                 [cli.admin] the server said no (4xx): exit 1
+    │   ├── Unavailable             [cli.admin] no answer, or a temporary refusal: exit 3
+    │   └── Unexpected              [cli.admin] an answer the CLI cannot trust: exit 4
     ├── DevKitError                 the local cluster, the ZooKeeper launcher, a benchmark
     │   ├── BenchError              [devkit.bench.common] a benchmark's own checks failed
     │   ├── ClusterError            [devkit.localcluster] the local cluster could not start or run

@@ -1,4 +1,4 @@
-"""`trimtab admin` (trimtab/admin_cli.py, docs/admin-cli.md) driven with click's CliRunner against a real
+"""`trimtab admin` (cli/admin.py, docs/admin-cli.md) driven with click's CliRunner against a real
 local cluster: a real ZooKeeper server, the librdkafka mock, two agents (each beside its simulated broker)
 and one controller as real ``trimtab`` processes (:class:`trimtab.devkit.localcluster.LocalCluster`).
 
@@ -40,7 +40,7 @@ from click.testing import CliRunner, Result
 
 from tests.support.waiting import wait_for
 from trimtab.channel.bundles import parse_bundle
-from trimtab.cli import main
+from trimtab.cli.main import main
 from trimtab.devkit.localcluster import LocalCluster, Node
 
 pytestmark = pytest.mark.integration
@@ -661,7 +661,7 @@ def test_a_follower_answers_reads_and_redirects_writes_to_the_leader(admin: Admi
 
 
 def test_the_exit_codes_are_documented() -> None:
-    from trimtab.admin_cli import Exit
+    from trimtab.cli.admin import Exit
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "admin-cli.md").read_text()
     for name in ("OK", "REFUSED", "USAGE", "UNAVAILABLE", "UNEXPECTED"):

@@ -26,7 +26,7 @@ from trimtab.channel.replayfile import export_line, header_line, parse_message_l
 from trimtab.channel.snapshot import SnapshotWriter
 from trimtab.channel.table import TableView, replay
 from trimtab.channel.transport import Message
-from trimtab.cli import main
+from trimtab.cli.main import main
 
 B1 = "t/ns/0x00000000_0x40000000"
 B2 = "t/ns/0x40000000_0x80000000"

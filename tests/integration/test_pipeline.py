@@ -34,7 +34,7 @@ from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import State, encode, make
 from trimtab.channel.replayfile import export_line, header_line, replay_lines, report_json, table_report
 from trimtab.channel.table import TableView
-from trimtab.cli import main
+from trimtab.cli.main import main
 from trimtab.devkit.localcluster import LocalCluster, Node
 from trimtab.pipeline import kafka_io
 from trimtab.pipeline.compact import compact_kafka, publish_snapshot

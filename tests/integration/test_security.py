@@ -59,7 +59,7 @@ from trimtab.agent.api import create_app as agent_app
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.snapshot import read_all
-from trimtab.cli import main
+from trimtab.cli.main import main
 from trimtab.cluster.auth import ADMIN, READ, Authenticator, StaticToken, route_table, secure_app
 from trimtab.cluster.http_errors import install_error_handlers
 from trimtab.cluster.placement.store import znode_paths

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.api import SimControls, create_app
-from trimtab.cli import main
+from trimtab.cli.main import main
 from trimtab.cluster.auth import Authenticator
 from trimtab.config.settings import Settings
 

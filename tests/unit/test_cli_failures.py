@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kazoo.exceptions import NoAuthError, NoNodeError
 
-from trimtab.cli import failure_reason
+from trimtab.cli.main import failure_reason
 from trimtab.cluster.zk import access_denied
 from trimtab.errors import ZkUnavailable
 

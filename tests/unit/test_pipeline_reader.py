@@ -11,7 +11,7 @@ import pyspark
 import pytest
 from click.testing import CliRunner
 
-from trimtab.cli import main
+from trimtab.cli.main import main
 from trimtab.pipeline import session, sources
 from trimtab.pipeline.common import PipelineError
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from trimtab.cli.placement_solve import parse_document, solve, solve_main
 from trimtab.devkit.bench.placement import bench
-from trimtab.placement_solve import parse_document, solve, solve_main
 
 B_ORDERS = "acme/orders/0x00000000_0x80000000"
 B_BILLING = "acme/billing/0x00000000_0xffffffff"

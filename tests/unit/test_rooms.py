@@ -1,4 +1,4 @@
-"""The rooms picture in docs/architecture.md is the code's import graph (trimtab/rooms.py), and the
+"""The rooms picture in docs/architecture.md is the code's import graph (cli/rooms.py), and the
 pure core never reaches into a shell."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.rooms import MARK_BEGIN, MARK_END, doors, mermaid, reduced, room_of, with_picture
+from trimtab.cli.rooms import MARK_BEGIN, MARK_END, doors, mermaid, reduced, room_of, with_picture
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = {"config", "channel", "balance"}
@@ -29,8 +29,8 @@ def test_the_pure_core_imports_no_shell() -> None:
 def test_modules_fall_into_their_rooms() -> None:
     assert room_of("trimtab.channel.intents") == "channel"
     assert room_of("trimtab.errors") == "errors"
-    assert room_of("trimtab.admin_cli") == "cli"
-    assert room_of("trimtab.pipeline.cli") == "cli"
+    assert room_of("trimtab.cli.admin") == "cli"
+    assert room_of("trimtab.cli.pipeline") == "cli"
     assert room_of("trimtab.pipeline.ingest") == "pipeline"
     assert room_of("kazoo.client") is None
 

@@ -14,8 +14,8 @@ from typing import Any, BinaryIO
 import pytest
 from click.testing import CliRunner
 
-from trimtab.cli import main
-from trimtab.cli_common import settings_layers, write_atomically
+from trimtab.cli.common import settings_layers, write_atomically
+from trimtab.cli.main import main
 from trimtab.config.loader import load_settings
 from trimtab.devkit.localcluster import ClusterError, LocalCluster
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trimtab.cli import main
+from trimtab.cli.main import main
 from trimtab.errors import ConfigError
 from trimtab.sim import engine as engine_mod
 from trimtab.sim.engine import Engine

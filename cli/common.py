@@ -2,7 +2,7 @@
 a command turns them into settings (exit 2 with the problems when they are invalid), and how a command
 writes a file that must never be seen half-written.
 
-Used by ``trimtab.cli`` and by ``trimtab.pipeline.cli`` (which may not import ``trimtab.cli``: the
+Used by ``trimtab.cli`` and by ``trimtab.cli.pipeline`` (which may not import ``trimtab.cli``: the
 import contracts in pyproject.toml). Imports only click at import time: the settings' modules are loaded
 by the first command that needs them, so ``trimtab --help`` does not pay for them.
 """

@@ -11,7 +11,7 @@ regexes must compile, broker ids must be unique and every owner or transfer dest
 broker. A refusal prints one line per problem naming the field (``isolation_policies.p1.primary.0: ...``)
 to stderr and exits 2.
 
-``python -m trimtab.placement_solve --bench [BUNDLES]`` prints the placement benchmark as JSON.
+``python -m trimtab.cli.placement_solve --bench [BUNDLES]`` prints the placement benchmark as JSON.
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ def solve_main(path: str) -> int:
 
 def _main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        _say("usage: python -m trimtab.placement_solve FILE|-")
+        _say("usage: python -m trimtab.cli.placement_solve FILE|-")
         return EXIT_INVALID
     return solve_main(argv[0])
 

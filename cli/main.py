@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import click
 import orjson
 
-from trimtab.admin_cli import admin
-from trimtab.cli_common import config_option, set_option, settings_from, settings_layers, write_atomically
+from trimtab.cli.admin import admin
+from trimtab.cli.common import config_option, set_option, settings_from, settings_layers, write_atomically
+from trimtab.cli.pipeline import pipeline
 from trimtab.config.settings import Settings
 from trimtab.errors import ConfigError, TransportError
-from trimtab.pipeline.cli import pipeline
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -407,8 +407,8 @@ def _export_channel(transport: Transport, topic: str, export_to: str, timeout: f
 
 
 # ---------------------------------------------------------------------------------------------- admin
-main.add_command(admin)  # trimtab/admin_cli.py (docs/admin-cli.md): imports only click until it is run
-main.add_command(pipeline)  # pipeline/cli.py (docs/pipeline.md): PySpark is imported only when a job runs
+main.add_command(admin)  # cli/admin.py (docs/admin-cli.md): imports only click until it is run
+main.add_command(pipeline)  # cli/pipeline.py (docs/pipeline.md): PySpark is imported only when a job runs
 
 
 # ---------------------------------------------------------------------------------------------- dev
@@ -529,7 +529,7 @@ def placement_solve(file: str) -> None:
     """Answer a placement document's queries (FILE, or - for stdin) as JSON: "where would this go?"
 
     Exit codes: 0 answered, 2 the document is invalid (the message names the field)."""
-    from trimtab.placement_solve import solve_main
+    from trimtab.cli.placement_solve import solve_main
 
     sys.exit(solve_main(file))
 
@@ -636,7 +636,7 @@ def docs_cmd(out: Path) -> None:
     arch = out / "architecture.md"
     root = Path(__file__).resolve().parents[1]  # the repository (an installed trimtab has no rooms to read)
     if arch.exists() and (root / "channel").is_dir():  # the picture lives in the page, between its markers
-        from trimtab.rooms import doors, mermaid, with_picture
+        from trimtab.cli.rooms import doors, mermaid, with_picture
 
         arch.write_text(with_picture(arch.read_text(), mermaid(doors(root))))
         kustomize = _devkit("trimtab.devkit.kustomize")  # the dev kit is there wherever the rooms are

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from trimtab.cli_common import config_option, set_option, settings_from, write_atomically
+from trimtab.cli.common import config_option, set_option, settings_from, write_atomically
 from trimtab.errors import ConfigError
 
 if TYPE_CHECKING:
