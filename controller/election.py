@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import msgspec
 import structlog
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from trimtab.channel.values import Refused, StrictDecoder
-from trimtab.cluster.zk import ZNODE_MAX_BYTES, ZkPaths, ZkSession
+from trimtab.cluster.zk import ZNODE_MAX_BYTES, ZkPaths, ZkSession, zk_call
+from trimtab.errors import ZooKeeperError
 
 log = structlog.get_logger("trimtab.election")
 
@@ -92,7 +92,7 @@ class LeaderElection:
     def start(self) -> None:
         for path, value in ((self.paths.leader_term, b"0"),):
             with contextlib.suppress(NodeExistsError):
-                self.zk.create(path, value, makepath=True)
+                zk_call(self.zk, self.zk.create, path, value, makepath=True)
         self.session.add_listener(self._on_session)
         self.zk.DataWatch(self.paths.leader, self._leader_changed)
         self._thread = threading.Thread(target=self._run, name="zk-election", daemon=True)
@@ -117,12 +117,12 @@ class LeaderElection:
             self._set(None)
             return
         try:
-            _data, stat = self.zk.get(self.paths.leader)
+            _data, stat = zk_call(self.zk, self.zk.get, self.paths.leader)
             if stat.ephemeralOwner == self.session.session_id:
-                self.zk.delete(self.paths.leader, version=stat.version)
+                zk_call(self.zk, self.zk.delete, self.paths.leader, version=stat.version)
                 log.info("leader_resigned", term=self.term)
-        except (NoNodeError, KazooException, KazooTimeoutError):
-            pass
+        except (NoNodeError, BadVersionError, ZooKeeperError):
+            pass  # gone already, or unreachable: the ephemeral node goes with the session
         self._set(None)
 
     # ------------------------------------------------------------------ events
@@ -156,8 +156,8 @@ class LeaderElection:
                 continue
             try:
                 self._step()
-            except (KazooException, KazooTimeoutError) as e:
-                log.warning("election_step_failed", error=repr(e))
+            except ZooKeeperError as e:
+                log.warning("election_step_failed", error=str(e))
                 time.sleep(0.2)
                 self._wake.set()
             except Exception:  # never let the election die: this controller could never lead again
@@ -168,7 +168,7 @@ class LeaderElection:
 
     def _step(self) -> None:
         try:
-            data, stat = self.zk.get(self.paths.leader)
+            data, stat = zk_call(self.zk, self.zk.get, self.paths.leader)
         except NoNodeError:
             self.current = None
             if self.term is not None:
@@ -194,7 +194,7 @@ class LeaderElection:
             self._set(None)
 
     def _campaign(self) -> None:
-        raw, stat = self.zk.get(self.paths.leader_term)
+        raw, stat = zk_call(self.zk, self.zk.get, self.paths.leader_term)
         last = parse_term(raw)
         if last is None:
             # Every leader's writes are fenced by its term: a guessed one could go backwards. Stay without
@@ -217,10 +217,17 @@ class LeaderElection:
             http_url=self.http_url,
             since=int(time.time() * 1000),
         )
-        tx = self.zk.transaction()
-        tx.set_data(self.paths.leader_term, str(term).encode(), version=stat.version)
-        tx.create(self.paths.leader, _enc.encode(info), ephemeral=True)
-        results = tx.commit()
+
+        def commit() -> list[object]:
+            # A fresh transaction per attempt (kazoo commits one only once). An attempt retried after a
+            # lost connection may find its own first attempt committed: that reads as a lost race, and the
+            # next step sees the leader node is this session's and takes the term.
+            tx = self.zk.transaction()
+            tx.set_data(self.paths.leader_term, str(term).encode(), version=stat.version)
+            tx.create(self.paths.leader, _enc.encode(info), ephemeral=True)
+            return list(tx.commit())
+
+        results = zk_call(self.zk, commit)
         if any(isinstance(r, Exception) for r in results):
             self._wake.set()  # lost the race; re-read who won
             return
@@ -244,8 +251,8 @@ class LeaderElection:
         if self.term is None:
             return False
         try:
-            _, stat = self.zk.get(self.paths.leader)
-        except (NoNodeError, KazooException, KazooTimeoutError):
+            _, stat = zk_call(self.zk, self.zk.get, self.paths.leader)
+        except (NoNodeError, ZooKeeperError):
             self._wake.set()
             return False
         if stat.ephemeralOwner != self.session.session_id:

@@ -185,7 +185,6 @@ def test_a_refused_change_is_not_retried() -> None:
 #: exists, moved on, not empty) may be handled anywhere they mean something.
 KAZOO_FAILURES_ALLOWED = {
     "cluster/zk.py": "the boundary itself",
-    "controller/election.py": "not behind the boundary yet: the election thread's own loop (issue 30)",
     "cli/main.py": "failure_reason: a NoAuthError a kazoo recipe (a watch) raised at start-up",
 }
 
