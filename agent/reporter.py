@@ -74,10 +74,14 @@ class LoadReporter:
         metrics: AgentMetrics,
         *,
         host: HostSampler,
+        has_policies: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``host`` fills in the host figures the adapter's samples leave out."""
+        """``host`` fills in the host figures the adapter's samples leave out. ``has_policies``: whether a
+        bundle's namespace has an isolation policy or an anti-affinity group. Unless
+        ``shedding.shed_bundles_with_policies``, the top-k report leaves those bundles out: the shedder may
+        not move them, and they would crowd out those it may (Pulsar's ``TopKBundles``)."""
         self.me = me
         self.adapter = adapter
         self.transport = transport
@@ -86,6 +90,7 @@ class LoadReporter:
         self.clock = clock
         self.weights = Weights.from_settings(settings)
         self.host = host
+        self.leave_out = None if settings.shedding.shed_bundles_with_policies else has_policies
         self._monotonic = monotonic
         self.current: BrokerLoadData | None = None  # latest computed (EMA state)
         self.published: BrokerLoadData | None = None  # last one published
@@ -156,7 +161,9 @@ class LoadReporter:
         await self._produce(self.s.kafka.broker_load_topic, _enc.encode(load))
         self.published = load
         self.metrics.reports.labels("published", reason).inc()
-        top = TopBundles(broker=self.me, bundles=top_k(bundles, self.s.load.top_k), reported_at=now_ms)
+        top = TopBundles(
+            broker=self.me, bundles=top_k(bundles, self.s.load.top_k, self.leave_out), reported_at=now_ms
+        )
         await self._produce(self.s.kafka.top_bundles_topic, _enc.encode(top))
         self.last_top_at = self._monotonic()
         log.debug("load_published", reason=reason, ema=round(load.weighted_max_ema, 4), bundles=load.bundles)

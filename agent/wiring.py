@@ -152,7 +152,16 @@ def build(
         info = registry.brokers.get(broker)
         return info.service_url if info is not None else None
 
-    reporter = LoadReporter(me, retrying, transport, s, metrics, host=HostSampler(s), clock=clock)
+    reporter = LoadReporter(
+        me,
+        retrying,
+        transport,
+        s,
+        metrics,
+        host=HostSampler(s),
+        has_policies=replica.placement.has_policies,
+        clock=clock,
+    )
     leases, reconciler, renewer = _reconciliation(
         s, me, zk, channel, retrying, reporter, namespaces, url_of, metrics, clock
     )

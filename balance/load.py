@@ -6,6 +6,7 @@ format is JSON (msgspec structs) on compacted topics keyed by broker id, readabl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -220,9 +221,15 @@ def is_fresh(load: BrokerLoadData, now_ms: int, ttl_s: float) -> bool:
     return now_ms - load.updated_at <= ttl_s * 1000
 
 
-def top_k(stats: list[BundleStats], k: int) -> list[BundleStats]:
-    """The k most loaded bundles with traffic, heaviest first (Pulsar's strict comparator order)."""
-    busy = [s for s in stats if s.throughput > 0]
+def top_k(
+    stats: list[BundleStats], k: int, leave_out: Callable[[str], bool] | None = None
+) -> list[BundleStats]:
+    """The k most loaded bundles with traffic, heaviest first (Pulsar's strict comparator order).
+
+    ``leave_out``: bundles the shedder may not move (Pulsar's ``TopKBundles`` leaves out bundles of
+    namespaces with policies unless ``loadBalancerSheddingBundlesWithPoliciesEnabled``), so they do not take
+    the k places of bundles it could move."""
+    busy = [s for s in stats if s.throughput > 0 and (leave_out is None or not leave_out(s.bundle))]
     busy.sort(
         key=lambda s: (
             s.msg_throughput_in,

@@ -541,7 +541,8 @@ class SheddingSettings(Section):
         False,
         description="Let the shedder move bundles of namespaces with an isolation policy or an anti-affinity "
         "group (within what the policies allow). Off: those stay where placement put them, whatever the load "
-        "(skip reason has_policies). [loadBalancerSheddingBundlesWithPoliciesEnabled]",
+        "(skip reason has_policies), and agents leave them out of their top-k reports so they do not crowd "
+        "out the bundles the shedder may move. [loadBalancerSheddingBundlesWithPoliciesEnabled]",
     )
     unload_timeout_s: Seconds = Field(
         60.0,

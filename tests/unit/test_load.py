@@ -377,3 +377,13 @@ def test_top_bundles_and_adapter_samples_refuse_negative_figures() -> None:
     # What a broker answers to "sample" (webhook and command adapters) is held to the same rules.
     with pytest.raises(msgspec.DecodeError, match="msg_rate_in"):
         msgspec.json.decode(b'{"bundles":[{"bundle":"x","msg_rate_in":-5}]}', type=BrokerSample)
+
+
+def test_top_k_leaves_out_what_the_shedder_may_not_move() -> None:
+    """Pulsar's TopKBundles: bundles of namespaces with policies (unless shedding them is allowed) do not
+    take the k places, so the report still names k bundles the shedder may move."""
+    stats = [bs("pinned-1", 90), bs("pinned-2", 80), bs("a", 30), bs("b", 20), bs("c", 10)]
+    pinned = lambda name: "pinned" in name  # noqa: E731
+    assert [s.bundle for s in top_k(stats, 2)] == ["t/ns/pinned-1", "t/ns/pinned-2"]
+    assert [s.bundle for s in top_k(stats, 2, pinned)] == ["t/ns/a", "t/ns/b"]
+    assert top_k(stats, 5, lambda name: True) == []
