@@ -61,6 +61,7 @@ The tree (``[module]``: a class defined outside this one, relative to ``trimtab`
     │   ├── ClusterError            [devkit.localcluster] the local cluster could not start or run
     │   ├── KafkaServerError        [devkit.kafka_server] the Apache Kafka launcher
     │   ├── KustomizeError          [devkit.kustomize] the Kubernetes overlays do not build
+    │   ├── NetnsError              [devkit.netns] the chaos suite's network hosts (namespaces, links)
     │   ├── PkiError                [devkit.pki] the dev kit's certificates
     │   ├── PrometheusError         [devkit.prometheus] the Prometheus launcher
     │   ├── ZooKeeperServerError    [devkit.zkserver] the ZooKeeper launcher
