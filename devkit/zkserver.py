@@ -40,6 +40,7 @@ from trimtab.devkit.procs import spawn_logged
 from trimtab.errors import DevKitError
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 CLASSPATH_ENV = "TRIMTAB_ZK_CLASSPATH"
 DEBIAN_JAVA_DIR = Path("/usr/share/java")
 # The minimal working set from Debian's zookeeper package (unversioned symlinks, all must exist).
@@ -203,7 +204,10 @@ def _kill_leftovers() -> None:
 
 # ---------------------------------------------------------------------------------------------- server
 class ZooKeeperServer:
-    """One standalone ZooKeeper server on 127.0.0.1, owning ``data_dir`` (config, data, log).
+    """One ZooKeeper server on ``address`` (127.0.0.1 unless it runs in a host of its own), owning
+    ``data_dir`` (config, data, log): standalone, or member ``myid`` of ``quorum`` (id -> ``ip:peer:election``;
+    :class:`ZooKeeperEnsemble` builds those). ``run_in`` is the argv prefix that runs it somewhere else (a
+    network namespace: ``Network.argv``).
 
     ``port=0`` picks a free port at the first :meth:`start`; :meth:`restart` keeps it (and the data), so
     clients reconnect to the same address and find what they wrote.
@@ -228,7 +232,17 @@ class ZooKeeperServer:
         jvm_args: Iterable[str] = (),
         extra_config: Mapping[str, Any] | None = None,
         die_with_parent: bool = True,
+        address: str = _LOOPBACK,
+        run_in: Sequence[str] = (),
+        myid: int | None = None,
+        quorum: Mapping[int, str] | None = None,
     ) -> None:
+        if (myid is None) != (quorum is None) or (quorum is not None and myid not in quorum):
+            raise ZooKeeperServerError("a quorum member needs its myid among the quorum's ids")
+        self.address = address
+        self.run_in = list(run_in)
+        self.myid = myid
+        self.quorum = dict(quorum) if quorum is not None else None
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self._auto_port = port == 0
@@ -255,14 +269,14 @@ class ZooKeeperServer:
     # ------------------------------------------------------------------ info
     @property
     def host(self) -> str:
-        return _LOOPBACK
+        return self.address
 
     @property
     def hosts(self) -> str:
-        """The kazoo/ZooKeeper connect string, ``127.0.0.1:<port>`` (append a chroot as needed)."""
+        """The kazoo/ZooKeeper connect string, ``<address>:<port>`` (append a chroot as needed)."""
         if not self.port:
             raise ZooKeeperServerError("the server has no port yet: start() it first")
-        return f"{_LOOPBACK}:{self.port}"
+        return f"{self.address}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -283,7 +297,19 @@ class ZooKeeperServer:
             return ""
 
     def four_letter_word(self, word: str, timeout: float = 1.0) -> str:
-        return four_letter_word(_LOOPBACK, self.port, word, timeout)
+        return four_letter_word(self.address, self.port, word, timeout)
+
+    def mode(self) -> str | None:
+        """``leader``, ``follower`` or ``standalone`` while it serves; None when it does not (a quorum
+        member without a quorum, a stopped server)."""
+        try:
+            answer = self.four_letter_word("srvr")
+        except OSError:
+            return None
+        for line in answer.splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
 
     def is_serving(self) -> bool:
         """True if *this* server answers on its port right now: ``ruok`` is ``imok``, ``srvr`` reports a
@@ -311,7 +337,7 @@ class ZooKeeperServer:
             "tickTime": self.tick_ms,
             "dataDir": data,
             "clientPort": self.port,
-            "clientPortAddress": _LOOPBACK,
+            "clientPortAddress": self.address,
             "maxClientCnxns": 0,
             "admin.enableServer": "false",
             "4lw.commands.whitelist": "ruok,srvr,mntr,stat,cons,envi",
@@ -322,10 +348,16 @@ class ZooKeeperServer:
             "autopurge.purgeInterval": 1,
             **self.extra_config,
         }
+        if self.quorum is not None:
+            # Ticks of 100 ms: a follower has 5 s to connect and sync to a new leader, 2 s to answer it.
+            cfg |= {"initLimit": 50, "syncLimit": 20}
+            cfg |= {f"server.{i}": peer for i, peer in sorted(self.quorum.items())}
+            (data / "myid").write_text(f"{self.myid}\n")
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in cfg.items()))
 
     def _command(self) -> list[str]:
         return [
+            *self.run_in,
             find_java(self._java),
             f"-Xmx{self.heap_mb}m",
             "-XX:+UseSerialGC",
@@ -337,7 +369,7 @@ class ZooKeeperServer:
             *self.jvm_args,
             "-cp",
             find_classpath(self._classpath),
-            MAIN_CLASS,
+            MAIN_CLASS if self.quorum is None else QUORUM_MAIN_CLASS,
             str(self.config_path),
         ]
 
@@ -388,9 +420,31 @@ class ZooKeeperServer:
                 else:
                     what = f"exited with status {code}"
                 raise ZooKeeperServerError(
-                    f"ZooKeeper on {_LOOPBACK}:{self.port} {what} (log: {self.log_path}).\n"
+                    f"ZooKeeper on {self.address}:{self.port} {what} (log: {self.log_path}).\n"
                     f"--- last lines of the log ---\n{self.log_tail(40)}"
                 )
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it to serve: a quorum member serves only once a majority
+        of its ensemble runs, so :class:`ZooKeeperEnsemble` spawns them all, then waits for each."""
+        with self._lock:
+            if self.is_running():
+                return
+            if not self.port:
+                raise ZooKeeperServerError("an ensemble member needs its port chosen before it is spawned")
+            self._proc = self._spawn()
+            self.starts += 1
+            _RUNNING.add(self)
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Wait until the spawned server serves; raises with the tail of its log if it exits or times out."""
+        outcome = self._wait_serving(time.monotonic() + timeout)
+        if outcome != "serving":
+            what = "exited" if outcome == "exited" else f"did not serve within {timeout}s"
+            raise ZooKeeperServerError(
+                f"ZooKeeper server {self.myid} on {self.address}:{self.port} {what} (log: {self.log_path}).\n"
+                f"--- last lines of the log ---\n{self.log_tail(40)}"
+            )
 
     def _wait_serving(self, deadline: float) -> str:
         assert self._proc is not None
@@ -452,6 +506,87 @@ class ZooKeeperServer:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------------- ensemble
+class ZooKeeperEnsemble:
+    """Three (or any odd number of) ZooKeeper servers in one quorum: a leader change can happen under
+    trimtab (issue 31). Each server is on its own address and ports -- loopback with free ports, or, with
+    ``hosts`` (``(address, argv prefix)`` per server, e.g. a network namespace each), the standard ports on
+    each host's address, so links between members can be cut.
+
+    :attr:`connect` is the connect string listing every member; :meth:`leader` finds the current leader by
+    asking each member's ``srvr``; killing it makes the others elect a new one."""
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        size: int = 3,
+        *,
+        hosts: Sequence[tuple[str, Sequence[str]]] | None = None,
+        **server_kw: Any,
+    ) -> None:
+        if size < 1 or size % 2 == 0 or size > 9:
+            raise ZooKeeperServerError(f"an ensemble of {size}: use an odd number from 1 to 9")
+        if hosts is not None and len(hosts) != size:
+            raise ZooKeeperServerError(f"{len(hosts)} hosts for an ensemble of {size}")
+        root = Path(data_dir)
+        places = list(hosts) if hosts is not None else [(_LOOPBACK, ())] * size
+        ports: list[tuple[int, int, int]] = []
+        for address, _ in places:
+            if hosts is not None:
+                ports.append((2181, 2888, 3888))
+            else:
+                ports.append((free_port(address), free_port(address), free_port(address)))
+        quorum = {
+            i + 1: f"{a}:{p[1]}:{p[2]}" for i, ((a, _), p) in enumerate(zip(places, ports, strict=True))
+        }
+        self.servers = [
+            ZooKeeperServer(
+                root / f"zk{i + 1}",
+                ports[i][0],
+                address=address,
+                run_in=run_in,
+                myid=i + 1,
+                quorum=quorum,
+                **server_kw,
+            )
+            for i, (address, run_in) in enumerate(places)
+        ]
+
+    @property
+    def connect(self) -> str:
+        """Every member's client address, the connect string for kazoo and trimtab's settings."""
+        return ",".join(s.hosts for s in self.servers)
+
+    def start(self, timeout: float = 60.0) -> ZooKeeperEnsemble:
+        for s in self.servers:
+            s.spawn()
+        for s in self.servers:
+            s.wait_serving(timeout)
+        return self
+
+    def leader(self) -> int | None:
+        """The index of the member that leads now, or None while there is no leader."""
+        for i, s in enumerate(self.servers):
+            if s.is_running() and s.mode() == "leader":
+                return i
+        return None
+
+    def restart(self, i: int, timeout: float = 60.0) -> None:
+        """Start member ``i`` again (same ports and data) and wait until it serves."""
+        self.servers[i].spawn()
+        self.servers[i].wait_serving(timeout)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def __enter__(self) -> ZooKeeperEnsemble:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
