@@ -12,6 +12,10 @@ reference webhook broker) that its agent drives through the webhook adapter with
 killing an agent then leaves its broker running, as beside a real broker, and only broker leases stop it
 from serving what the agent can no longer vouch for. The chaos suite runs this way.
 
+With ``zk_servers=3`` ZooKeeper is a three-server ensemble (:class:`~trimtab.devkit.zkserver.ZooKeeperEnsemble`);
+with a ``network`` (:mod:`trimtab.devkit.netns`) its members run on hosts of their own, so links between them
+can be cut (the chaos suite's ``partition_zk_member``).
+
 With ``prometheus`` options, a real Prometheus server (:mod:`trimtab.devkit.prometheus`) scrapes every agent
 and controller, dead ones included, with the deployed alert rules loaded; it is stopped with the cluster.
 """
@@ -39,9 +43,10 @@ from trimtab.cluster.wiring import ensure_topics
 from trimtab.config.loader import load_settings
 from trimtab.config.merge import deep_merge
 from trimtab.devkit.kafka_server import KafkaCluster, Security
+from trimtab.devkit.netns import Network
 from trimtab.devkit.procs import die_with_parent_hook, open_log
 from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptions, PrometheusServer, Target
-from trimtab.devkit.zkserver import ZooKeeperServer, free_port
+from trimtab.devkit.zkserver import ZooKeeperEnsemble, ZooKeeperServer, free_port
 from trimtab.errors import DevKitError
 
 # Timers for a cluster you watch converge in a minute instead of an hour (every one can be overridden).
@@ -126,6 +131,8 @@ class LocalCluster:
     python: str = sys.executable
     env: Mapping[str, str] | None = None
     zk_port: int = 0
+    zk_servers: int = 1  # 3 (or 5...): an ensemble, so a ZooKeeper leader change can happen under trimtab
+    network: Network | None = None  # hosts of their own for the ensemble's members (devkit/netns.py)
     broker_processes: bool = False
     kafka_brokers: int = 1
     # "sasl_ssl": SCRAM over TLS with the StandardAuthorizer (real Kafka only); every node then uses the
@@ -140,6 +147,7 @@ class LocalCluster:
         self.workdir = Path(self.workdir)
         self.nodes: dict[str, Node] = {}
         self.zk: ZooKeeperServer | None = None
+        self.zk_ensemble: ZooKeeperEnsemble | None = None
         self.kafka: KafkaCluster | None = None
         self.prometheus_server: PrometheusServer | None = None
         self.config_path = self.workdir / "trimtab.toml"
@@ -170,7 +178,7 @@ class LocalCluster:
             shutil.rmtree(self.workdir / stale, ignore_errors=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
-            self.zk = ZooKeeperServer(self.workdir / "zookeeper", port=self.zk_port).start()
+            self._start_zookeeper()
             # Topics only as trimtab makes them: nothing auto-created by a stray metadata request.
             self.kafka = KafkaCluster(
                 self.workdir / "kafka",
@@ -200,12 +208,22 @@ class LocalCluster:
             raise
         return self
 
+    def _start_zookeeper(self) -> None:
+        if self.zk_servers == 1:
+            self.zk = ZooKeeperServer(self.workdir / "zookeeper", port=self.zk_port).start()
+            return
+        hosts = None
+        if self.network is not None:
+            made = [self.network.add_host(f"zk{i + 1}") for i in range(self.zk_servers)]
+            hosts = [(h.ip, self.network.argv(h.name, [])) for h in made]
+        self.zk_ensemble = ZooKeeperEnsemble(self.workdir / "zookeeper", self.zk_servers, hosts=hosts).start()
+
     def _write_config(self) -> None:
-        assert self.zk is not None and self.kafka is not None
+        assert self.kafka is not None
         sec = self._write_secrets()
         base: dict[str, Any] = {
             "cluster": {"name": self.cluster_name},
-            "zookeeper": {"hosts": self.zk.hosts, "auth_digest_file": str(sec["zookeeper_digest"])},
+            "zookeeper": {"hosts": self.zk_hosts, "auth_digest_file": str(sec["zookeeper_digest"])},
             "security": {
                 "admin_tokens_file": str(sec["admin_token"]),
                 "read_tokens_file": str(sec["read_token"]),
@@ -274,6 +292,9 @@ class LocalCluster:
 
     @property
     def zk_hosts(self) -> str:
+        """The ZooKeeper connect string: the server, or every member of the ensemble."""
+        if self.zk_ensemble is not None:
+            return self.zk_ensemble.connect
         assert self.zk is not None
         return self.zk.hosts
 
@@ -536,6 +557,9 @@ class LocalCluster:
         if self.zk is not None:
             self.zk.stop()
             self.zk = None
+        if self.zk_ensemble is not None:
+            self.zk_ensemble.stop()
+            self.zk_ensemble = None
         if self.kafka is not None:
             self.kafka.close()
             self.kafka = None
@@ -555,7 +579,7 @@ class LocalCluster:
             ],
             "controllers": [{"http": n.http, "pid": n.pid, "name": n.name} for n in self.controller_nodes],
             "brokers": [{"broker": n.broker, "http": n.http, "pid": n.pid} for n in self.broker_nodes],
-            "zookeeper": self.zk_hosts if self.zk else None,
+            "zookeeper": self.zk_hosts if self.zk or self.zk_ensemble else None,
             "kafka": self.bootstrap_servers if self.kafka else None,
             "kafka_brokers": (
                 [{"id": b.id, "pid": b.pid, "host": b.host, "port": b.port} for b in self.kafka.brokers]

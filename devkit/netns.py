@@ -15,6 +15,8 @@ Faults work on a kernel without netfilter, tc classifiers or ``sch_netem`` (this
   ``unreachable`` route would refuse a local sender at once);
 * :meth:`Network.cut` with ``oneway=True`` -- only ``a``'s entry: what ``a`` sends to ``b`` is lost, what
   ``b`` sends reaches ``a`` (its answers do not come back);
+* :meth:`Network.isolate` -- a host cut from every other host and from the root namespace (:data:`ROOT`,
+  where the suite's clients run);
 * :meth:`Network.throttle` -- a token bucket (``tbf``) on a host's link: a slow link;
 * :meth:`Network.heal` -- the routes removed.
 
@@ -49,6 +51,8 @@ from trimtab.errors import DevKitError
 STATE_DIR = Path(os.environ.get("TRIMTAB_NETNS_STATE", "/run/trimtab-netns"))
 PREFIX = "tt"
 MAX_HOSTS = 60
+#: The root namespace, as an end of a link (the suite's clients, and servers bound to the gateway address).
+ROOT = "root"
 #: A locally administered unicast hardware address no interface has: where a cut link's frames go.
 NOWHERE = "02:00:5e:ff:ff:01"
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -168,7 +172,7 @@ class Network:
 
     # ------------------------------------------------------------------ hosts
     def add_host(self, name: str) -> Host:
-        if not _NAME.match(name):
+        if not _NAME.match(name) or name == ROOT:
             raise NetnsError(f"host name {name!r}: 1-8 lowercase letters and digits, starting with a letter")
         if name in self.hosts:
             raise NetnsError(f"host {name} exists already")
@@ -190,21 +194,37 @@ class Network:
         return ["ip", "netns", "exec", self.hosts[host].ns, *argv]
 
     # ------------------------------------------------------------------ faults
+    def _end(self, name: str) -> tuple[list[str], str, str]:
+        """(``ip`` arguments that select its namespace, its device on the network, its address)."""
+        if name == ROOT:
+            return [], self.bridge, self.gateway
+        h = self.hosts[name]
+        return ["-n", h.ns], "eth0", h.ip
+
     def cut(self, a: str, b: str, *, oneway: bool = False) -> None:
-        """Cut the link between hosts ``a`` and ``b`` (``oneway``: only what ``a`` sends is lost)."""
+        """Cut the link between hosts ``a`` and ``b`` -- either may be :data:`ROOT` -- (``oneway``: only
+        what ``a`` sends is lost)."""
         pairs = [(a, b)] if oneway else [(a, b), (b, a)]
         for src, dst in pairs:
             if (src, dst) not in self.cuts:
-                ns, ip = self.hosts[src].ns, self.hosts[dst].ip
-                _ip("-n", ns, "neigh", "replace", ip, "lladdr", NOWHERE, "dev", "eth0", "nud", "permanent")
+                at, dev, _ = self._end(src)
+                ip = self._end(dst)[2]
+                _ip(*at, "neigh", "replace", ip, "lladdr", NOWHERE, "dev", dev, "nud", "permanent")
                 self.cuts.add((src, dst))
+
+    def isolate(self, name: str) -> None:
+        """Cut ``name`` from every other host and from the root namespace."""
+        for other in [*self.hosts, ROOT]:
+            if other != name:
+                self.cut(name, other)
 
     def heal(self, a: str | None = None, b: str | None = None) -> None:
         """Remove the cuts between ``a`` and ``b`` (both directions); with no hosts named, every cut."""
         for src, dst in sorted(self.cuts):
             if a is None or {src, dst} == {a, b}:
                 # Forgotten: the next packet asks for the peer's address again.
-                _ip("-n", self.hosts[src].ns, "neigh", "del", self.hosts[dst].ip, "dev", "eth0", check=False)
+                at, dev, _ = self._end(src)
+                _ip(*at, "neigh", "del", self._end(dst)[2], "dev", dev, check=False)
                 self.cuts.discard((src, dst))
 
     def throttle(self, host: str, rate: str = "256kbit", latency_ms: int = 400) -> None:

@@ -28,7 +28,15 @@ stop_kafka          stop the whole Kafka cluster for a few seconds, then start i
 poison              hostile values on every topic trimtab reads
 pause_leader_heal   SIGKILL an agent, and SIGSTOP the leader the moment it sees the agent gone (mid-
                     reassignment) past its own session timeout; SIGCONT; restart the agent
+kill_zk_leader      SIGKILL the ZooKeeper ensemble's leader (``zk_servers`` >= 3); start it again once the
+                    others elected a new one
+partition_zk_member cut one ensemble member off from the other members and from every client (each
+                    member on a host of its own, :mod:`devkit.netns`) for a session timeout and a half;
+                    heal, and wait until it follows again
 ==================  =====================================================================================
+
+The ZooKeeper faults need an ensemble (``ChaosConfig.zk_servers``, ``trimtab chaos --zk-servers 3``);
+with one server they are refused before the cluster starts. ``zk_restart`` stops and starts every member.
 
 Afterwards the cluster settles (every node ready, every owned bundle served by its owner), the timelines
 of every broker process are collected and :mod:`devkit.chaos.history` proves that no two brokers served a
@@ -68,6 +76,7 @@ from trimtab.devkit.chaos.kafka_faults import (
 )
 from trimtab.devkit.chaos.report import ChaosReport, Fault
 from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
+from trimtab.devkit.netns import Network, available
 
 log = structlog.get_logger("trimtab.chaos")
 
@@ -83,6 +92,9 @@ FAULT_KINDS = (
     "poison",
     "pause_leader_heal",
 )
+#: Faults of a ZooKeeper ensemble (``zk_servers`` >= 3): not in the default set, which runs on one server.
+ZK_FAULTS = ("kill_zk_leader", "partition_zk_member")
+ALL_FAULTS = FAULT_KINDS + ZK_FAULTS
 
 #: Timers of the chaos cluster: short sessions (so faults resolve quickly) and the local cluster's fast
 #: balancing. Leases follow: session timeout - margin.
@@ -107,6 +119,7 @@ class ChaosConfig:
     settle_s: float = 60.0  # after the faults, for every bundle to be served again
     kafka_brokers: int = 3  # of the real Kafka cluster (1: no replication, so kill_kafka_leader is an outage)
     kafka_outage_s: float = 5.0  # how long stop_kafka keeps Kafka down (its restart takes longer on 2 cores)
+    zk_servers: int = 1  # 3: a ZooKeeper ensemble (the ZooKeeper faults need it)
     settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -174,6 +187,18 @@ class ChaosRun:
         self.rng = random.Random(cfg.seed)
         self.faults: list[Fault] = []
         self.t0 = time.monotonic()
+        unknown = sorted(set(cfg.faults) - set(ALL_FAULTS))
+        if unknown:
+            raise ClusterError(f"unknown faults {unknown}: choose from {', '.join(ALL_FAULTS)}")
+        zk_faults = sorted(set(cfg.faults) & set(ZK_FAULTS))
+        if zk_faults and cfg.zk_servers < 3:
+            raise ClusterError(f"{', '.join(zk_faults)} need a ZooKeeper ensemble: zk_servers >= 3")
+        self.network: Network | None = None
+        if "partition_zk_member" in cfg.faults:
+            why = available()
+            if why is not None:
+                raise ClusterError(f"partition_zk_member needs hosts of their own: {why}")
+            self.network = Network.create()  # its guardian removes it even if this process is killed
         self.cluster = LocalCluster(
             cfg.workdir,
             brokers=cfg.brokers,
@@ -181,6 +206,8 @@ class ChaosRun:
             settings=deep_merge(CHAOS_SETTINGS, cfg.settings),
             broker_processes=True,
             kafka_brokers=cfg.kafka_brokers,
+            zk_servers=cfg.zk_servers,
+            network=self.network,
         )
         self.s: Settings | None = None
         self.client: LookupClient | None = None
@@ -288,13 +315,64 @@ class ChaosRun:
         self._pause(victim.pid, seconds)
 
     def zk_restart(self) -> None:
-        zk = self.cluster.zk
-        assert zk is not None
         seconds = 3.0
         self._note("zk_restart", "zookeeper", f"down {seconds:g}s")
-        zk.stop()
-        time.sleep(seconds)
-        zk.restart()
+        if self.cluster.zk_ensemble is not None:
+            self.cluster.zk_ensemble.stop()
+            time.sleep(seconds)  # the outage itself
+            self.cluster.zk_ensemble.start()
+        else:
+            zk = self.cluster.zk
+            assert zk is not None
+            zk.stop()
+            time.sleep(seconds)  # the outage itself
+            zk.restart()
+        self.cluster.wait_ready(90)
+
+    def _zk_leader(self, timeout: float = 60.0) -> int:
+        ensemble = self.cluster.zk_ensemble
+        assert ensemble is not None
+        found: list[int] = []
+
+        def leads() -> bool:
+            i = ensemble.leader()
+            found[:] = [] if i is None else [i]
+            return i is not None
+
+        self._wait(leads, timeout, "a ZooKeeper leader")
+        return found[0]
+
+    def kill_zk_leader(self) -> None:
+        ensemble = self.cluster.zk_ensemble
+        assert ensemble is not None
+        old = self._zk_leader()
+        start = time.monotonic()
+        ensemble.servers[old].kill()
+        new = self._zk_leader(30)
+        self._note(
+            "kill_zk_leader",
+            f"zk{old + 1}",
+            f"SIGKILL; zk{new + 1} leads after {time.monotonic() - start:.1f}s",
+            started=start,
+        )
+        ensemble.restart(old)
+        self.cluster.wait_ready(90)
+
+    def partition_zk_member(self) -> None:
+        ensemble, net = self.cluster.zk_ensemble, self.network
+        assert ensemble is not None and net is not None
+        i = self.rng.randrange(len(ensemble.servers))
+        member = f"zk{i + 1}"
+        seconds = self._session_s() * 1.5
+        was = ensemble.servers[i].mode()
+        start = time.monotonic()
+        net.isolate(member)
+        try:
+            time.sleep(seconds)  # the partition itself
+        finally:
+            net.heal()
+        self._note("partition_zk_member", member, f"cut off {seconds:g}s (was {was})", started=start)
+        self._wait(lambda: ensemble.servers[i].mode() in ("leader", "follower"), 60, f"{member} rejoining")
         self.cluster.wait_ready(90)
 
     def kafka_pause(self) -> None:
@@ -418,8 +496,8 @@ class ChaosRun:
 
     def run(self) -> ChaosReport:
         cfg = self.cfg
-        self.cluster.start()
         try:
+            self.cluster.start()
             self.s = load_settings(self.cluster.config_path, environ=False)
             topics = self._topics()
             self.client = LookupClient(self.cluster, topics)
@@ -467,6 +545,8 @@ class ChaosRun:
             if self.client is not None:
                 self.client.stop()
             self.cluster.stop()
+            if self.network is not None:
+                self.network.close()
 
     def _wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

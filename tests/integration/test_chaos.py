@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.devkit.chaos.runner import FAULT_KINDS, ChaosConfig, run_chaos
+from trimtab.devkit import netns
+from trimtab.devkit.chaos.runner import FAULT_KINDS, ZK_FAULTS, ChaosConfig, ChaosRun, run_chaos
+from trimtab.devkit.localcluster import ClusterError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,3 +46,31 @@ def test_the_checker_catches_a_broker_that_ignores_its_leases(tmp_path: Path) ->
     report = run_chaos(cfg)
     assert not report.passed
     assert report.summary["double_serving_windows"] > 0
+
+
+@pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
+def test_zookeeper_faults_on_a_three_server_ensemble(tmp_path: Path) -> None:
+    """Issue 31: the ensemble's leader killed, and one member cut off from the others and from every client
+    (its own host): trimtab's sessions move to the members that still serve, and the verdict holds."""
+    cfg = ChaosConfig(
+        workdir=tmp_path / "chaos",
+        duration_s=0,
+        brokers=3,
+        seed=3,
+        kafka_brokers=1,
+        zk_servers=3,
+        faults=(*ZK_FAULTS, "zk_restart"),
+    )
+    report = run_chaos(cfg)
+    s = report.summary
+    assert set(ZK_FAULTS) <= set(report.fault_counts), report.fault_counts
+    assert s["double_serving_windows"] == 0, s["double_serving"]
+    assert s["lost"] == 0, s["lost_bundles"]
+    assert report.passed, report.to_dict()
+
+
+def test_zookeeper_faults_need_an_ensemble(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="need a ZooKeeper ensemble"):
+        ChaosRun(ChaosConfig(workdir=tmp_path, faults=("kill_zk_leader",)))
+    with pytest.raises(ClusterError, match="unknown faults"):
+        ChaosRun(ChaosConfig(workdir=tmp_path, faults=("cut_the_power",)))

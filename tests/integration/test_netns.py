@@ -92,6 +92,21 @@ def test_hosts_talk_over_the_bridge_until_their_link_is_cut(net: Network) -> Non
         server.kill()
 
 
+def test_an_isolated_host_reaches_nobody_and_nobody_reaches_it(net: Network) -> None:
+    for name in ("a", "b"):
+        net.add_host(name)
+    server = start(net, "a", TCP_SERVER)
+    try:
+        net.isolate("a")
+        assert connect(net, "b", "a") == "failed: TimeoutError"
+        with pytest.raises(OSError):
+            from_root(net.hosts["a"].ip)
+        net.heal()
+        assert connect(net, "b", "a") == "hello" and from_root(net.hosts["a"].ip) == "hello"
+    finally:
+        server.kill()
+
+
 def test_a_one_way_cut_loses_only_what_one_side_sends(net: Network) -> None:
     net.add_host("a")
     net.add_host("b")
@@ -135,7 +150,7 @@ def test_a_slow_link_still_delivers(net: Network) -> None:
 
 
 def test_bad_host_names_are_refused(net: Network) -> None:
-    for bad in ("", "Agent", "1st", "x" * 9, "a-b", "a b", "../etc"):
+    for bad in ("", "Agent", "1st", "x" * 9, "a-b", "a b", "../etc", "root"):
         with pytest.raises(NetnsError, match="host name"):
             net.add_host(bad)
     net.add_host("ok")
