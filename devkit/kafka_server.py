@@ -283,8 +283,9 @@ class BrokerInfo:
 class _Node:
     """A node's files and process. The cluster object does everything to it under its lock."""
 
-    def __init__(self, node_id: int, directory: Path) -> None:
+    def __init__(self, node_id: int, directory: Path, host: str = _LOOPBACK) -> None:
         self.id = node_id
+        self.host = host
         self.dir = directory
         self.data_dir = directory / "data"
         self.config_path = directory / CONFIG_NAME
@@ -298,7 +299,7 @@ class _Node:
 
     @property
     def address(self) -> str:
-        return f"{_LOOPBACK}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -354,7 +355,10 @@ class KafkaCluster:
         extra_config: Mapping[str, Any] | None = None,
         class_data_sharing: bool = True,
         die_with_parent: bool = True,
+        host: str = _LOOPBACK,
     ) -> None:
+        """``host``: the address every node listens on and advertises (127.0.0.1; the chaos suite's
+        network gateway when its clients run on hosts of their own, :mod:`trimtab.devkit.netns`)."""
         if brokers < 1:
             raise KafkaServerError(f"a cluster needs at least one broker, not {brokers}")
         if security not in SECURITY_MODES:
@@ -373,7 +377,8 @@ class KafkaCluster:
         self._java = ""
         self._jars: list[str] = []
         self._cds: Path | None = None
-        self._nodes = [_Node(i, self.workdir / f"node-{i}") for i in range(1, brokers + 1)]
+        self.host = host
+        self._nodes = [_Node(i, self.workdir / f"node-{i}", host) for i in range(1, brokers + 1)]
         self._cluster_id = ""
         self.admin_password = ""
         self._admin: Any = None
@@ -392,7 +397,7 @@ class KafkaCluster:
     def brokers(self) -> list[BrokerInfo]:
         return [
             BrokerInfo(
-                n.id, n.proc.pid if n.running() and n.proc else None, _LOOPBACK, n.port, n.controller_port
+                n.id, n.proc.pid if n.running() and n.proc else None, n.host, n.port, n.controller_port
             )
             for n in self._nodes
         ]
@@ -789,13 +794,13 @@ class KafkaCluster:
             for port in (node.port, node.controller_port):
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                     try:
-                        s.bind((_LOOPBACK, port))
+                        s.bind((self.host, port))
                     except OSError:
                         return False
         return True
 
     def _choose_ports(self) -> None:
-        ports = _free_ports(2 * self.size)
+        ports = _free_ports(2 * self.size, self.host)
         for i, node in enumerate(self._nodes):
             node.port, node.controller_port = ports[2 * i], ports[2 * i + 1]
         self._save_state()
@@ -819,15 +824,15 @@ class KafkaCluster:
     def _server_config(self, node: _Node) -> dict[str, Any]:
         n = self.size
         rf, min_isr = min(3, n), min(2, n)
-        voters = ",".join(f"{m.id}@{_LOOPBACK}:{m.controller_port}" for m in self._nodes)
+        voters = ",".join(f"{m.id}@{m.host}:{m.controller_port}" for m in self._nodes)
         listener = "SASL_SSL" if self.security == "sasl_ssl" else "PLAINTEXT"
         cfg: dict[str, Any] = {
             "process.roles": "broker,controller",
             "node.id": node.id,
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
-            "listeners": f"{listener}://{_LOOPBACK}:{node.port},CONTROLLER://{_LOOPBACK}:{node.controller_port}",
-            "advertised.listeners": f"{listener}://{_LOOPBACK}:{node.port}",
+            "listeners": f"{listener}://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}",
+            "advertised.listeners": f"{listener}://{node.host}:{node.port}",
             "inter.broker.listener.name": listener,
             "log.dirs": node.data_dir,
             # Small thread pools: a 2-core machine runs several of these at once.
@@ -1123,7 +1128,7 @@ class KafkaCluster:
                 assert node.proc is not None
                 if node.proc.poll() is not None:
                     self._exited(node)
-                if not _accepts(_LOOPBACK, node.port):
+                if not _accepts(node.host, node.port):
                     errors[node.id] = "its listener does not accept connections yet"
                     continue
                 expected = {n.id for n in self._nodes if n.running()}

@@ -13,8 +13,11 @@ killing an agent then leaves its broker running, as beside a real broker, and on
 from serving what the agent can no longer vouch for. The chaos suite runs this way.
 
 With ``zk_servers=3`` ZooKeeper is a three-server ensemble (:class:`~trimtab.devkit.zkserver.ZooKeeperEnsemble`);
-with a ``network`` (:mod:`trimtab.devkit.netns`) its members run on hosts of their own, so links between them
-can be cut (the chaos suite's ``partition_zk_member``).
+with a ``network`` (:mod:`trimtab.devkit.netns`) its servers run on hosts of their own, so links between them
+can be cut (the chaos suite's ``partition_zk_member``). With ``node_hosts`` too, so does every agent (with
+its broker process beside it, as on one machine), every controller, and Kafka listens on the network's
+gateway in the root namespace: an agent can then be cut off from ZooKeeper but not from Kafka, a leader from
+Kafka but not from ZooKeeper, the cluster split in halves (the chaos suite's network faults).
 
 With ``prometheus`` options, a real Prometheus server (:mod:`trimtab.devkit.prometheus`) scrapes every agent
 and controller, dead ones included, with the deployed alert rules loaded; it is stopped with the cluster.
@@ -79,10 +82,12 @@ class Node:
     broker: str | None = None
     backend: str | None = None  # an agent's sim-broker process (node name), with broker_processes
     scheme: str = "http"  # https when the cluster's settings give the nodes a TLS certificate
+    host: str = "127.0.0.1"  # its address: a host of its own's (node_hosts), else loopback
+    netns_host: str | None = None  # the name of its host in the cluster's network (node_hosts)
 
     @property
     def http(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -132,7 +137,8 @@ class LocalCluster:
     env: Mapping[str, str] | None = None
     zk_port: int = 0
     zk_servers: int = 1  # 3 (or 5...): an ensemble, so a ZooKeeper leader change can happen under trimtab
-    network: Network | None = None  # hosts of their own for the ensemble's members (devkit/netns.py)
+    network: Network | None = None  # hosts of their own for ZooKeeper's servers (devkit/netns.py)
+    node_hosts: bool = False  # with a network: agents (with their brokers) and controllers on hosts too
     broker_processes: bool = False
     kafka_brokers: int = 1
     # "sasl_ssl": SCRAM over TLS with the StandardAuthorizer (real Kafka only); every node then uses the
@@ -185,6 +191,8 @@ class LocalCluster:
                 brokers=self.kafka_brokers,
                 security=self.kafka_security,
                 extra_config={"auto.create.topics.enable": "false"},
+                # On the gateway when nodes have hosts of their own: every host reaches it over the bridge.
+                host=self.network.gateway if self.network is not None and self.node_hosts else "127.0.0.1",
             ).start()
             self._write_config()
             # What docker-compose's kafka-init runs (trimtab topics ensure), with the nodes' configuration.
@@ -209,6 +217,11 @@ class LocalCluster:
         return self
 
     def _start_zookeeper(self) -> None:
+        if self.zk_servers == 1 and self.network is not None:
+            h = self.network.add_host("zk1")
+            run_in = self.network.argv(h.name, [])
+            self.zk = ZooKeeperServer(self.workdir / "zookeeper", 2181, address=h.ip, run_in=run_in).start()
+            return
         if self.zk_servers == 1:
             self.zk = ZooKeeperServer(self.workdir / "zookeeper", port=self.zk_port).start()
             return
@@ -304,24 +317,42 @@ class LocalCluster:
         return self.kafka.bootstrap_servers
 
     # ------------------------------------------------------------------ processes
+    def _host_for(self, name: str) -> tuple[str | None, str]:
+        """(its host's name, its address) for node ``name``: with ``node_hosts``, a host per agent (shared
+        by its broker process and every restart: ``agent-2~3`` is on ``a2``) and per controller."""
+        if self.network is None or not self.node_hosts:
+            return None, "127.0.0.1"
+        kind, _, seq = name.split("~", maxsplit=1)[0].rpartition("-")
+        host = {"agent": "a", "broker": "a", "controller": "c"}[kind] + seq
+        if host not in self.network.hosts:
+            self.network.add_host(host)
+        return host, self.network.hosts[host].ip
+
     def _spawn(self, kind: str, name: str, port: int, extra: list[str]) -> Node:
         """An agent or a controller."""
+        host, ip = self._host_for(name)
         argv = [kind, "--config", str(self.config_path), "--http-port", str(port), *extra]
-        return self._add_node(
-            Node(name, kind, port, self._popen(name, argv), self._log(name), scheme=self._scheme)
-        )
+        if host is not None:
+            argv += ["--http-host", ip]
+        node = Node(name, kind, port, self._popen(name, argv, host), self._log(name), scheme=self._scheme)
+        node.host, node.netns_host = ip, host
+        return self._add_node(node)
 
     def _log(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
 
-    def _popen(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        """``trimtab <argv>`` with its output in the node's log."""
+    def _popen(self, name: str, argv: list[str], host: str | None = None) -> subprocess.Popen[bytes]:
+        """``trimtab <argv>`` with its output in the node's log (on ``host`` of the network, if given)."""
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        cmd = [self.python, "-m", "trimtab.cli", *argv]
+        if host is not None:
+            assert self.network is not None
+            cmd = self.network.argv(host, cmd)
         with open_log(self._log(name)) as out:
             # Own session (signals to the orchestrator are not forwarded), yet killed if the orchestrator
             # dies: a dev cluster or a test run must never leave daemons behind.
             return subprocess.Popen(
-                [self.python, "-m", "trimtab.cli", *argv],
+                cmd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -343,7 +374,7 @@ class LocalCluster:
         for n in self.nodes.values():
             if n.kind in ("agent", "controller"):
                 job = AGENT_JOB if n.kind == "agent" else CONTROLLER_JOB
-                jobs[job].append(Target(f"127.0.0.1:{n.port}", n.scheme, {"node": n.name}))
+                jobs[job].append(Target(f"{n.host}:{n.port}", n.scheme, {"node": n.name}))
         self.prometheus_server.set_targets(jobs)
 
     def add_agent(
@@ -351,8 +382,9 @@ class LocalCluster:
     ) -> Node:
         self._seq["agent"] += 1
         name = name or f"agent-{self._seq['agent']}"
-        port = port or free_port()
-        broker = f"127.0.0.1:{port}"
+        host, ip = self._host_for(name)
+        port = port or (8080 if host is not None else free_port())
+        broker = f"{ip}:{port}"
         extra = list(args)
         backend = None
         if self.broker_processes:
@@ -375,11 +407,17 @@ class LocalCluster:
 
     def add_broker_process(self, broker: str, timeout: float = 60.0) -> Node:
         """Start ``trimtab sim-broker`` for broker id ``broker`` and wait until it answers."""
-        port = free_port()
-        name = f"broker-{broker.rsplit(':', 1)[-1]}"
+        ip = broker.rsplit(":", 1)[0]
+        host = (
+            next((h.name for h in self.network.hosts.values() if h.ip == ip), None) if self.network else None
+        )
+        port = 8081 if host is not None else free_port()
+        name = f"broker-{broker.rsplit(':', 1)[-1]}" if host is None else f"broker-{host[1:]}"
         argv = ["sim-broker", "--config", str(self.config_path), "--port", str(port), "--broker-id", broker]
-        proc = self._popen(name, argv)
-        node = self._add_node(Node(name, "broker", port, proc, self._log(name), broker=broker))
+        argv += ["--host", ip]
+        proc = self._popen(name, argv, host)
+        node = Node(name, "broker", port, proc, self._log(name), broker=broker, host=ip, netns_host=host)
+        self._add_node(node)
         deadline = time.monotonic() + timeout
         while not self._answers(f"{node.http}/trimtab/v1/sim/state"):
             if not node.alive():
@@ -409,7 +447,8 @@ class LocalCluster:
     def add_controller(self, name: str | None = None, *, wait: bool = True, args: Iterable[str] = ()) -> Node:
         self._seq["controller"] += 1
         name = name or f"controller-{self._seq['controller']}"
-        node = self._spawn("controller", name, free_port(), list(args))
+        port = 8080 if self.network is not None and self.node_hosts else free_port()
+        node = self._spawn("controller", name, port, list(args))
         if wait:
             self.wait_node(node, 60)
         return node

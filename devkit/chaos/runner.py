@@ -38,6 +38,23 @@ partition_zk_member cut one ensemble member off from the other members and from 
 The ZooKeeper faults need an ensemble (``ChaosConfig.zk_servers``, ``trimtab chaos --zk-servers 3``);
 with one server they are refused before the cluster starts. ``zk_restart`` stops and starts every member.
 
+Network faults (``ChaosConfig.hosts``: every server, agent with its broker, and controller on a host of
+its own, :mod:`devkit.netns`; Kafka on the network's gateway in the root namespace). A cut link loses
+packets silently; every cut heals after a bounded time:
+
+=======================  ================================================================================
+partition_agent_zk       the agent owning most bundles reaches Kafka and its broker, not ZooKeeper, until
+                         the leader gave all its bundles away (session timeout + 2 s to + 30 s)
+partition_agent_kafka    that agent reaches ZooKeeper, not Kafka (nor the suite's clients), for a session
+                         timeout and a half
+partition_leader_zk      the leading controller cut off from ZooKeeper until another one leads (+ 2 s)
+partition_leader_kafka   the leading controller cut off from Kafka (and the clients) for 1.5 sessions
+partition_halves         the hosts split in two: Kafka, a majority of ZooKeeper, half the agents and a
+                         controller on one side, the rest on the other, for a session timeout + 2 s
+oneway_drop              what the agent owning most bundles sends to ZooKeeper is lost (what ZooKeeper
+                         sends arrives) for a session timeout + 2 s
+=======================  ================================================================================
+
 Afterwards the cluster settles (every node ready, every owned bundle served by its owner), the timelines
 of every broker process are collected and :mod:`devkit.chaos.history` proves that no two brokers served a
 bundle at once (fenced does not count) and measures every gap in service.
@@ -76,7 +93,7 @@ from trimtab.devkit.chaos.kafka_faults import (
 )
 from trimtab.devkit.chaos.report import ChaosReport, Fault
 from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
-from trimtab.devkit.netns import Network, available
+from trimtab.devkit.netns import ROOT, Network, available
 
 log = structlog.get_logger("trimtab.chaos")
 
@@ -94,7 +111,16 @@ FAULT_KINDS = (
 )
 #: Faults of a ZooKeeper ensemble (``zk_servers`` >= 3): not in the default set, which runs on one server.
 ZK_FAULTS = ("kill_zk_leader", "partition_zk_member")
-ALL_FAULTS = FAULT_KINDS + ZK_FAULTS
+#: Faults between hosts of their own (``hosts``).
+NET_FAULTS = (
+    "partition_agent_zk",
+    "partition_agent_kafka",
+    "partition_leader_zk",
+    "partition_leader_kafka",
+    "partition_halves",
+    "oneway_drop",
+)
+ALL_FAULTS = FAULT_KINDS + ZK_FAULTS + NET_FAULTS
 
 #: Timers of the chaos cluster: short sessions (so faults resolve quickly) and the local cluster's fast
 #: balancing. Leases follow: session timeout - margin.
@@ -120,6 +146,7 @@ class ChaosConfig:
     kafka_brokers: int = 3  # of the real Kafka cluster (1: no replication, so kill_kafka_leader is an outage)
     kafka_outage_s: float = 5.0  # how long stop_kafka keeps Kafka down (its restart takes longer on 2 cores)
     zk_servers: int = 1  # 3: a ZooKeeper ensemble (the ZooKeeper faults need it)
+    hosts: bool = False  # every node on a host of its own (the network faults need it)
     settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -193,11 +220,14 @@ class ChaosRun:
         zk_faults = sorted(set(cfg.faults) & set(ZK_FAULTS))
         if zk_faults and cfg.zk_servers < 3:
             raise ClusterError(f"{', '.join(zk_faults)} need a ZooKeeper ensemble: zk_servers >= 3")
+        net_faults = sorted(set(cfg.faults) & set(NET_FAULTS))
+        if net_faults and not cfg.hosts:
+            raise ClusterError(f"{', '.join(net_faults)} need hosts of their own: hosts=True (--hosts)")
         self.network: Network | None = None
-        if "partition_zk_member" in cfg.faults:
+        if cfg.hosts or "partition_zk_member" in cfg.faults:
             why = available()
             if why is not None:
-                raise ClusterError(f"partition_zk_member needs hosts of their own: {why}")
+                raise ClusterError(f"hosts of their own are not available here: {why}")
             self.network = Network.create()  # its guardian removes it even if this process is killed
         self.cluster = LocalCluster(
             cfg.workdir,
@@ -208,6 +238,7 @@ class ChaosRun:
             kafka_brokers=cfg.kafka_brokers,
             zk_servers=cfg.zk_servers,
             network=self.network,
+            node_hosts=cfg.hosts,
         )
         self.s: Settings | None = None
         self.client: LookupClient | None = None
@@ -275,20 +306,11 @@ class ChaosRun:
         another broker (at least its session timeout + 2 s, at most + 30 s), then SIGCONT: the widest window
         in which its broker, unfenced by a frozen agent, could still be serving beside the new owners. A
         fixed pause raced the reassignment on a slow machine and sometimes ended before it."""
-        leader = self._leader()
-        owned = self.cluster.ownership(leader)
-        agents = self.cluster.agents
-        counts = {n.name: sum(1 for r in owned.values() if r.get("dst") == str(n.broker)) for n in agents}
-        victim = max(agents, key=lambda n: (counts[n.name], self.rng.random()))
-        mine = [b for b, r in owned.items() if r.get("dst") == str(victim.broker)]
-        least, most = self._session_s() + 2, self._session_s() + 30
+        leader, victim, mine = self._busiest_agent()
         start = time.monotonic()
         os.killpg(victim.pid, signal.SIGSTOP)
         try:
-            while (elapsed := time.monotonic() - start) < most:
-                if elapsed >= least and self._moved_off(leader, str(victim.broker), mine):
-                    break
-                time.sleep(0.2)
+            self._until_moved_off(start, leader, victim, mine)
         finally:
             os.killpg(victim.pid, signal.SIGCONT)
         self._note(
@@ -428,6 +450,130 @@ class ChaosRun:
             started=start,
         )
         self._wait(lambda: fully_replicated(kafka, self.settings.kafka.channel_topic), 60, "channel replicas")
+
+    # ------------------------------------------------------------------ network faults
+    def _net(self) -> Network:
+        assert self.network is not None
+        return self.network
+
+    def _zk_hosts(self) -> list[str]:
+        return sorted(h for h in self._net().hosts if h.startswith("zk"))
+
+    def _busiest_agent(self) -> tuple[Node, Node, list[str]]:
+        """(the leader, the agent owning most bundles, those bundles)."""
+        leader = self._leader()
+        owned = self.cluster.ownership(leader)
+        agents = self.cluster.agents
+        counts = {n.name: sum(1 for r in owned.values() if r.get("dst") == str(n.broker)) for n in agents}
+        victim = max(agents, key=lambda n: (counts[n.name], self.rng.random()))
+        return leader, victim, [b for b, r in owned.items() if r.get("dst") == str(victim.broker)]
+
+    def _cut(self, pairs: Sequence[tuple[str, str]], *, oneway: bool = False) -> float:
+        net = self._net()
+        for a, b in pairs:
+            net.cut(a, b, oneway=oneway)
+        return time.monotonic()
+
+    def _heal(self, start: float) -> float:
+        self._net().heal()
+        return time.monotonic() - start
+
+    def _until_moved_off(self, start: float, leader: Node, victim: Node, bundles: Sequence[str]) -> None:
+        """Until the leader gave every one of ``bundles`` to another broker: at least the session timeout
+        + 2 s, at most + 30 s (the widest window for the victim's broker to serve beside new owners)."""
+        least, most = self._session_s() + 2, self._session_s() + 30
+        while (elapsed := time.monotonic() - start) < most:
+            if elapsed >= least and self._moved_off(leader, str(victim.broker), bundles):
+                return
+            time.sleep(0.2)
+
+    def partition_agent_zk(self) -> None:
+        leader, victim, mine = self._busiest_agent()
+        assert victim.netns_host is not None
+        start = self._cut([(victim.netns_host, zk) for zk in self._zk_hosts()])
+        try:
+            self._until_moved_off(start, leader, victim, mine)
+        finally:
+            held = self._heal(start)
+        self._note(
+            "partition_agent_zk",
+            str(victim.broker),
+            f"cut from ZooKeeper {held:.1f}s ({len(mine)} bundles)",
+            started=start,
+        )
+        self.cluster.wait_node(victim, 90)
+
+    def oneway_drop(self) -> None:
+        _, victim, mine = self._busiest_agent()
+        assert victim.netns_host is not None
+        seconds = self._session_s() + 2
+        start = self._cut([(victim.netns_host, zk) for zk in self._zk_hosts()], oneway=True)
+        try:
+            time.sleep(seconds)  # the fault itself
+        finally:
+            held = self._heal(start)
+        detail = f"its packets to ZooKeeper lost {held:.1f}s ({len(mine)} bundles)"
+        self._note("oneway_drop", str(victim.broker), detail, started=start)
+        self.cluster.wait_node(victim, 90)
+
+    def partition_agent_kafka(self) -> None:
+        _, victim, mine = self._busiest_agent()
+        assert victim.netns_host is not None
+        seconds = self._session_s() * 1.5
+        start = self._cut([(victim.netns_host, ROOT)])
+        try:
+            time.sleep(seconds)  # the fault itself
+        finally:
+            held = self._heal(start)
+        detail = f"cut from Kafka {held:.1f}s ({len(mine)} bundles)"
+        self._note("partition_agent_kafka", str(victim.broker), detail, started=start)
+        self.cluster.wait_node(victim, 90)
+
+    def partition_leader_zk(self) -> None:
+        leader = self._leader()
+        assert leader.netns_host is not None
+        start = self._cut([(leader.netns_host, zk) for zk in self._zk_hosts()])
+        try:
+            self._wait(
+                lambda: (n := self.cluster.leader()) is not None and n.name != leader.name, 60, "a new leader"
+            )
+            time.sleep(2.0)  # the old leader, cut off, past the takeover
+        finally:
+            held = self._heal(start)
+        self._note("partition_leader_zk", leader.name, f"cut from ZooKeeper {held:.1f}s", started=start)
+        self._leader()
+
+    def partition_leader_kafka(self) -> None:
+        leader = self._leader()
+        assert leader.netns_host is not None
+        seconds = self._session_s() * 1.5
+        start = self._cut([(leader.netns_host, ROOT)])
+        try:
+            time.sleep(seconds)  # the fault itself
+        finally:
+            held = self._heal(start)
+        self._note("partition_leader_kafka", leader.name, f"cut from Kafka {held:.1f}s", started=start)
+        self._leader()
+
+    def partition_halves(self) -> None:
+        """Kafka (the root namespace), a majority of ZooKeeper, half the agents and the first controller
+        on one side; the rest on the other."""
+        net = self._net()
+        zks = self._zk_hosts()
+        agents = sorted(h for h in net.hosts if h.startswith("a"))
+        controllers = sorted(h for h in net.hosts if h.startswith("c"))
+        one = {ROOT, *zks[: len(zks) // 2 + 1], *agents[: (len(agents) + 1) // 2], *controllers[:1]}
+        other = set(net.hosts) - one
+        seconds = self._session_s() + 2
+        start = self._cut([(a, b) for a in sorted(one) for b in sorted(other)])
+        try:
+            time.sleep(seconds)  # the fault itself
+        finally:
+            held = self._heal(start)
+        self._note(
+            "partition_halves", "cluster", f"{sorted(one)} | {sorted(other)} for {held:.1f}s", started=start
+        )
+        self.cluster.wait_ready(90)
 
     def poison(self) -> None:
         k = self.settings.kafka

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trimtab.devkit import netns
-from trimtab.devkit.chaos.runner import FAULT_KINDS, ZK_FAULTS, ChaosConfig, ChaosRun, run_chaos
+from trimtab.devkit.chaos.runner import FAULT_KINDS, NET_FAULTS, ZK_FAULTS, ChaosConfig, ChaosRun, run_chaos
 from trimtab.devkit.localcluster import ClusterError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -74,3 +74,24 @@ def test_zookeeper_faults_need_an_ensemble(tmp_path: Path) -> None:
         ChaosRun(ChaosConfig(workdir=tmp_path, faults=("kill_zk_leader",)))
     with pytest.raises(ClusterError, match="unknown faults"):
         ChaosRun(ChaosConfig(workdir=tmp_path, faults=("cut_the_power",)))
+
+
+@pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
+def test_network_faults_between_hosts_of_their_own(tmp_path: Path) -> None:
+    """Issue 31: every node on a host of its own, links cut -- an agent from ZooKeeper or from Kafka, the
+    leader from either, the cluster in halves, one direction of a link -- and the verdict holds."""
+    cfg = ChaosConfig(
+        workdir=tmp_path / "chaos",
+        duration_s=0,
+        brokers=3,
+        seed=5,
+        kafka_brokers=1,
+        hosts=True,
+        faults=NET_FAULTS,
+    )
+    report = run_chaos(cfg)
+    s = report.summary
+    assert set(NET_FAULTS) <= set(report.fault_counts), report.fault_counts
+    assert s["double_serving_windows"] == 0, s["double_serving"]
+    assert s["lost"] == 0, s["lost_bundles"]
+    assert report.passed, report.to_dict()
