@@ -282,15 +282,7 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
             raise
         metrics.lookups.labels(res.how).inc()
         metrics.lookup_seconds.labels(res.how).observe(time.perf_counter() - t0)
-        return LookupResponse(
-            topic=res.topic,
-            bundle=res.bundle,
-            owner=res.owner,
-            url=res.url,
-            state=res.state,
-            version=res.version,
-            how=res.how,
-        )
+        return LookupResponse.model_validate(res, from_attributes=True)  # LookupResult's fields, by name
 
     return router
 

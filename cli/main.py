@@ -64,20 +64,20 @@ def daemon_options(fn: Any) -> Any:
     return fn
 
 
-def _common_flags(
-    zookeeper: str | None,
-    kafka: str | None,
-    cluster: str | None,
-    http_host: str | None,
-    http_port: int | None,
-) -> dict[str, Any]:
-    return {
-        "zookeeper.hosts": zookeeper,
-        "kafka.bootstrap_servers": kafka,
-        "cluster.name": cluster,
-        "http.host": http_host,
-        "http.port": http_port,
-    }
+#: The setting each of the daemons' flags sets (over the config file and --set).
+_DAEMON_FLAGS = {
+    "zookeeper": "zookeeper.hosts",
+    "kafka": "kafka.bootstrap_servers",
+    "cluster": "cluster.name",
+    "http_host": "http.host",
+    "http_port": "http.port",
+    "broker_id": "broker.id",
+    "controller_id": "controller.id",
+}
+
+
+def _daemon_settings(config_file: str | None, sets: tuple[str, ...], flags: dict[str, Any]) -> Settings:
+    return settings_from(config_file, sets, **{_DAEMON_FLAGS[k]: v for k, v in flags.items()})
 
 
 def _run_daemon(role: str, wiring: Any, process: str, s: Settings) -> None:
@@ -124,44 +124,21 @@ def failure_reason(e: BaseException) -> str:
 @main.command()
 @daemon_options
 @click.option("--broker-id", default=None, help="Stable broker id (broker.id; default host:port).")
-def agent(
-    config_file: str | None,
-    sets: tuple[str, ...],
-    zookeeper: str | None,
-    kafka: str | None,
-    cluster: str | None,
-    http_host: str | None,
-    http_port: int | None,
-    broker_id: str | None,
-) -> None:
+def agent(config_file: str | None, sets: tuple[str, ...], **flags: Any) -> None:
     """Run the sidecar agent for one broker."""
     from trimtab.agent import wiring
 
-    flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
-    _run_daemon(
-        "agent", wiring, "AgentProcess", settings_from(config_file, sets, **flags, **{"broker.id": broker_id})
-    )
+    _run_daemon("agent", wiring, "AgentProcess", _daemon_settings(config_file, sets, flags))
 
 
 @main.command()
 @daemon_options
 @click.option("--controller-id", default=None, help="Controller id (controller.id; default host:port).")
-def controller(
-    config_file: str | None,
-    sets: tuple[str, ...],
-    zookeeper: str | None,
-    kafka: str | None,
-    cluster: str | None,
-    http_host: str | None,
-    http_port: int | None,
-    controller_id: str | None,
-) -> None:
+def controller(config_file: str | None, sets: tuple[str, ...], **flags: Any) -> None:
     """Run a controller (several may run; one is elected leader)."""
     from trimtab.controller import wiring
 
-    flags = _common_flags(zookeeper, kafka, cluster, http_host, http_port)
-    s = settings_from(config_file, sets, **flags, **{"controller.id": controller_id})
-    _run_daemon("controller", wiring, "ControllerProcess", s)
+    _run_daemon("controller", wiring, "ControllerProcess", _daemon_settings(config_file, sets, flags))
 
 
 @main.command("sim-broker")

@@ -29,7 +29,7 @@ import sys
 import termios
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import msgspec
@@ -86,15 +86,8 @@ class Limits:
 
     @classmethod
     def from_settings(cls, http: HttpSettings) -> Limits:
-        return cls(
-            max_body_bytes=http.max_body_bytes,
-            max_json_depth=http.max_json_depth,
-            header_timeout_s=http.header_timeout_s,
-            body_timeout_s=http.body_timeout_s,
-            send_timeout_s=http.send_timeout_s,
-            keep_alive_timeout_s=http.keep_alive_timeout_s,
-            max_connections=http.max_connections,
-        )
+        """Each limit is the ``http.*`` setting of its name: a limit added here is read from there too."""
+        return cls(**{f.name: getattr(http, f.name) for f in fields(cls)})
 
 
 # ---------------------------------------------------------------------------------------------- refusals

@@ -68,14 +68,7 @@ class NamespaceDeletedOut(BaseModel):
 
     @classmethod
     def of(cls, d: NamespaceDeleted) -> NamespaceDeletedOut:
-        return cls(
-            namespace=d.namespace,
-            dry_run=d.dry_run,
-            existed=d.existed,
-            unloaded=d.unloaded,
-            in_flight=d.in_flight,
-            failed=d.failed,
-        )
+        return cls.model_validate(d, from_attributes=True)  # the same fields, by name
 
 
 def _errors(*codes: int, leader: bool = False) -> dict[int | str, dict[str, Any]]:

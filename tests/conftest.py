@@ -24,6 +24,8 @@ fixture                scope     what it gives
                                  (whole process groups) at teardown
 ``spark``              session   a local Spark session (``local[2]``, 4 shuffle partitions, no UI) for the
                                  pipeline tests; started on first use only (docs/pipeline.md)
+``log``                function  :func:`tests.support.memory_log.memory_log` of the module's own ``settings``
+                                 fixture: the in-memory channel log an in-process cluster runs on
 =====================  ========  ==========================================================================
 
 Synchronise with ``tests.support.waiting.wait_for`` (a condition and a deadline), never with sleeps.
@@ -44,7 +46,10 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from tests.support.kafka import KafkaEnv, make_env
+from tests.support.memory_log import memory_log
 from tests.support.procs import Procs
+from trimtab.channel.memory import MemoryLog
+from trimtab.config.settings import Settings
 from trimtab.devkit.kafka_server import KafkaCluster
 from trimtab.devkit.zkserver import ZooKeeperServer
 
@@ -173,6 +178,14 @@ def kafka(kafka_cluster: KafkaCluster, request: pytest.FixtureRequest) -> Iterat
         yield env
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------------------------------------- in-process clusters
+
+
+@pytest.fixture
+def log(settings: Settings) -> MemoryLog:
+    return memory_log(settings)
 
 
 # ---------------------------------------------------------------------------------------------- processes

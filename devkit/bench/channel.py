@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -580,6 +580,31 @@ def time_bootstrap_fresh_process(bootstrap: str, topic: str, timeout: float) -> 
     return float(result["elapsed"]), result
 
 
+class _Starts(Protocol):
+    def start(self) -> None: ...
+
+    def wait_ready(self, timeout: float) -> bool: ...
+
+
+class ReadyTime(NamedTuple):
+    ok: bool  # ready within the timeout
+    elapsed: float  # wall seconds from start() to ready
+    start_call: float  # wall seconds of start() itself
+    cpu: float  # this process's CPU seconds meanwhile
+
+
+def time_to_ready(node: _Starts, timeout: float) -> ReadyTime:
+    """Start ``node`` (a ChannelClient, a bare Follower) and wait until it is ready, or ``timeout``: every
+    bootstrap figure, in-process or in a fresh process, is timed this one way."""
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    node.start()
+    t_started = time.perf_counter()
+    ok = node.wait_ready(timeout)
+    elapsed = time.perf_counter() - t0
+    return ReadyTime(ok, elapsed, t_started - t0, time.process_time() - c0)
+
+
 def time_bootstrap(
     bootstrap: str, topic: str, snapshot_topic: str | None, timeout: float
 ) -> tuple[Any, float, dict[str, Any]]:
@@ -589,26 +614,20 @@ def time_bootstrap(
 
     transport = KafkaTransport(bootstrap, client_id=f"bench-node-{uuid.uuid4().hex[:6]}")
     client = ChannelClient(transport, topic, snapshot_topic=snapshot_topic)
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    client.start()
-    t_started = time.perf_counter()
-    ok = client.wait_ready(timeout)
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+    ready = time_to_ready(client, timeout)
     client.stop()
     transport.close()
-    if not ok:
+    if not ready.ok:
         raise BenchError(f"bootstrap not ready within {timeout}s (error: {client.error!r})")
     if client.error is not None:
         raise BenchError(f"bootstrap failed: {client.error!r}")
     details = {
-        "start_call_s": round(t_started - t0, 4),
-        "cpu_s": round(cpu, 3),
+        "start_call_s": round(ready.start_call, 4),
+        "cpu_s": round(ready.cpu, 3),
         "records_replayed": client.follower.records if client.follower else 0,
         "snapshot_used": client.snapshot is not None,
     }
-    return client, elapsed, details
+    return client, ready.elapsed, details
 
 
 def time_consume_only(bootstrap: str, topic: str, timeout: float) -> tuple[float, int, float]:
@@ -618,17 +637,12 @@ def time_consume_only(bootstrap: str, topic: str, timeout: float) -> tuple[float
 
     transport = KafkaTransport(bootstrap, client_id=f"bench-consume-{uuid.uuid4().hex[:6]}")
     follower = Follower(transport, topic, lambda _msgs: None, name="bench-consume-only")
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    follower.start()
-    ok = follower.wait_ready(timeout)
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+    ready = time_to_ready(follower, timeout)
     follower.stop()
     transport.close()
-    if not ok or follower.error is not None:
+    if not ready.ok or follower.error is not None:
         raise BenchError(f"consume-only follower not ready within {timeout}s (error: {follower.error!r})")
-    return elapsed, follower.records, cpu
+    return ready.elapsed, follower.records, ready.cpu
 
 
 def write_snapshot(bootstrap: str, snapshot_topic: str, topic: str, log: ChannelLog) -> dict[str, Any]:

@@ -6,33 +6,27 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.kafka import KafkaTransport
 from trimtab.cluster.logs import configure_logging
-from trimtab.devkit.bench.channel import table_digest
+from trimtab.devkit.bench.channel import table_digest, time_to_ready
 
 
 def main(bootstrap: str, topic: str, timeout: float) -> None:
     configure_logging("warning", json_logs=False)
     transport = KafkaTransport(bootstrap, client_id="bench-fresh-node")
     client = ChannelClient(transport, topic, snapshot_topic=None)
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    client.start()
-    ok = client.wait_ready(timeout)
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+    ready = time_to_ready(client, timeout)
     client.stop()
     transport.close()
     print(
         json.dumps(
             {
-                "ok": ok,
+                "ok": ready.ok,
                 "error": repr(client.error),
-                "elapsed": elapsed,
-                "cpu": cpu,
+                "elapsed": ready.elapsed,
+                "cpu": ready.cpu,
                 "records": client.follower.records if client.follower else 0,
                 "stats": client.table.stats.as_dict(),
                 "digest": table_digest(client.table.items()),

@@ -75,8 +75,9 @@ BASE_SETTINGS: dict[str, Any] = {
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _topics_per_bundle(namespace: str, bundles: int) -> list[str]:
-    """One topic name per bundle of ``namespace``'s default layout, in bundle order."""
+def topics_per_bundle(namespace: str, bundles: int) -> dict[str, str]:
+    """bundle -> a topic whose hash falls in it, for every bundle of ``namespace``'s default layout of
+    ``bundles`` equal bundles, in bundle order (also what the namespace tests look their bundles up by)."""
     layout = BundleLayout.default(namespace, bundles)
     found: dict[str, str] = {}
     i = 0
@@ -86,7 +87,7 @@ def _topics_per_bundle(namespace: str, bundles: int) -> list[str]:
         i += 1
         if i > bundles * 1000:
             raise BenchError(f"could not find a topic for every bundle of {namespace}")
-    return [found[b] for b in layout.bundles]
+    return {b: found[b] for b in layout.bundles}
 
 
 def _metrics(cluster: LocalCluster) -> dict[str, dict[str, float]]:
@@ -259,7 +260,7 @@ def assign_phase(
     agents = cluster.agents
     per_ns = default_bundles - 1
     namespaces = [f"bench-assign/ns-{i}" for i in range((samples + per_ns - 1) // per_ns)]
-    topics = {ns: _topics_per_bundle(ns, default_bundles) for ns in namespaces}
+    topics = {ns: list(topics_per_bundle(ns, default_bundles).values()) for ns in namespaces}
     clients = [httpx.Client(base_url=n.http, timeout=60) for n in agents]
     try:
         progress(

@@ -365,6 +365,24 @@ def check_threshold(inp: ShedInputs, res: ShedResult, before: ShedState) -> None
 
 
 Shedder = Callable[..., ShedResult]
+Decisions = list[tuple[str, str, str | None]]
+
+
+def _fresh_state(inp: ShedInputs) -> tuple[ShedState, ShedState]:
+    """A run's own shed state (the decision changes it) and an untouched copy for the checks; garbage is
+    collected first, so that no collection lands in the timed part."""
+    state, before = copy.deepcopy(inp.state), copy.deepcopy(inp.state)
+    gc.collect()
+    return state, before
+
+
+def _same_as_first(first: Decisions | None, res: ShedResult, differs: str) -> Decisions:
+    """Identical inputs must give identical decisions: every run's are compared with run 1's (``first``,
+    None in run 1); ``differs`` is the failure otherwise."""
+    got = [(u.bundle, u.src, u.dst) for u in res.decisions]
+    if first is not None and got != first:
+        raise BenchError(differs)
+    return got
 
 
 def time_decisions(
@@ -378,20 +396,16 @@ def time_decisions(
     owner = inp.owner()
     times: list[float] = []
     res: ShedResult | None = None
-    first: list[tuple[str, str, str | None]] | None = None
+    first: Decisions | None = None
     for i in range(runs):
-        state = copy.deepcopy(inp.state)
-        before = copy.deepcopy(inp.state)
-        gc.collect()
+        state, before = _fresh_state(inp)
         t0 = time.perf_counter()
         res = fn(inp.brokers, inp.loads, inp.top, owner, state, inp.cfg, inp.now_ms)
         times.append(time.perf_counter() - t0)
         check(inp, res, before)
-        got = [(u.bundle, u.src, u.dst) for u in res.decisions]
-        if first is None:
-            first = got
-        elif got != first:
-            raise BenchError(f"{label}: run {i + 1} decided differently from run 1 on identical inputs")
+        first = _same_as_first(
+            first, res, f"{label}: run {i + 1} decided differently from run 1 on identical inputs"
+        )
     assert res is not None
     progress(
         f"{label}: median {statistics.median(times) * 1000:.2f} ms over {runs} runs, "
@@ -425,11 +439,9 @@ def time_with_inputs(
     totals: list[float] = []
     inputs_only: list[float] = []
     cycles: list[float] = []
-    first: list[tuple[str, str, str | None]] | None = None
+    first: Decisions | None = None
     for i in range(runs):
-        state = copy.deepcopy(inp.state)
-        before = copy.deepcopy(inp.state)
-        gc.collect()
+        state, before = _fresh_state(inp)
         t0 = time.perf_counter()
         live = dict(registry)  # Controller.live_brokers()
         brokers = {b: not info.draining for b, info in live.items()}
@@ -454,11 +466,9 @@ def time_with_inputs(
         inputs_only.append(t1 - t0)
         cycles.append(t3 - t0)
         check_transfer(inp, res, before)
-        got = [(u.bundle, u.src, u.dst) for u in res.decisions]
-        if first is None:
-            first = got
-        elif got != first:
-            raise BenchError(f"decision with inputs: run {i + 1} decided differently from run 1")
+        first = _same_as_first(
+            first, res, f"decision with inputs: run {i + 1} decided differently from run 1"
+        )
     if events.failed or events.published != runs:
         raise BenchError(f"shed events: {events.published} published, {events.failed} failed, want {runs}")
     progress(f"decision with inputs: median {statistics.median(totals) * 1000:.2f} ms over {runs} runs")

@@ -29,9 +29,9 @@ from tests.integration.test_agent_inprocess import (
     NS,
     agent_settings,
     layout,
-    memory_log,
     owned_by,
     running_agent,
+    started,
     topic_of,
     until,
 )
@@ -57,11 +57,6 @@ def settings(zk_hosts: str) -> Settings:
     return agent_settings(zk_hosts, healing={"safe_mode_settle_s": 0}, shedding={"enabled": False})
 
 
-@pytest.fixture
-def log(settings: Settings) -> MemoryLog:
-    return memory_log(settings)
-
-
 @contextlib.asynccontextmanager
 async def running_controller(
     s: Settings, log: MemoryLog, prom: CollectorRegistry | None = None
@@ -70,9 +65,7 @@ async def running_controller(
     ctl = build_controller(s, transport=MemoryTransport(log), prom=prom or CollectorRegistry())
     task = asyncio.create_task(ctl.run(), name="controller")
     try:
-        await until(lambda: ctl.liveness.ready or task.done(), 30, "the controller to be warm")
-        if task.done():
-            task.result()  # a start-up failure: raise it
+        await started(task, lambda: ctl.liveness.ready, "the controller to be warm")
         yield ctl
     finally:
         ctl.stop_event.set()

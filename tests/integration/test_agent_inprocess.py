@@ -20,6 +20,7 @@ import msgspec
 import pytest
 from kazoo.client import KazooClient
 
+from tests.support.memory_log import memory_log
 from tests.support.settings import AUTO_CREATE, NO_AUTH
 from trimtab.agent import lookup as lookup_module
 from trimtab.agent import wiring
@@ -65,12 +66,6 @@ def agent_settings(zk_hosts: str, **sections: Any) -> Settings:
     return Settings.model_validate(deep_merge(base, sections))
 
 
-def memory_log(s: Settings) -> MemoryLog:
-    log = MemoryLog(default_partitions=4)
-    log.create(s.kafka.snapshot_topic, 1)  # the snapshot topic must have exactly one partition
-    return log
-
-
 async def until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
     """Await ``predicate()`` turning truthy, re-checking every 20 ms; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -84,15 +79,21 @@ async def until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "
         await asyncio.sleep(0.02)
 
 
+async def started(task: asyncio.Task[Any], ready: Callable[[], bool], what: str) -> None:
+    """Wait until a daemon's lifecycle ``task`` says it is ``ready``; one that ended while starting up
+    raises its failure here rather than leaving the test to time out."""
+    await until(lambda: ready() or task.done(), 30, what)
+    if task.done():
+        task.result()
+
+
 @contextlib.asynccontextmanager
 async def running_agent(s: Settings, log: MemoryLog, **overrides: Any) -> AsyncIterator[WiredAgent]:
     """An agent built by the wiring and started (its lifecycle runs as a task); stopped at the end."""
     w = wiring.build(s, transport=MemoryTransport(log), **overrides)
     task = asyncio.create_task(w.run(), name="agent")
     try:
-        await until(lambda: w.agent.ready or task.done(), 30, "the agent to be ready")
-        if task.done():
-            task.result()  # a start-up failure: raise it
+        await started(task, lambda: w.agent.ready, "the agent to be ready")
         yield w
     finally:
         if not task.done():
@@ -147,11 +148,6 @@ def now_ms() -> int:
 @pytest.fixture
 def settings(zk_hosts: str) -> Settings:
     return agent_settings(zk_hosts)
-
-
-@pytest.fixture
-def log(settings: Settings) -> MemoryLog:
-    return memory_log(settings)
 
 
 @pytest.fixture

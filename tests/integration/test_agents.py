@@ -592,17 +592,23 @@ def wait_owner_sees_owned(cluster: LocalCluster, owner_node: Node, bundle: str) 
     )
 
 
+def owned_bundle(cluster: LocalCluster, topic: str, via: Node) -> tuple[str, str, Node, BundleRange]:
+    """Look ``topic`` up through ``via`` and wait until the owner's agent sees its bundle owned, so that
+    the owner can split it: the bundle, its owner, the owner's node and the bundle's range."""
+    ans = cluster.lookup(topic, via=via)
+    bundle, owner = ans["bundle"], ans["owner"]
+    node = cluster.by_broker(owner)
+    wait_owner_sees_owned(cluster, node, bundle)
+    return bundle, owner, node, parse_bundle(bundle)[1]
+
+
 def test_admin_split_children_owned_by_parent_owner(
     shared: LocalCluster, shared_channel: ChannelAccess
 ) -> None:
     agents = base_agents(shared)
     # Default algorithm (range_equally_divide).
     ns = "split/ns-a"
-    ans = shared.lookup(f"persistent://{ns}/t-0000", via=agents[0])
-    parent, owner = ans["bundle"], ans["owner"]
-    owner_node = shared.by_broker(owner)
-    _, prange = parse_bundle(parent)
-    wait_owner_sees_owned(shared, owner_node, parent)
+    parent, owner, owner_node, prange = owned_bundle(shared, f"persistent://{ns}/t-0000", agents[0])
     r = shared.post(owner_node, "/v1/admin/split", {"bundle": parent})
     assert r.status_code == 202, r.text
     expected = [f"{ns}/{c.name}" for c in split_range(prange, range_equally_divide(prange))]
@@ -611,11 +617,7 @@ def test_admin_split_children_owned_by_parent_owner(
 
     # topic_count_equally_divide on a bundle of another namespace: half of the broker's topics each side.
     ns = "split/ns-b"
-    ans = shared.lookup(f"persistent://{ns}/t-0001", via=agents[1])
-    parent, owner = ans["bundle"], ans["owner"]
-    owner_node = shared.by_broker(owner)
-    _, prange = parse_bundle(parent)
-    wait_owner_sees_owned(shared, owner_node, parent)
+    parent, owner, owner_node, prange = owned_bundle(shared, f"persistent://{ns}/t-0001", agents[1])
     cut = topic_count_equally_divide(prange, sim_topic_hashes(ns))
     assert cut, "the synthetic topics of this bundle allow a split"
     expected = [f"{ns}/{c.name}" for c in split_range(prange, cut)]

@@ -64,11 +64,11 @@ from schemathesis.generation import GenerationMode
 from tests.integration.test_agent_inprocess import (
     PEER,
     agent_settings,
-    memory_log,
     register_peer,
     running_agent,
 )
 from tests.integration.test_controller_jobs import Node, bundle, own
+from tests.support.memory_log import memory_log
 from tests.support.settings import NO_AUTH_SETS
 from tests.support.waiting import wait_for
 from trimtab.agent.api import DrainRequest, SimControls
@@ -328,8 +328,7 @@ def controller(chroot_hosts: str) -> Iterator[str]:
         *NO_AUTH_SETS,  # the fuzzer explores the API's inputs; tokens are test_security.py's
     ]
     s: Settings = load_settings(None, parse_assignments(sets), environ=False)
-    log = MemoryLog()
-    log.create(s.kafka.snapshot_topic, 1)
+    log = memory_log(s)
     node = Node(s, log).start()
     zk = KazooClient(hosts=hosts, timeout=10)
     zk.start(timeout=15)

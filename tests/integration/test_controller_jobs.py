@@ -51,22 +51,23 @@ class Node:
     def start(self, *, elect: bool = True) -> Node:
         c = self.ctl
         c.zk.start()
-        c.registry.start()
-        c.channel.start()
-        c.replica.loads.start()
-        c.replica.top.start()
+        for part in self._on_zk():
+            part.start()
         wait_for(lambda: c.channel.ready and c.replica.loads.ready and c.replica.top.ready, message="warm")
         if elect:
             c.election.start()
         return self
 
+    def _on_zk(self) -> tuple[Any, ...]:
+        """What runs over the ZooKeeper session (bar the election): started after it, stopped before it."""
+        c = self.ctl
+        return (c.registry, c.channel, c.replica.loads, c.replica.top)
+
     def stop(self) -> None:
         c = self.ctl
         c.election.stop()
-        c.registry.stop()
-        c.channel.stop()
-        c.replica.loads.stop()
-        c.replica.top.stop()
+        for part in self._on_zk():
+            part.stop()
         c.zk.stop()
         c.http.sock.close()
 
@@ -77,24 +78,22 @@ class Node:
         self.ctl.channel.publish(key, rec).result(10)
 
 
-@pytest.fixture
-def log(settings: Settings) -> MemoryLog:
-    log = MemoryLog()
-    log.create(settings.kafka.snapshot_topic, 1)  # as the Kafka transport creates it
-    return log
-
-
-@pytest.fixture
-def settings(zk_hosts: str) -> Settings:
-    sets = [
+def controller_settings(zk_hosts: str, *sets: str) -> Settings:
+    """A controller's settings for these tests, ``sets`` on top: ZooKeeper at ``zk_hosts``, any free HTTP
+    port, healing without settling or grace, no tokens."""
+    base = [
         f"zookeeper.hosts={zk_hosts}",
-        "zookeeper.session_timeout_s=6",
         "http.port=0",
         "healing.safe_mode_settle_s=0",
         "healing.grace_s=0",
         *NO_AUTH_SETS,
     ]
-    return load_settings(None, parse_assignments(sets), environ=False)
+    return load_settings(None, parse_assignments([*base, *sets]), environ=False)
+
+
+@pytest.fixture
+def settings(zk_hosts: str) -> Settings:
+    return controller_settings(zk_hosts, "zookeeper.session_timeout_s=6")
 
 
 @pytest.fixture
@@ -119,6 +118,12 @@ def register(zk: KazooClient, s: Settings, *brokers: str) -> None:
     for b in brokers:
         info = BrokerInfo(id=b, service_url=f"pulsar://{b}", http_url=f"http://{b}")
         zk.create(paths.broker(b), msgspec.json.encode(info), ephemeral=True, makepath=True)
+
+
+def registered(c: Controller, zk: KazooClient, s: Settings, *brokers: str) -> None:
+    """:func:`register` ``brokers``, then wait until controller ``c``'s registry lists them (and no other)."""
+    register(zk, s, *brokers)
+    wait_for(lambda: len(c.registry.brokers) == len(brokers), message=f"the registry sees {brokers}")
 
 
 def own(node: Node, owners: dict[str, str]) -> None:
@@ -180,8 +185,7 @@ def test_a_follower_s_jobs_do_nothing(
 ) -> None:
     follower = Node(settings, log).start(elect=False)
     nodes.append(follower)
-    register(zk, settings, "b1:1", "b2:1", "b3:1")
-    wait_for(lambda: len(follower.ctl.registry.brokers) == 3, message="registry sees the brokers")
+    registered(follower.ctl, zk, settings, "b1:1", "b2:1", "b3:1")
     own(follower, {bundle(0): "gone:1"})  # a failed broker's bundle: healing would move it if leading
     c = follower.ctl
     assert c.leadership.safe_mode() == "not_leader"
@@ -224,8 +228,7 @@ def test_safe_mode_holds_destructive_jobs_after_a_zookeeper_reconnect(
     brokers = KazooClient(hosts=server.hosts)
     brokers.start(timeout=15)
     try:
-        register(brokers, s, "b1:1", "b2:1")
-        wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+        registered(c, brokers, s, "b1:1", "b2:1")
         own(node, {bundle(0): "gone:1"})  # a failed broker's bundle: healing would move it if not settling
         destructive_jobs_do_nothing(node)
         # Snapshots are not destructive: a settling leader still writes them.
@@ -240,8 +243,7 @@ def test_shedding_needs_two_brokers_and_obeys_the_pause_switch(
     leader: Node, settings: Settings, zk: KazooClient
 ) -> None:
     c = leader.ctl
-    register(zk, settings, "b1:1")
-    wait_for(lambda: len(c.registry.brokers) == 1, message="registry sees the broker")
+    registered(c, zk, settings, "b1:1")
     assert asyncio.run(c.shedding.run_once()) is None
     assert leader.metric("trimtab_shedding_cycles_total", result="skip", reason="no_brokers") == 1
 
@@ -260,8 +262,7 @@ def test_healing_moves_a_failed_broker_s_bundles_to_live_brokers(
     leader: Node, settings: Settings, zk: KazooClient
 ) -> None:
     c = leader.ctl
-    register(zk, settings, "b1:1", "b2:1", "b3:1")
-    wait_for(lambda: len(c.registry.brokers) == 3, message="registry sees the brokers")
+    registered(c, zk, settings, "b1:1", "b2:1", "b3:1")
     owners = {bundle(i): "gone:1" for i in range(4)} | {bundle(9): "b1:1"}
     own(leader, owners)
     asyncio.run(c.healing.on_lead())
@@ -286,8 +287,7 @@ def test_healing_publishes_each_chunk_as_it_is_decided_and_persists_the_plan_it_
     c = leader.ctl
     healer = c.healing.healer
     healer.chunk_size = 2
-    register(zk, settings, "b1:1", "b2:1")
-    wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+    registered(c, zk, settings, "b1:1", "b2:1")
     own(leader, {bundle(i): "gone:1" for i in range(5)})
     written: list[dict[int, Any]] = []
     write_plan = healer.plans.write_plan
@@ -331,8 +331,7 @@ def test_a_healing_round_that_fails_midway_still_counts_what_it_published(
 ) -> None:
     c = leader.ctl
     c.healing.healer.chunk_size = 2
-    register(zk, settings, "b1:1", "b2:1")
-    wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+    registered(c, zk, settings, "b1:1", "b2:1")
     own(leader, {bundle(i): "gone:1" for i in range(5)})
     make_round = c.healing.writes.override_round
 
@@ -361,8 +360,7 @@ def test_mass_failure_pauses_healing_and_moves_nothing(
     leader: Node, settings: Settings, zk: KazooClient
 ) -> None:
     c = leader.ctl
-    register(zk, settings, "b1:1")
-    wait_for(lambda: len(c.registry.brokers) == 1, message="registry sees the broker")
+    registered(c, zk, settings, "b1:1")
     # Three of four brokers gone at once (75% > the 40% guard): something bigger is wrong.
     own(leader, {bundle(0): "gone:1", bundle(1): "gone:2", bundle(2): "gone:3", bundle(3): "b1:1"})
     asyncio.run(c.healing.on_lead())
@@ -379,8 +377,7 @@ def test_the_monitor_forces_a_stuck_assignment_onward(
     leader: Node, settings: Settings, zk: KazooClient
 ) -> None:
     c = leader.ctl
-    register(zk, settings, "b1:1", "b2:1")
-    wait_for(lambda: len(c.registry.brokers) == 2, message="registry sees the brokers")
+    registered(c, zk, settings, "b1:1", "b2:1")
     long_ago = int(time.time() * 1000) - 3_600_000
     leader.publish(bundle(0), make(State.ASSIGNING, version=1, ts=long_ago, writer="test", dst="b1:1"))
     wait_for(lambda: c.channel.table.get(bundle(0)) is not None, message="the stuck record is applied")

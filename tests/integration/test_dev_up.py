@@ -6,21 +6,45 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.procs import Procs
+from tests.support.procs import Proc, Procs
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -> None:
+def dev_up(procs: Procs, tmp_path: Path, *args: str, name: str) -> tuple[Proc, dict[str, Any]]:
+    """Start ``trimtab dev up ARGS`` without its live view, its state file and work directory in
+    ``tmp_path``; returns the process and the state file once it is written."""
     state_file = tmp_path / "state.json"
     proc = procs.trimtab(
         "dev",
         "up",
+        *args,
+        "--no-view",
+        "--state-file",
+        str(state_file),
+        "--workdir",
+        str(tmp_path / "work"),
+        name=name,
+    )
+    state = wait_for(
+        lambda: state_file.exists() and json.loads(state_file.read_text()),
+        timeout=90,
+        message=lambda: f"no state file; dev up stderr:\n{proc.stderr()[-2000:]}",
+    )
+    return proc, state
+
+
+def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -> None:
+    state_file = tmp_path / "state.json"
+    proc, state = dev_up(
+        procs,
+        tmp_path,
         "--brokers",
         "3",
         "--namespaces",
@@ -29,17 +53,7 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
         "1",
         "--duration",
         "25",
-        "--no-view",
-        "--state-file",
-        str(state_file),
-        "--workdir",
-        str(tmp_path / "work"),
         name="dev-up",
-    )
-    state = wait_for(
-        lambda: state_file.exists() and json.loads(state_file.read_text()),
-        timeout=90,
-        message=lambda: f"no state file; dev up stderr:\n{proc.stderr()[-2000:]}",
     )
     assert len(state["agents"]) == 3 and len(state["controllers"]) == 2
     assert all(a["broker"] and a["http"].startswith("http://") and a["pid"] > 0 for a in state["agents"])
@@ -129,10 +143,9 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
 
 @pytest.mark.parametrize("broker_processes", [False, True], ids=["in-agent", "broker-processes"])
 def test_dev_up_stops_cleanly_on_ctrl_c(tmp_path: Path, procs: Procs, broker_processes: bool) -> None:
-    state_file = tmp_path / "state.json"
-    proc = procs.trimtab(
-        "dev",
-        "up",
+    proc, state = dev_up(
+        procs,
+        tmp_path,
         *(["--broker-processes"] if broker_processes else []),
         "--brokers",
         "2",
@@ -140,17 +153,7 @@ def test_dev_up_stops_cleanly_on_ctrl_c(tmp_path: Path, procs: Procs, broker_pro
         "1",
         "--namespaces",
         "2",
-        "--no-view",
-        "--state-file",
-        str(state_file),
-        "--workdir",
-        str(tmp_path / "work"),
         name="dev-up-ctrl-c",
-    )
-    state = wait_for(
-        lambda: state_file.exists() and json.loads(state_file.read_text()),
-        timeout=90,
-        message=lambda: f"no state file; dev up stderr:\n{proc.stderr()[-2000:]}",
     )
     # Wait until the warm-up is done (the summary needs it), then interrupt as a user would.
     wait_for(

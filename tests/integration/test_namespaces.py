@@ -33,15 +33,16 @@ from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from tests.integration.test_admin_moves import channel_size, leading, running_controller
-from tests.integration.test_agent_inprocess import agent_settings, memory_log, running_agent, until
+from tests.integration.test_agent_inprocess import agent_settings, running_agent, until
+from tests.support.memory_log import memory_log
 from trimtab.agent.wiring import WiredAgent
-from trimtab.channel.bundles import BundleLayout, TopicName
 from trimtab.channel.memory import MemoryLog
 from trimtab.channel.records import State
 from trimtab.channel.table import TableView
 from trimtab.cluster.zk import ZkPaths
 from trimtab.config.settings import Settings
 from trimtab.controller.daemon import Controller
+from trimtab.devkit.bench.lookup import topics_per_bundle
 
 pytestmark = pytest.mark.integration
 
@@ -59,18 +60,6 @@ def settings_for(zk_hosts: str, **sections: Any) -> Settings:
     for k, v in sections.items():
         base[k] = {**base.get(k, {}), **v}
     return agent_settings(zk_hosts, **base)
-
-
-def topics_per_bundle(namespace: str, bundles: int) -> dict[str, str]:
-    """bundle -> a topic whose hash falls in it, for ``namespace``'s layout of ``bundles`` equal bundles."""
-    layout = BundleLayout.default(namespace, bundles)
-    found: dict[str, str] = {}
-    i = 0
-    while len(found) < bundles:
-        topic = f"persistent://{namespace}/t{i}"
-        found.setdefault(layout.bundle_for_topic(TopicName.parse(topic)), topic)
-        i += 1
-    return dict(sorted(found.items()))
 
 
 def znode(zk: KazooClient, s: Settings, namespace: str) -> bool:

@@ -100,13 +100,6 @@ def ok(r: Response) -> Any:
 
 
 @pytest.fixture
-def log(settings: Settings) -> MemoryLog:
-    log = MemoryLog()
-    log.create(settings.kafka.snapshot_topic, 1)
-    return log
-
-
-@pytest.fixture
 def settings(zk_hosts: str) -> Settings:
     sets = [f"zookeeper.hosts={zk_hosts}", "zookeeper.session_timeout_s=6", "http.port=0", *NO_AUTH_SETS]
     return load_settings(None, parse_assignments(sets), environ=False)

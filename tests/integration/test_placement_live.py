@@ -11,8 +11,7 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from tests.integration.test_controller_jobs import Node, bundle, own, register
-from tests.support.settings import NO_AUTH_SETS
+from tests.integration.test_controller_jobs import Node, bundle, controller_settings, own, register
 from tests.support.waiting import wait_for
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.memory import MemoryLog
@@ -125,23 +124,7 @@ def test_the_watch_applies_every_valid_version_and_keeps_the_last_good_one(
 
 @pytest.fixture
 def settings(zk_hosts: str) -> Settings:
-    from trimtab.config.loader import load_settings, parse_assignments
-
-    sets = [
-        f"zookeeper.hosts={zk_hosts}",
-        "http.port=0",
-        "healing.safe_mode_settle_s=0",
-        "healing.grace_s=0",
-        *NO_AUTH_SETS,
-    ]
-    return load_settings(None, parse_assignments(sets), environ=False)
-
-
-@pytest.fixture
-def log(settings: Settings) -> MemoryLog:
-    log = MemoryLog()
-    log.create(settings.kafka.snapshot_topic, 1)
-    return log
+    return controller_settings(zk_hosts)
 
 
 @pytest.fixture

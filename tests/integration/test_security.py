@@ -49,7 +49,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import PlainTextResponse
 
 from tests.integration.test_admin_moves import leading, running_controller
-from tests.integration.test_agent_inprocess import agent_settings, memory_log, running_agent, until
+from tests.integration.test_agent_inprocess import agent_settings, running_agent, until
+from tests.support.memory_log import memory_log
 from tests.support.procs import Finished, Procs
 from tests.support.tls import make_pki
 from tests.support.waiting import wait_for

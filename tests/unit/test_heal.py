@@ -327,40 +327,28 @@ def test_throttle_skips_what_needs_no_healing() -> None:
 
 def test_throttle_follows_the_planned_destination_while_it_can() -> None:
     cands = [(BUNDLE, r(State.OWNED, dst=DEAD))]
-    out, _ = throttle(
-        cands,
-        frozenset({DEAD}),
-        pick(A),
-        Counter(),
-        HealConfig(),
-        NOW,
-        W,
-        "x",
-        DEAD,
-        planned={BUNDLE: B},
-        live={A, B},
-    )
-    assert [o.dst for o in out] == [B]
+
+    def dsts(in_flight: Counter[str], live: set[str] | None = None) -> list[str]:
+        """Where the dead broker's bundle goes, planned to B, with ``in_flight`` moves to each broker."""
+        out, _ = throttle(
+            cands,
+            frozenset({DEAD}),
+            pick(A),
+            in_flight,
+            HealConfig(),
+            NOW,
+            W,
+            "x",
+            DEAD,
+            planned={BUNDLE: B},
+            live=live,
+        )
+        return [o.dst for o in out]
+
+    assert dsts(Counter(), live={A, B}) == [B]
     # The planned broker is gone (or full): another is chosen.
-    out, _ = throttle(
-        cands,
-        frozenset({DEAD}),
-        pick(A),
-        Counter(),
-        HealConfig(),
-        NOW,
-        W,
-        "x",
-        DEAD,
-        planned={BUNDLE: B},
-        live={A},
-    )
-    assert [o.dst for o in out] == [A]
-    full = Counter({B: HealConfig().max_in_flight_per_broker})
-    out, _ = throttle(
-        cands, frozenset({DEAD}), pick(A), full, HealConfig(), NOW, W, "x", DEAD, planned={BUNDLE: B}
-    )
-    assert [o.dst for o in out] == [A]
+    assert dsts(Counter(), live={A}) == [A]
+    assert dsts(Counter({B: HealConfig().max_in_flight_per_broker})) == [A]
 
 
 def test_throttle_finishing_a_transfer_counts_in_flight() -> None:

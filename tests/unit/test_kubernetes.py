@@ -119,33 +119,26 @@ def _crd(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _monitor(endpoints: str) -> dict[str, Any]:
+    """A ServiceMonitor or a PodMonitor: the two differ only in what their endpoints are called."""
+    return _crd(
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", endpoints],
+            "properties": {
+                "selector": _SELECTOR,
+                endpoints: {"type": "array", "minItems": 1, "items": _ENDPOINT},
+                "jobLabel": {"type": "string"},
+                "namespaceSelector": {"type": "object"},
+            },
+        }
+    )
+
+
 OPERATOR_SCHEMAS: dict[str, dict[str, Any]] = {
-    "ServiceMonitor": _crd(
-        {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["selector", "endpoints"],
-            "properties": {
-                "selector": _SELECTOR,
-                "endpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
-                "jobLabel": {"type": "string"},
-                "namespaceSelector": {"type": "object"},
-            },
-        }
-    ),
-    "PodMonitor": _crd(
-        {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["selector", "podMetricsEndpoints"],
-            "properties": {
-                "selector": _SELECTOR,
-                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
-                "jobLabel": {"type": "string"},
-                "namespaceSelector": {"type": "object"},
-            },
-        }
-    ),
+    "ServiceMonitor": _monitor("endpoints"),
+    "PodMonitor": _monitor("podMetricsEndpoints"),
     "PrometheusRule": _crd(
         {
             "type": "object",

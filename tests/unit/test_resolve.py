@@ -38,6 +38,12 @@ def r(state: State, version: int, **kw: Any) -> Record:
     return make(state, version=version, ts=0, writer=kw.pop("writer", "w"), **kw)
 
 
+def forced(new: Record, version: int | None = None) -> Record:
+    """``new`` forced by the leader (at ``version`` if given): what skips the broker checks."""
+    v = new.version if version is None else version
+    return r(new.state, v, writer="leader", dst=new.dst, src=new.src, force=True, children=new.children)
+
+
 # One representative current record per state (version 3), as the flows produce them.
 CURRENT: dict[State | None, Record | None] = {
     None: None,
@@ -170,17 +176,7 @@ def test_flows_end_to_end() -> None:
 def test_broker_checks(cur: Record | None, new: Record, expected: Verdict) -> None:
     assert resolve(RNG, cur, new) is expected
     # A forced record skips the broker checks, never the shape rules.
-    forced = make(
-        new.state,
-        version=new.version,
-        ts=0,
-        writer="leader",
-        dst=new.dst,
-        src=new.src,
-        force=True,
-        children=new.children,
-    )
-    assert resolve(RNG, cur, forced) is (BAD if expected is BAD else ACCEPT)
+    assert resolve(RNG, cur, forced(new)) is (BAD if expected is BAD else ACCEPT)
 
 
 # ---------------------------------------------------------------------------------------------- versions
@@ -245,17 +241,7 @@ def test_racing_writers_first_wins() -> None:
 def test_bad_shapes_are_refused_even_when_forced(new: Record) -> None:
     assert not shape_ok(RNG, new)
     assert resolve(RNG, None, new) is BAD
-    forced = make(
-        new.state,
-        version=1,
-        ts=0,
-        writer="leader",
-        dst=new.dst,
-        src=new.src,
-        force=True,
-        children=new.children,
-    )
-    assert resolve(RNG, None, forced) is BAD
+    assert resolve(RNG, None, forced(new, version=1)) is BAD
 
 
 def test_split_children_are_checked_against_the_bundle_range() -> None:
