@@ -19,7 +19,7 @@ step "mypy (strict, every package)"
 .venv/bin/python -m trimtab.devkit.layout build/pkgtree >/dev/null
 .venv/bin/mypy
 step "import layers"
-(cd build/pkgtree && ../../.venv/bin/lint-imports --config ../../pyproject.toml)
+(cd build/pkgtree && ../../.venv/bin/lint-imports ../../pyproject.toml)
 step "docker-compose.yml (static)"
 bash scripts/check-compose.sh
 step "the wheel: one top-level package, no dev kit, runs from a fresh virtualenv"
