@@ -52,7 +52,7 @@ partition_leader_kafka   the leading controller cut off from Kafka (and the clie
 partition_halves         the hosts split in two: Kafka, a majority of ZooKeeper, half the agents and a
                          controller on one side, the rest on the other, for a session timeout + 2 s
 oneway_drop              what the agent owning most bundles sends to ZooKeeper is lost (what ZooKeeper
-                         sends arrives) for a session timeout + 2 s
+                         sends arrives) for a session timeout and a half
 =======================  ================================================================================
 
 Afterwards the cluster settles (every node ready, every owned bundle served by its owner), the timelines
@@ -468,15 +468,30 @@ class ChaosRun:
         victim = max(agents, key=lambda n: (counts[n.name], self.rng.random()))
         return leader, victim, [b for b, r in owned.items() if r.get("dst") == str(victim.broker)]
 
-    def _cut(self, pairs: Sequence[tuple[str, str]], *, oneway: bool = False) -> float:
+    def _partition(
+        self,
+        kind: str,
+        target: str,
+        pairs: Sequence[tuple[str, str]],
+        what: str,
+        hold: Callable[[float], None] | float,
+        *,
+        oneway: bool = False,
+    ) -> None:
+        """Cut ``pairs`` (``oneway``: only what the first of each sends is lost), hold the cut -- for
+        ``hold`` seconds, or until ``hold(start)`` returns --, heal every cut and note the fault."""
         net = self._net()
+        start = time.monotonic()
         for a, b in pairs:
             net.cut(a, b, oneway=oneway)
-        return time.monotonic()
-
-    def _heal(self, start: float) -> float:
-        self._net().heal()
-        return time.monotonic() - start
+        try:
+            if callable(hold):
+                hold(start)
+            else:
+                time.sleep(hold)  # the fault itself
+        finally:
+            net.heal()
+        self._note(kind, target, f"{what} {time.monotonic() - start:.1f}s", started=start)
 
     def _until_moved_off(self, start: float, leader: Node, victim: Node, bundles: Sequence[str]) -> None:
         """Until the leader gave every one of ``bundles`` to another broker: at least the session timeout
@@ -487,73 +502,47 @@ class ChaosRun:
                 return
             time.sleep(0.2)
 
-    def partition_agent_zk(self) -> None:
+    def _agent_cut(self, kind: str, to: Sequence[str], what: str, *, oneway: bool = False) -> None:
+        """The agent owning most bundles cut from ``to``: until the leader gave all its bundles away when
+        it is cut from ZooKeeper both ways, else for a session timeout and a half."""
         leader, victim, mine = self._busiest_agent()
         assert victim.netns_host is not None
-        start = self._cut([(victim.netns_host, zk) for zk in self._zk_hosts()])
-        try:
-            self._until_moved_off(start, leader, victim, mine)
-        finally:
-            held = self._heal(start)
-        self._note(
-            "partition_agent_zk",
-            str(victim.broker),
-            f"cut from ZooKeeper {held:.1f}s ({len(mine)} bundles)",
-            started=start,
-        )
+        hold: Callable[[float], None] | float = self._session_s() * 1.5
+        if to == self._zk_hosts() and not oneway:
+            hold = lambda start: self._until_moved_off(start, leader, victim, mine)  # noqa: E731
+        pairs = [(victim.netns_host, t) for t in to]
+        self._partition(kind, str(victim.broker), pairs, f"{what} ({len(mine)} bundles)", hold, oneway=oneway)
         self.cluster.wait_node(victim, 90)
+
+    def partition_agent_zk(self) -> None:
+        self._agent_cut("partition_agent_zk", self._zk_hosts(), "cut from ZooKeeper")
 
     def oneway_drop(self) -> None:
-        _, victim, mine = self._busiest_agent()
-        assert victim.netns_host is not None
-        seconds = self._session_s() + 2
-        start = self._cut([(victim.netns_host, zk) for zk in self._zk_hosts()], oneway=True)
-        try:
-            time.sleep(seconds)  # the fault itself
-        finally:
-            held = self._heal(start)
-        detail = f"its packets to ZooKeeper lost {held:.1f}s ({len(mine)} bundles)"
-        self._note("oneway_drop", str(victim.broker), detail, started=start)
-        self.cluster.wait_node(victim, 90)
+        self._agent_cut("oneway_drop", self._zk_hosts(), "its packets to ZooKeeper lost", oneway=True)
 
     def partition_agent_kafka(self) -> None:
-        _, victim, mine = self._busiest_agent()
-        assert victim.netns_host is not None
-        seconds = self._session_s() * 1.5
-        start = self._cut([(victim.netns_host, ROOT)])
-        try:
-            time.sleep(seconds)  # the fault itself
-        finally:
-            held = self._heal(start)
-        detail = f"cut from Kafka {held:.1f}s ({len(mine)} bundles)"
-        self._note("partition_agent_kafka", str(victim.broker), detail, started=start)
-        self.cluster.wait_node(victim, 90)
+        self._agent_cut("partition_agent_kafka", [ROOT], "cut from Kafka")
+
+    def _leader_cut(
+        self, kind: str, to: Sequence[str], what: str, hold: Callable[[float], None] | float
+    ) -> None:
+        leader = self._leader()
+        assert leader.netns_host is not None
+        self._partition(kind, leader.name, [(leader.netns_host, t) for t in to], what, hold)
+        self._leader()
 
     def partition_leader_zk(self) -> None:
-        leader = self._leader()
-        assert leader.netns_host is not None
-        start = self._cut([(leader.netns_host, zk) for zk in self._zk_hosts()])
-        try:
-            self._wait(
-                lambda: (n := self.cluster.leader()) is not None and n.name != leader.name, 60, "a new leader"
-            )
-            time.sleep(2.0)  # the old leader, cut off, past the takeover
-        finally:
-            held = self._heal(start)
-        self._note("partition_leader_zk", leader.name, f"cut from ZooKeeper {held:.1f}s", started=start)
-        self._leader()
+        """Until another controller leads, and 2 s more: the old leader, cut off, past the takeover."""
+        old = self._leader().name
+
+        def taken_over(start: float) -> None:
+            self._wait(lambda: (n := self.cluster.leader()) is not None and n.name != old, 60, "a new leader")
+            time.sleep(2.0)
+
+        self._leader_cut("partition_leader_zk", self._zk_hosts(), "cut from ZooKeeper", taken_over)
 
     def partition_leader_kafka(self) -> None:
-        leader = self._leader()
-        assert leader.netns_host is not None
-        seconds = self._session_s() * 1.5
-        start = self._cut([(leader.netns_host, ROOT)])
-        try:
-            time.sleep(seconds)  # the fault itself
-        finally:
-            held = self._heal(start)
-        self._note("partition_leader_kafka", leader.name, f"cut from Kafka {held:.1f}s", started=start)
-        self._leader()
+        self._leader_cut("partition_leader_kafka", [ROOT], "cut from Kafka", self._session_s() * 1.5)
 
     def partition_halves(self) -> None:
         """Kafka (the root namespace), a majority of ZooKeeper, half the agents and the first controller
@@ -564,14 +553,13 @@ class ChaosRun:
         controllers = sorted(h for h in net.hosts if h.startswith("c"))
         one = {ROOT, *zks[: len(zks) // 2 + 1], *agents[: (len(agents) + 1) // 2], *controllers[:1]}
         other = set(net.hosts) - one
-        seconds = self._session_s() + 2
-        start = self._cut([(a, b) for a in sorted(one) for b in sorted(other)])
-        try:
-            time.sleep(seconds)  # the fault itself
-        finally:
-            held = self._heal(start)
-        self._note(
-            "partition_halves", "cluster", f"{sorted(one)} | {sorted(other)} for {held:.1f}s", started=start
+        pairs = [(a, b) for a in sorted(one) for b in sorted(other)]
+        self._partition(
+            "partition_halves",
+            "cluster",
+            pairs,
+            f"{sorted(one)} | {sorted(other)} for",
+            self._session_s() + 2,
         )
         self.cluster.wait_ready(90)
 
