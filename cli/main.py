@@ -736,8 +736,21 @@ def topics_show(config_file: str | None, sets: tuple[str, ...]) -> None:
 @click.option(
     "--faults",
     default=None,
-    help="Comma-separated fault kinds (default: all; `trimtab chaos --faults help` lists them, "
+    help="Comma-separated fault kinds (default: every kind the cluster's shape allows -- the network faults "
+    "with --hosts, the ensemble's with --zk-servers 3 too; `trimtab chaos --faults help` lists them, "
     "docs/reliability.md says what each does).",
+)
+@click.option(
+    "--zk-servers",
+    type=click.Choice(["1", "3", "5"]),
+    default="1",
+    show_default=True,
+    help="ZooKeeper servers: 3 or 5 make an ensemble (kill_zk_leader, partition_zk_member).",
+)
+@click.option(
+    "--hosts",
+    is_flag=True,
+    help="Every node on a host of its own (Linux network namespaces, root only): the network faults.",
 )
 @click.option(
     "--kafka-brokers",
@@ -765,6 +778,8 @@ def chaos_cmd(
     namespaces: int,
     seed: int,
     faults: str | None,
+    zk_servers: str,
+    hosts: bool,
     kafka_brokers: int,
     workdir: Path,
     out: Path | None,
@@ -780,14 +795,14 @@ def chaos_cmd(
     configure_logging("info", json_logs=False, role="chaos")  # progress on stderr, the report on stdout
     runner = _devkit("trimtab.devkit.chaos.runner")
     if faults == "help":
-        click.echo("\n".join(runner.FAULT_KINDS))
+        click.echo("\n".join(runner.ALL_FAULTS))
         return
-    kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) if faults else runner.FAULT_KINDS
-    unknown = sorted(set(kinds) - set(runner.FAULT_KINDS))
+    default = runner.FAULT_KINDS + (runner.NET_FAULTS if hosts else ())
+    default += runner.ZK_FAULTS if hosts and int(zk_servers) > 1 else ()
+    kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) if faults else default
+    unknown = sorted(set(kinds) - set(runner.ALL_FAULTS))
     if unknown:
-        raise click.BadParameter(
-            f"unknown fault kinds {unknown}; choose from {', '.join(runner.FAULT_KINDS)}"
-        )
+        raise click.BadParameter(f"unknown fault kinds {unknown}; choose from {', '.join(runner.ALL_FAULTS)}")
     if workdir.exists():
         shutil.rmtree(workdir)
     cfg = runner.ChaosConfig(
@@ -799,8 +814,13 @@ def chaos_cmd(
         seed=seed,
         faults=kinds,
         kafka_brokers=kafka_brokers,
+        zk_servers=int(zk_servers),
+        hosts=hosts,
     )
-    report = runner.run_chaos(cfg)
+    try:
+        report = runner.run_chaos(cfg)
+    except _devkit("trimtab.devkit.localcluster").ClusterError as e:
+        raise click.ClickException(str(e)) from None
     text = report.to_json()
     if out is not None:
         out.write_text(text + "\n")

@@ -219,10 +219,12 @@ class ChaosRun:
             raise ClusterError(f"unknown faults {unknown}: choose from {', '.join(ALL_FAULTS)}")
         zk_faults = sorted(set(cfg.faults) & set(ZK_FAULTS))
         if zk_faults and cfg.zk_servers < 3:
-            raise ClusterError(f"{', '.join(zk_faults)} need a ZooKeeper ensemble: zk_servers >= 3")
+            raise ClusterError(
+                f"these faults need a ZooKeeper ensemble (--zk-servers 3): {', '.join(zk_faults)}"
+            )
         net_faults = sorted(set(cfg.faults) & set(NET_FAULTS))
         if net_faults and not cfg.hosts:
-            raise ClusterError(f"{', '.join(net_faults)} need hosts of their own: hosts=True (--hosts)")
+            raise ClusterError(f"these faults need hosts of their own (--hosts): {', '.join(net_faults)}")
         self.network: Network | None = None
         if cfg.hosts or "partition_zk_member" in cfg.faults:
             why = available()
