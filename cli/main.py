@@ -736,7 +736,7 @@ def topics_show(config_file: str | None, sets: tuple[str, ...]) -> None:
 @click.option(
     "--faults",
     default=None,
-    help="Comma-separated fault kinds (default: every kind the cluster's shape allows -- the network faults "
+    help="Comma-separated fault kinds (default: every kind the cluster's shape allows, clock_skew too -- the network faults "
     "with --hosts, the ensemble's with --zk-servers 3 too; `trimtab chaos --faults help` lists them, "
     "docs/reliability.md says what each does).",
 )
@@ -797,7 +797,7 @@ def chaos_cmd(
     if faults == "help":
         click.echo("\n".join(runner.ALL_FAULTS))
         return
-    default = runner.FAULT_KINDS + (runner.NET_FAULTS if hosts else ())
+    default = runner.FAULT_KINDS + runner.CLOCK_FAULTS + (runner.NET_FAULTS if hosts else ())
     default += runner.ZK_FAULTS if hosts and int(zk_servers) > 1 else ()
     kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) if faults else default
     unknown = sorted(set(kinds) - set(runner.ALL_FAULTS))

@@ -52,6 +52,9 @@ from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptio
 from trimtab.devkit.zkserver import ZooKeeperEnsemble, ZooKeeperServer, free_port
 from trimtab.errors import DevKitError
 
+#: The folder whose sitecustomize steps a process's wall clock (LocalCluster.clock_skew).
+CLOCK_SKEW_DIR = Path(__file__).resolve().parent / "clockskew"
+
 # Timers for a cluster you watch converge in a minute instead of an hour (every one can be overridden).
 FAST_TIMERS: dict[str, Any] = {
     "load": {"report_interval_s": 1.0, "report_max_interval_s": 10.0},
@@ -139,6 +142,8 @@ class LocalCluster:
     zk_servers: int = 1  # 3 (or 5...): an ensemble, so a ZooKeeper leader change can happen under trimtab
     network: Network | None = None  # hosts of their own for ZooKeeper's servers (devkit/netns.py)
     node_hosts: bool = False  # with a network: agents (with their brokers) and controllers on hosts too
+    # Agents' and controllers' wall clocks can be stepped (skew()): devkit/clockskew/sitecustomize.py.
+    clock_skew: bool = False
     broker_processes: bool = False
     kafka_brokers: int = 1
     # "sasl_ssl": SCRAM over TLS with the StandardAuthorizer (real Kafka only); every node then uses the
@@ -328,22 +333,34 @@ class LocalCluster:
             self.network.add_host(host)
         return host, self.network.hosts[host].ip
 
-    def _spawn(self, kind: str, name: str, port: int, extra: list[str]) -> Node:
+    def _spawn(self, kind: str, name: str, port: int, extra: list[str], clock: str | None = None) -> Node:
         """An agent or a controller."""
         host, ip = self._host_for(name)
         argv = [kind, "--config", str(self.config_path), "--http-port", str(port), *extra]
         if host is not None:
             argv += ["--http-host", ip]
-        node = Node(name, kind, port, self._popen(name, argv, host), self._log(name), scheme=self._scheme)
+        proc = self._popen(name, argv, host, clock)
+        node = Node(name, kind, port, proc, self._log(name), scheme=self._scheme)
         node.host, node.netns_host = ip, host
         return self._add_node(node)
 
     def _log(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
 
-    def _popen(self, name: str, argv: list[str], host: str | None = None) -> subprocess.Popen[bytes]:
-        """``trimtab <argv>`` with its output in the node's log (on ``host`` of the network, if given)."""
+    def _popen(
+        self, name: str, argv: list[str], host: str | None = None, clock: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """``trimtab <argv>`` with its output in the node's log (on ``host`` of the network, if given; with
+        the wall clock named ``clock`` in a ``clock_skew`` cluster: an agent and its broker share one, as
+        processes of one machine do)."""
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        clock = clock or name.split("~", maxsplit=1)[0]
+        if self.clock_skew:
+            path = [str(CLOCK_SKEW_DIR), *filter(None, [env.get("PYTHONPATH")])]
+            env |= {
+                "PYTHONPATH": os.pathsep.join(path),
+                "TRIMTAB_CLOCK_SKEW_FILE": str(self._skew_file(clock)),
+            }
         cmd = [self.python, "-m", "trimtab.cli", *argv]
         if host is not None:
             assert self.network is not None
@@ -359,6 +376,24 @@ class LocalCluster:
                 start_new_session=True,
                 preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
             )
+
+    def _skew_file(self, clock: str) -> Path:
+        """Where the offset of the wall clock named ``clock`` is: a broker id (its agent's and its broker
+        process's, through restarts), or a controller's name."""
+        path = self.workdir / "clock-skew" / clock
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("0\n")
+        return path
+
+    def skew(self, clock: str, seconds: float) -> None:
+        """Step the wall clock named ``clock`` -- a broker id (its agent and broker process) or a
+        controller's name -- to ``seconds`` from the real time (``clock_skew`` clusters)."""
+        if not self.clock_skew:
+            raise ClusterError("this cluster's clocks cannot be stepped: start it with clock_skew=True")
+        tmp = self._skew_file(clock).with_suffix(".tmp")
+        tmp.write_text(f"{seconds}\n")
+        tmp.replace(self._skew_file(clock))  # atomically: a reader never sees half a number
 
     def _add_node(self, node: Node) -> Node:
         self.nodes[node.name] = node
@@ -398,7 +433,7 @@ class LocalCluster:
                 f"broker.adapter.url={sim.http}",
                 *extra,
             ]
-        node = self._spawn("agent", name, port, extra)
+        node = self._spawn("agent", name, port, extra, clock=broker)
         node.broker = broker
         node.backend = backend
         if wait:
@@ -415,7 +450,7 @@ class LocalCluster:
         name = f"broker-{broker.rsplit(':', 1)[-1]}" if host is None else f"broker-{host[1:]}"
         argv = ["sim-broker", "--config", str(self.config_path), "--port", str(port), "--broker-id", broker]
         argv += ["--host", ip]
-        proc = self._popen(name, argv, host)
+        proc = self._popen(name, argv, host, clock=broker)
         node = Node(name, "broker", port, proc, self._log(name), broker=broker, host=ip, netns_host=host)
         self._add_node(node)
         deadline = time.monotonic() + timeout

@@ -28,6 +28,10 @@ stop_kafka          stop the whole Kafka cluster for a few seconds, then start i
 poison              hostile values on every topic trimtab reads
 pause_leader_heal   SIGKILL an agent, and SIGSTOP the leader the moment it sees the agent gone (mid-
                     reassignment) past its own session timeout; SIGCONT; restart the agent
+clock_skew          step the wall clocks of the leading controller and of an agent's machine (the agent
+                    and its broker process) 30 s ahead for two sessions, then 30 s behind for two more,
+                    then back (the monotonic clock untouched: leases and timeouts must not notice;
+                    records stamped by a skewed writer must not confuse their readers)
 kill_zk_leader      SIGKILL the ZooKeeper ensemble's leader (``zk_servers`` >= 3); start it again once the
                     others elected a new one
 partition_zk_member cut one ensemble member off from the other members and from every client (each
@@ -120,7 +124,10 @@ NET_FAULTS = (
     "partition_halves",
     "oneway_drop",
 )
-ALL_FAULTS = FAULT_KINDS + ZK_FAULTS + NET_FAULTS
+#: Wall-clock steps (agents' machines and the leader): any cluster; not in the default set, whose short run
+#: is in the test command's budget (a step back stalls an agent's signed calls for the size of the step).
+CLOCK_FAULTS = ("clock_skew",)
+ALL_FAULTS = FAULT_KINDS + ZK_FAULTS + NET_FAULTS + CLOCK_FAULTS
 
 #: Timers of the chaos cluster: short sessions (so faults resolve quickly) and the local cluster's fast
 #: balancing. Leases follow: session timeout - margin.
@@ -241,6 +248,7 @@ class ChaosRun:
             zk_servers=cfg.zk_servers,
             network=self.network,
             node_hosts=cfg.hosts,
+            clock_skew="clock_skew" in cfg.faults,
         )
         self.s: Settings | None = None
         self.client: LookupClient | None = None
@@ -452,6 +460,24 @@ class ChaosRun:
             started=start,
         )
         self._wait(lambda: fully_replicated(kafka, self.settings.kafka.channel_topic), 60, "channel replicas")
+
+    def clock_skew(self) -> None:
+        leader = self._leader()
+        agent = self.rng.choice(self.cluster.agents)
+        hold = self._session_s() * 2
+        clocks = (leader.name, str(agent.broker))  # an agent's machine: the agent and its broker
+        start = time.monotonic()
+        try:
+            for offset in (30.0, -30.0):
+                for clock in clocks:
+                    self.cluster.skew(clock, offset)
+                time.sleep(hold)  # the fault itself
+        finally:
+            for clock in clocks:
+                self.cluster.skew(clock, 0.0)
+        detail = f"+30 s then -30 s, {hold:g} s each, with {agent.broker}'s machine (agent and broker)"
+        self._note("clock_skew", leader.name, detail, started=start)
+        self._leader()
 
     # ------------------------------------------------------------------ network faults
     def _net(self) -> Network:

@@ -13,7 +13,15 @@ import pytest
 
 from trimtab.devkit import netns
 from trimtab.devkit.chaos.report import ChaosReport
-from trimtab.devkit.chaos.runner import FAULT_KINDS, NET_FAULTS, ZK_FAULTS, ChaosConfig, ChaosRun, run_chaos
+from trimtab.devkit.chaos.runner import (
+    CLOCK_FAULTS,
+    FAULT_KINDS,
+    NET_FAULTS,
+    ZK_FAULTS,
+    ChaosConfig,
+    ChaosRun,
+    run_chaos,
+)
 from trimtab.devkit.localcluster import ClusterError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -64,8 +72,9 @@ needs_hosts = pytest.mark.skipif(netns.available() is not None, reason=str(netns
 def test_network_and_zookeeper_faults_between_hosts_of_their_own(tmp_path: Path) -> None:
     """Issue 31: every node on a host of its own and ZooKeeper a three-server ensemble; links cut -- an
     agent from ZooKeeper or from Kafka, the leader from either, the cluster in halves, one direction of a
-    link, one ensemble member from everyone -- and the ensemble's leader killed: the verdict holds."""
-    kinds = (*NET_FAULTS, *ZK_FAULTS, "zk_restart")
+    link, one ensemble member from everyone --, the ensemble's leader killed and wall clocks stepped 30 s
+    either way: the verdict holds."""
+    kinds = (*NET_FAULTS, *ZK_FAULTS, *CLOCK_FAULTS, "zk_restart")
     cfg = ChaosConfig(
         workdir=tmp_path / "chaos", duration_s=0, brokers=3, seed=5, kafka_brokers=1, hosts=True, zk_servers=3,
         faults=kinds,
