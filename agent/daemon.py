@@ -245,6 +245,7 @@ class Agent:
         await asyncio.to_thread(
             self.registry.register, self.identity.info(draining=False), self.register_wait_s
         )
+        await self._set_barrier()
         self.reconciler.start()
         # Until shutdown cancels them, draining included: leases (the broker serves until its bundles
         # moved) and the tick (/healthz reads its age). Reports, splits and pre-warming stop when the
@@ -283,6 +284,7 @@ class Agent:
         other brokers. Stop vouching for any lease, fence everything now, and treat every record naming us
         as stale; the registry re-registers on the next session."""
         self.leases.forget()
+        self.reconciler.barrier.lost()
         stale = self.reconciler.mark_stale(self.channel.table)
         log.warning(
             "zk_session_lost", action="fencing everything", serving=len(self.reconciler.served), stale=stale
@@ -296,6 +298,30 @@ class Agent:
     async def _tick_once(self) -> None:
         self.last_tick = self._monotonic()
         self.metrics.registered.set(1 if self.registry.registered else 0)
+        session = self.registry.registered_session
+        if (
+            session is not None
+            and session == self.zk.session_id
+            and self.reconciler.barrier.session != session
+        ):
+            await self._set_barrier()  # registered again in a new session (the registry's worker did it)
+
+    async def _set_barrier(self) -> None:
+        """The channel's end offsets, read after this broker registered: records below them predate the
+        registration and are settled through the channel first (agent/session_barrier.py). Not set when
+        Kafka does not answer: every record stays stale, and the next tick tries again."""
+        session = self.registry.registered_session
+        ch = self.channel
+        try:
+            parts = ch.table.partitions or ch.transport.partitions(ch.topic)
+            ends = await asyncio.to_thread(
+                lambda: {p: ch.transport.watermarks(ch.topic, p)[1] for p in range(parts)}
+            )
+        except Exception as e:
+            log.warning("session_barrier_failed", error=str(e), action="records naming us stay stale")
+            return
+        self.reconciler.barrier.set(ends, session)
+        log.info("session_barrier_set", session=session, records=sum(ends.values()))
 
     def _staying(self) -> bool:
         """Not leaving: no stop signal yet."""

@@ -20,6 +20,7 @@ import structlog
 from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.leases import LeaseGuard, lease_bound
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.session_barrier import SessionBarrier
 from trimtab.balance.roles import (
     Acquire,
     Close,
@@ -66,6 +67,9 @@ class Reconciler:
         # Bundles whose record names this broker from before its current ZooKeeper session (balance.roles):
         # settled through the channel before anything is acquired for them. A new record clears it.
         self.stale: set[str] = set()
+        # Where the channel stood when this broker registered in its current session: records before it
+        # are stale too (agent/session_barrier.py).
+        self.barrier = SessionBarrier()
         self.acquiring: set[str] = set()
         self.channel = channel
         self.adapter = adapter
@@ -97,9 +101,19 @@ class Reconciler:
         self.idle.clear()
         self._queue.put_nowait(bundle)
 
-    def on_change(self, bundle: str, old: Record | None, new: Record | None) -> None:
-        """A channel change (loop thread): queue the bundle if the change may concern this broker."""
-        self.stale.discard(bundle)
+    def on_change(self, bundle: str, old: Record | None, new: Record | None, predates: bool = False) -> None:
+        """A channel change (loop thread): queue the bundle if the change may concern this broker.
+        ``predates``: the record entered the channel before this broker's current registration
+        (:meth:`SessionBarrier.predates`, judged as it was applied) -- if it names this broker, it is stale."""
+        if (
+            predates
+            and new is not None
+            and new.dst == self.me
+            and new.state in (State.OWNED, State.ASSIGNING)
+        ):
+            self.stale.add(bundle)
+        else:
+            self.stale.discard(bundle)
         if needs_attention(self.me, new) or needs_attention(self.me, old) or bundle in self.served:
             self.mark(bundle)
 

@@ -336,12 +336,16 @@ def _route_events(
     """Channel changes go to the lookups and the reconciler, on the loop in log order (the follower
     thread hands them over in bursts); broker membership changes wake waiting lookups."""
 
-    def on_change(key: str, old: Record | None, new: Record | None) -> None:
+    def on_change(key: str, old: Record | None, new: Record | None, predates: bool) -> None:
         lookups.on_change(key)
-        reconciler.on_change(key, old, new)
+        reconciler.on_change(key, old, new, predates)
 
-    changes: LoopBridge[tuple[str, Record | None, Record | None]] = LoopBridge(loop, lambda c: on_change(*c))
-    channel.table.add_listener(lambda key, old, new: changes.push((key, old, new)))
+    changes: LoopBridge[tuple[str, Record | None, Record | None, bool]] = LoopBridge(
+        loop, lambda c: on_change(*c)
+    )
+    # Whether a record predates this broker's registration is known exactly only here, as it is applied.
+    barrier, table = reconciler.barrier, channel.table
+    table.add_listener(lambda key, old, new: changes.push((key, old, new, barrier.predates(table, key))))
     # On the follower thread, before anyone can see a split parent Deleted: its namespace's cached layout
     # is stale from here on.
     channel.table.add_listener(layouts.on_channel_change)

@@ -334,6 +334,9 @@ class BrokerRegistry:
         self._listeners: list[Callable[[dict[str, BrokerInfo]], object]] = []
         self._thread: threading.Thread | None = None
         self.registrations = 0
+        # The ZooKeeper session our node was last seen to belong to (None: not registered): an agent sets
+        # its channel barrier for that session (agent/session_barrier.py).
+        self.registered_session: int | None = None
 
     def add_listener(self, fn: Callable[[dict[str, BrokerInfo]], object]) -> None:
         """``fn(brokers)`` runs on the registry's worker thread after every cache change."""
@@ -395,6 +398,7 @@ class BrokerRegistry:
             ) from None
         self._mine = info
         self.registrations += 1
+        self.registered_session = self.session.session_id
         log.info("broker_registered", broker=info.id, path=path)
         self._wake.set()
 
@@ -407,6 +411,7 @@ class BrokerRegistry:
 
     def deregister(self) -> None:
         mine, self._mine = self._mine, None
+        self.registered_session = None
         if mine is None:
             return
         with contextlib.suppress(NoNodeError, ZooKeeperError):  # the ephemeral node goes with the session
@@ -442,11 +447,13 @@ class BrokerRegistry:
         path = self.paths.broker(mine.id)
         stat = zk_call(self.zk, self.zk.exists, path)
         if stat is not None and stat.ephemeralOwner == self.session.session_id:
+            self.registered_session = self.session.session_id
             return
         if stat is not None:
             return  # a node of a previous session of ours: it expires soon, then the watch wakes us
         try:
             zk_call(self.zk, self.zk.create, path, _enc.encode(mine), ephemeral=True, makepath=True)
+            self.registered_session = self.session.session_id
             self.registrations += 1
             log.warning("broker_reregistered", broker=mine.id, reason="registration node was missing")
         except NodeExistsError:
