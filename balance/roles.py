@@ -22,9 +22,10 @@ Owned{dst=me}, not serving         acquire                                      
 anything else while serving        close with a redirect to the new owner, if any (forced override)
 =================================  ====================================================================
 
-Stale records: what names this broker from before its current ZooKeeper session (found at start-up, or
-left when the session was lost) was decided while the leader may have counted it dead, and the leader may
-be about to force those bundles elsewhere. Acquiring first would let two brokers serve one bundle; so a
+Stale records: what names this broker and entered the channel before its registration in its current
+ZooKeeper session (found at start-up, left when the session was lost, or arriving while it had none; the
+agent's ``SessionBarrier`` judges each record as it is applied) was decided while the leader may have
+counted it dead, and the leader may be about to force those bundles elsewhere. Acquiring first would let two brokers serve one bundle; so a
 stale record is first settled through the channel, whose version check orders it against any override:
 
 =================================  ====================================================================
