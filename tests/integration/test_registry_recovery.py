@@ -1,0 +1,80 @@
+"""The broker registry registers again, whatever took its node away -- apache/pulsar#23298, #24057 and
+#24907: Pulsar's registry did not re-register after its znode was deleted, after its session expired, or
+after a reconnect, and a live broker stayed invisible (nothing assigned to it; its bundles healed away).
+Against a real ZooKeeper server (issue 31, point 6)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from tests.support.waiting import wait_for
+from trimtab.balance.assign import BrokerInfo
+from trimtab.cluster.zk import BrokerRegistry, ZkPaths, ZkSession
+from trimtab.devkit.zkserver import ZooKeeperServer, expire_session
+
+pytestmark = pytest.mark.integration
+
+ME = "me:1"
+
+
+@contextlib.contextmanager
+def registered(zk_hosts: str, paths: ZkPaths) -> Iterator[tuple[ZkSession, BrokerRegistry]]:
+    session = ZkSession(zk_hosts, session_timeout_s=4)
+    session.start()
+    registry = BrokerRegistry(session, paths)
+    try:
+        registry.start()
+        assert registry.synced.wait(10)
+        registry.register(BrokerInfo(id=ME, service_url="pulsar://me:1", http_url="http://me:1"), 5)
+        yield session, registry
+    finally:
+        registry.stop()
+        session.stop()
+
+
+def owned_by_session(zk: KazooClient, paths: ZkPaths, session: ZkSession) -> bool:
+    stat = zk.exists(paths.broker(ME))
+    return stat is not None and stat.ephemeralOwner == session.session_id
+
+
+def test_a_deleted_registration_is_created_again(zk: KazooClient, zk_hosts: str) -> None:
+    paths = ZkPaths("/trimtab/reregister-deleted")
+    with registered(zk_hosts, paths) as (session, registry):
+        before = registry.registrations
+        zk.delete(paths.broker(ME))  # an operator's mistake, a cleanup script
+        wait_for(lambda: owned_by_session(zk, paths, session), 10, message="not registered again")
+        wait_for(lambda: registry.registrations == before + 1, 10)
+        assert registry.registered_session == session.session_id
+        wait_for(lambda: registry.registered, 10)
+
+
+def test_after_the_session_expired_it_registers_in_the_new_one(zk: KazooClient, zk_hosts: str) -> None:
+    paths = ZkPaths("/trimtab/reregister-expired")
+    with registered(zk_hosts, paths) as (session, registry):
+        old = session.session_id
+        expire_session(zk_hosts, session.client.client_id)  # the server ends it, as a real expiry does
+        wait_for(lambda: session.session_id not in (None, old), 20, message="no new session")
+        wait_for(
+            lambda: owned_by_session(zk, paths, session), 20, message="not registered in the new session"
+        )
+        assert registry.registered_session == session.session_id != old
+
+
+def test_a_reconnect_to_a_restarted_server_keeps_the_registration(zk_server: ZooKeeperServer) -> None:
+    paths = ZkPaths("/trimtab/reregister-reconnect")
+    hosts = zk_server.hosts
+    observer = KazooClient(hosts=hosts, timeout=10)
+    observer.start(10)
+    try:
+        with registered(hosts, paths) as (session, registry):
+            zk_server.restart()  # the connection drops and comes back within the session timeout
+            wait_for(lambda: session.connected, 20, message="no reconnect")
+            wait_for(lambda: owned_by_session(observer, paths, session), 20, message="registration lost")
+            wait_for(lambda: registry.registered, 10)
+    finally:
+        observer.stop()
+        observer.close()
