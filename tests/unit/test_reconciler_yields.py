@@ -80,6 +80,25 @@ class Session:
     def confirm(self, timeout_s: float, path: str = "/") -> None: ...
 
 
+def build_reconciler(channel: Channel, broker: InstantBroker, workers: int = 32) -> Reconciler:
+    """A reconciler for ``ME`` over ``channel`` and ``broker``, its ZooKeeper session just confirmed."""
+    metrics = AgentMetrics.create(CollectorRegistry())
+    guard = LeaseGuard(Session(), lease_s=20.0, margin_s=2.0, metrics=metrics)  # type: ignore[arg-type]
+    guard.confirmed_at = time.monotonic()
+    return Reconciler(
+        ME,
+        channel,  # type: ignore[arg-type]
+        broker,  # type: ignore[arg-type]
+        url_of=lambda b: None,
+        apply_split=lambda *a: None,
+        metrics=metrics,
+        on_served_change=lambda b, s: None,
+        leases=guard,
+        in_flight_timeout_s=30.0,
+        workers=workers,
+    )
+
+
 def test_a_worker_gives_the_loop_back_after_each_bundle_even_when_nothing_suspends() -> None:
     async def main() -> list[int]:
         now_ms = int(time.time() * 1000)
@@ -89,21 +108,7 @@ def test_a_worker_gives_the_loop_back_after_each_bundle_even_when_nothing_suspen
         }
         channel = Channel(records)
         broker = InstantBroker()
-        metrics = AgentMetrics.create(CollectorRegistry())
-        guard = LeaseGuard(Session(), lease_s=20.0, margin_s=2.0, metrics=metrics)  # type: ignore[arg-type]
-        guard.confirmed_at = time.monotonic()
-        rec = Reconciler(
-            ME,
-            channel,  # type: ignore[arg-type]
-            broker,  # type: ignore[arg-type]
-            url_of=lambda b: None,
-            apply_split=lambda *a: None,
-            metrics=metrics,
-            on_served_change=lambda b, s: None,
-            leases=guard,
-            in_flight_timeout_s=30.0,
-            workers=WORKERS,
-        )
+        rec = build_reconciler(channel, broker, workers=WORKERS)
         for bundle in records:
             rec.mark(bundle)
         rec.start()

@@ -12,12 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from prometheus_client import CollectorRegistry
-
-from tests.unit.test_reconciler_yields import ME, Channel, InstantBroker, Session
-from trimtab.agent.leases import LeaseGuard
-from trimtab.agent.metrics import AgentMetrics
-from trimtab.agent.reconciler import Reconciler
+from tests.unit.test_reconciler_yields import ME, Channel, InstantBroker, build_reconciler
 from trimtab.agent.session_barrier import SessionBarrier
 from trimtab.channel.records import State, encode, make
 from trimtab.channel.table import TableView, partition_for
@@ -51,23 +46,6 @@ def test_before_a_registration_everything_predates_it_and_after_it_what_is_below
     assert seen[-1] == (bundles[3], True) and b.session is None
 
 
-def reconciler(channel: Channel, broker: InstantBroker) -> Reconciler:
-    metrics = AgentMetrics.create(CollectorRegistry())
-    guard = LeaseGuard(Session(), lease_s=20.0, margin_s=2.0, metrics=metrics)  # type: ignore[arg-type]
-    guard.confirmed_at = time.monotonic()
-    return Reconciler(
-        ME,
-        channel,  # type: ignore[arg-type]
-        broker,  # type: ignore[arg-type]
-        url_of=lambda b: None,
-        apply_split=lambda *a: None,
-        metrics=metrics,
-        on_served_change=lambda b, s: None,
-        leases=guard,
-        in_flight_timeout_s=30.0,
-    )
-
-
 def run_once(predates: bool) -> tuple[list[str], list[str]]:
     """An Assigning{dst=me} arrives (predating the registration or not): what the broker acquired and
     what the agent published."""
@@ -77,7 +55,7 @@ def run_once(predates: bool) -> tuple[list[str], list[str]]:
         bundle = "t/ns/b0"
         rec = make(State.ASSIGNING, dst=ME, version=1, ts=now_ms, writer="another-agent")
         channel, broker = Channel({bundle: rec}), InstantBroker()
-        r = reconciler(channel, broker)
+        r = build_reconciler(channel, broker)
         r.on_change(bundle, None, rec, predates)
         r.start()
         await asyncio.wait_for(r.idle.wait(), 10)
