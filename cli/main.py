@@ -441,6 +441,13 @@ def dev() -> None:
     help="Apache Kafka (KRaft) brokers, from the dev kit's cache (scripts/setup.sh fetches it); with 3 or more "
     "the topics are replicated 3 times, min.insync.replicas 2.",
 )
+@click.option(
+    "--zk-servers",
+    type=click.Choice(["1", "3", "5"]),
+    default="1",
+    show_default=True,
+    help="ZooKeeper servers on loopback: 3 or 5 make an ensemble (kill its leader and watch trimtab carry on).",
+)
 @config_option
 @set_option
 def dev_up(
@@ -457,6 +464,7 @@ def dev_up(
     broker_processes: bool,
     prometheus: bool | None,
     kafka_brokers: int,
+    zk_servers: str,
     config_file: str | None,
     sets: tuple[str, ...],
 ) -> None:
@@ -490,6 +498,7 @@ def dev_up(
         broker_processes=broker_processes,
         prometheus=prometheus,
         kafka_brokers=kafka_brokers,
+        zk_servers=int(zk_servers),
     )
     _emit_json(summary)
 

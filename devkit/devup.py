@@ -250,6 +250,7 @@ def dev_up(
     broker_processes: bool = False,
     prometheus: bool | None = None,
     kafka_brokers: int = 1,
+    zk_servers: int = 1,
 ) -> dict[str, Any]:
     """Run the dev cluster (the module docstring's steps) until Ctrl-C, SIGTERM or ``duration``; return the
     summary. The cluster is stopped and the signal handlers restored however the run ends.
@@ -275,6 +276,7 @@ def dev_up(
         broker_processes=broker_processes,
         prometheus=PrometheusOptions() if prometheus else None,
         kafka_brokers=kafka_brokers,
+        zk_servers=zk_servers,
     )
     stop = threading.Event()
     prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}

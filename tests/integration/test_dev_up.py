@@ -53,9 +53,12 @@ def test_dev_up_runs_a_cluster_scripts_can_drive(tmp_path: Path, procs: Procs) -
         "1",
         "--duration",
         "25",
+        "--zk-servers",
+        "3",
         name="dev-up",
     )
     assert len(state["agents"]) == 3 and len(state["controllers"]) == 2
+    assert len(state["zookeeper"].split(",")) == 3  # an ensemble: every node connects to all three
     assert all(a["broker"] and a["http"].startswith("http://") and a["pid"] > 0 for a in state["agents"])
     # Security is on: the state file says where the token files are (owner-only), never the tokens.
     sec = state["security"]
