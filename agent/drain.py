@@ -11,13 +11,13 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
+from typing import Protocol
 
 import structlog
 
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.agent.reconciler import Reconciler
 from trimtab.balance.assign import (
     AssignContext,
     BurstPicks,
@@ -29,9 +29,20 @@ from trimtab.balance.assign import (
 from trimtab.channel import intents
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State
-from trimtab.cluster.zk import BrokerRegistry
+from trimtab.cluster.zk import Registration
 
 log = structlog.get_logger("trimtab.agent")
+
+
+class Closing(Protocol):
+    """What the broker still serves or keeps fenced (the :class:`~trimtab.agent.reconciler.Reconciler`'s
+    view; the simulated broker's in the simulator): the drain is over only once both are empty."""
+
+    @property
+    def served(self) -> Set[str]: ...
+
+    @property
+    def fenced(self) -> Set[str]: ...
 
 
 class Drainer:
@@ -39,8 +50,8 @@ class Drainer:
         self,
         identity: BrokerIdentity,
         channel: ChannelClient,
-        reconciler: Reconciler,
-        registry: BrokerRegistry,
+        reconciler: Closing,
+        registry: Registration,
         *,
         assign_context: Callable[[frozenset[str]], AssignContext],
         placement: PlacementRule,

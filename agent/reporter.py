@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 import psutil
 import structlog
 
-from trimtab.agent.adapters.base import BrokerAdapter, BrokerSample
+from trimtab.agent.adapters.base import BrokerSample, Sampler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.balance.load import (
     BrokerLoadData,
@@ -33,6 +34,13 @@ from trimtab.errors import AdapterError
 
 log = structlog.get_logger("trimtab.reporter")
 _enc = msgspec.json.Encoder()
+
+
+class HostFigures(Protocol):
+    """Fills in the host figures a broker's sample leaves out (:class:`HostSampler`; nothing to fill for
+    the simulator's brokers, which report every figure)."""
+
+    def fill(self, s: BrokerSample) -> BrokerSample: ...
 
 
 class HostSampler:
@@ -68,12 +76,12 @@ class LoadReporter:
     def __init__(
         self,
         me: str,
-        adapter: BrokerAdapter,
+        adapter: Sampler,
         transport: Transport,
         settings: Settings,
         metrics: AgentMetrics,
         *,
-        host: HostSampler,
+        host: HostFigures,
         has_policies: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,

@@ -21,18 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import structlog
 
-from trimtab.agent.adapters.base import BrokerAdapter
-from trimtab.agent.lookup import LayoutCache
+from trimtab.agent.adapters.base import Sampler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reporter import LoadReporter
 from trimtab.balance.load import BundleStats
 from trimtab.balance.split import SplitDecision, SplitLimits, children_for, decide_splits
 from trimtab.channel import intents
-from trimtab.channel.bundles import parse_bundle
+from trimtab.channel.bundles import BundleLayout, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
 from trimtab.cluster.events import EventPublisher
@@ -47,6 +47,12 @@ log = structlog.get_logger("trimtab.agent")
 CHILD_WAIT_MAX_S = 600.0
 
 
+class Layouts(Protocol):
+    """The bundle layout of every namespace seen (:class:`~trimtab.agent.lookup.LayoutCache`)."""
+
+    def cached(self) -> Mapping[str, BundleLayout]: ...
+
+
 class SplitRefused(RequestError):
     """A split this agent will not start (not the owner, bad input, in flight)."""
 
@@ -58,8 +64,8 @@ class SplitScheduler:
         channel: ChannelClient,
         *,
         reporter: LoadReporter,
-        adapter: BrokerAdapter,
-        layouts: LayoutCache,
+        adapter: Sampler,
+        layouts: Layouts,
         events: EventPublisher,
         metrics: AgentMetrics,
         limits: SplitLimits,

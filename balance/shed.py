@@ -52,6 +52,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, is_fresh
 from trimtab.channel.records import Record
@@ -151,6 +152,26 @@ Transferable = Callable[[str, str, str | None], bool]
 Movable = Callable[[str, str, str | None], str | None]
 #: Whether the bundle's namespace has an isolation policy or an anti-affinity group.
 HasPolicies = Callable[[str], bool]
+
+
+class Shedder(Protocol):
+    """One cycle of a shedding strategy, as the leader's shedding job calls it: :func:`transfer_shedder`,
+    :func:`threshold_shedder` (or, in the simulator, a baseline of Pulsar's)."""
+
+    def __call__(
+        self,
+        brokers: Mapping[str, bool],
+        loads: Mapping[str, BrokerLoadData],
+        top: Mapping[str, TopBundles],
+        owner: Owner,
+        state: ShedState,
+        cfg: ShedConfig,
+        now_ms: int,
+        /,
+        *,
+        transferable: Transferable,
+        has_policies: HasPolicies | None,
+    ) -> ShedResult: ...
 
 
 def movable(cfg: ShedConfig, transferable: Transferable, has_policies: HasPolicies | None = None) -> Movable:

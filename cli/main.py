@@ -542,7 +542,7 @@ def placement_solve(file: str) -> None:
 def sim_cmd(
     scenario: Path, as_json: bool, out: Path | None, policies: tuple[str, ...], seed: int | None
 ) -> None:
-    """Run SCENARIO.yaml in virtual time with the production decision code, each policy side by side
+    """Run SCENARIO.yaml in virtual time with the daemons' own jobs, each policy side by side
     (docs/simulator.md). Deterministic: the same scenario and seed give byte-identical JSON.
 
     Exit codes: 0 ran (whatever the figures), 2 the scenario is invalid (the message names the field)."""

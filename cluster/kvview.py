@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
@@ -28,6 +28,13 @@ from trimtab.errors import HistoryGap
 log = structlog.get_logger("trimtab.kv")
 
 T = TypeVar("T")
+
+
+class LatestValues(Protocol[T]):
+    """The newest value of every key, as a job reads it: a :class:`KeyValueView` in the daemons."""
+
+    def snapshot(self) -> dict[str, T]: ...
+
 
 #: A load or top-bundles report is a few KB; anything over this is refused unread.
 MAX_REPORT_BYTES = 1 << 20
@@ -61,7 +68,7 @@ class KeyValueView(Generic[T]):
         return Follower(
             self.transport,
             self.topic,
-            self._apply,
+            self.apply,
             name=self.name,
             low_latency=False,
             on_ready=self._ready.set,
@@ -87,7 +94,8 @@ class KeyValueView(Generic[T]):
                 seen=n,
             )
 
-    def _apply(self, msgs: list[Message]) -> None:
+    def apply(self, msgs: list[Message]) -> None:
+        """Messages of the topic, in log order (the follower's thread; the simulator delivers them itself)."""
         for m in msgs:
             if m.key is None:
                 self._skip(m, None, "bad_key")

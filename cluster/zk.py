@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 import msgspec
 import structlog
@@ -312,6 +312,20 @@ def digest_acls(credentials: str) -> list[ACL]:
 
 _info_dec = StrictDecoder(BrokerInfo, ZNODE_MAX_BYTES)
 _enc = msgspec.json.Encoder()
+
+
+class LiveBrokers(Protocol):
+    """The registered brokers, as the leader's jobs read them: a :class:`BrokerRegistry`'s cache in the
+    daemons, the simulated cluster's registrations in the simulator."""
+
+    @property
+    def brokers(self) -> Mapping[str, BrokerInfo]: ...
+
+
+class Registration(LiveBrokers, Protocol):
+    """The registered brokers, and this broker's own registration to update (the drain's flag)."""
+
+    def update(self, info: BrokerInfo) -> None: ...
 
 
 class BrokerRegistry:

@@ -37,6 +37,7 @@ from trimtab.cluster.logs import bind as bind_log
 from trimtab.cluster.replica import Replica
 from trimtab.cluster.runner import JobRunner, Schedule
 from trimtab.config.settings import Settings
+from trimtab.controller import schedules
 from trimtab.controller.healing import HealingJob
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
@@ -178,13 +179,12 @@ class Controller:
             (self.shedding, c.shedding.interval_s),
             (self.standbys, c.placement.standby_interval_s),
         ):
-            jobs.add(job.name, job.run_once, Schedule(every, first="after"), gate=leading)
-        # Healing runs when membership or the channel changes (and at least every second); the pause
-        # after a round coalesces a burst of channel events into the next one.
+            jobs.add(job.name, job.run_once, schedules.periodic(every), gate=leading)
+        # Healing runs when membership or the channel changes (and at least every second).
         jobs.add(
             "healing",
             self.healing.run_once,
-            Schedule(1.0, wake=self._heal_wake, pause_s=0.1),
+            schedules.healing(self._heal_wake),
             gate=lambda: leading() and self.healing.ready,
         )
         jobs.add("tick", self._tick_once, Schedule(0.5))

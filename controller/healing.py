@@ -39,12 +39,12 @@ from trimtab.balance.heal import (
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
 from trimtab.channel.table import TableView
-from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.kvview import LatestValues
 from trimtab.controller.journal import DecisionJournal
-from trimtab.controller.leadership import Leadership
+from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.placement.destinations import Destinations
-from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokers, Reassignments
+from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokerStore, PlanStore
 from trimtab.controller.writes import ChannelWrites
 
 #: Makes (allowed, placed) for one round's new plans: see :meth:`Healer.round`.
@@ -58,8 +58,8 @@ HEALING_PAUSE_REASONS = ("mass_failure", "disabled")
 class Healer:
     def __init__(
         self,
-        failed_store: FailedBrokers,
-        plans: Reassignments,
+        failed_store: FailedBrokerStore,
+        plans: PlanStore,
         cfg: HealConfig,
         *,
         chunk_size: int,
@@ -245,9 +245,9 @@ class HealingJob:
         self,
         healer: Healer,
         table: TableView,
-        leadership: Leadership,
+        leadership: LeaderGates,
         destinations: Destinations,
-        loads: KeyValueView[BrokerLoadData],
+        loads: LatestValues[BrokerLoadData],
         writes: ChannelWrites,
         journal: DecisionJournal,
         metrics: ControllerMetrics,

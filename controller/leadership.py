@@ -11,6 +11,7 @@ registry and the channel have caught up. Every job asks :meth:`Leadership.safe_m
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 import structlog
 
@@ -20,6 +21,21 @@ from trimtab.controller.election import LeaderElection
 from trimtab.errors import NotLeader
 
 log = structlog.get_logger("trimtab.controller")
+
+
+class LeaderGates(Protocol):
+    """What a leader's job asks before it decides and writes: :class:`Leadership` in the controller, an
+    in-memory leadership in the simulator (whose ZooKeeper is a fault it injects)."""
+
+    def term(self) -> int: ...
+
+    def writer(self) -> str: ...
+
+    def safe_mode(self) -> str | None: ...
+
+    async def confirm(self) -> bool: ...
+
+    def confirm_blocking(self) -> bool: ...
 
 
 class Leadership:

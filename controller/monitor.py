@@ -12,7 +12,7 @@ import structlog
 from trimtab.balance.heal import HealConfig, Override, monitor
 from trimtab.channel.table import TableView
 from trimtab.controller.journal import DecisionJournal
-from trimtab.controller.leadership import Leadership
+from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.writes import ChannelWrites
@@ -26,7 +26,7 @@ class MonitorJob:
     def __init__(
         self,
         table: TableView,
-        leadership: Leadership,
+        leadership: LeaderGates,
         destinations: Destinations,
         writes: ChannelWrites,
         journal: DecisionJournal,

@@ -12,6 +12,7 @@ import structlog
 from trimtab.balance.load import BrokerLoadData, TopBundles
 from trimtab.balance.shed import (
     ShedConfig,
+    Shedder,
     ShedResult,
     ShedState,
     settle_moves,
@@ -23,10 +24,10 @@ from trimtab.channel import intents
 from trimtab.channel.intents import IntentRefused
 from trimtab.channel.records import State
 from trimtab.channel.table import TableView
-from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.kvview import LatestValues
 from trimtab.config.settings import SheddingSettings
 from trimtab.controller.journal import DecisionJournal
-from trimtab.controller.leadership import Leadership
+from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.stores import ControllerSwitches
@@ -81,7 +82,10 @@ class SheddingJob:
     flight, for up to ``shedding.unload_timeout_s`` (reason ``unloads_in_flight``): deciding again from load
     reports that do not show those moves yet would move more than needed. A move not done by then is counted
     as ``timed_out`` (``trimtab_shedding_moves_total``), logged (``unload_timed_out``) and not remembered as
-    moved (:func:`~trimtab.balance.shed.settle_moves`)."""
+    moved (:func:`~trimtab.balance.shed.settle_moves`).
+
+    ``shedder`` replaces the strategy ``settings.strategy`` names (the simulator runs Pulsar's legacy
+    shedders through this same job, so a comparison differs in the shedder only)."""
 
     name = "shedding"
 
@@ -89,10 +93,10 @@ class SheddingJob:
         self,
         settings: SheddingSettings,
         table: TableView,
-        leadership: Leadership,
+        leadership: LeaderGates,
         destinations: Destinations,
-        loads: KeyValueView[BrokerLoadData],
-        top: KeyValueView[TopBundles],
+        loads: LatestValues[BrokerLoadData],
+        top: LatestValues[TopBundles],
         writes: ChannelWrites,
         journal: DecisionJournal,
         metrics: ControllerMetrics,
@@ -100,6 +104,7 @@ class SheddingJob:
         *,
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
+        shedder: Shedder | None = None,
     ) -> None:
         self.settings = settings
         self.table = table
@@ -113,6 +118,9 @@ class SheddingJob:
         self.cfg = cfg
         self.clock = clock
         self.perf = perf
+        self.shedder: Shedder = shedder or (
+            transfer_shedder if settings.strategy == "transfer" else threshold_shedder
+        )
         self.switches = ControllerSwitches()
         self.state = ShedState()
         self.last: ShedResult | None = None
@@ -191,8 +199,7 @@ class SheddingJob:
             return r.dst if r is not None and r.state is State.OWNED else None
 
         t0 = self.perf()
-        fn = transfer_shedder if self.settings.strategy == "transfer" else threshold_shedder
-        res = fn(
+        res = self.shedder(
             brokers,
             self.loads.snapshot(),
             self.top.snapshot(),

@@ -4,13 +4,17 @@
 * ``admin/reassignments/<id>/<seq>`` -> {"bundles": {bundle: planned dst}, "created": ms, "term": n}
 * ``admin/controller``             -> {"shedding_paused": bool, ...} operator switches
 
-All blocking (kazoo); callers on the event loop use ``asyncio.to_thread``.
+All blocking (kazoo); callers on the event loop use ``asyncio.to_thread``. The healer reads and writes
+them through :class:`FailedBrokerStore` and :class:`PlanStore`; the simulator gives it the in-memory ones
+of :mod:`trimtab.controller.memory_stores`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -47,6 +51,33 @@ _enc = msgspec.json.Encoder()
 _fb = StrictDecoder(FailedBroker, ZNODE_MAX_BYTES)
 _chunk = StrictDecoder(Chunk, ZNODE_MAX_BYTES)
 _sw = StrictDecoder(ControllerSwitches, ZNODE_MAX_BYTES)
+
+
+class FailedBrokerStore(Protocol):
+    """The persisted first failure of each failed broker (KIP-46)."""
+
+    def read(self) -> dict[str, FailedBroker]: ...
+
+    def record(self, broker: str, when_ms: int, by: str, term: int) -> bool:
+        """putIfAbsent; True when this call recorded it."""
+        ...
+
+    def clear(self, broker: str) -> None: ...
+
+
+class PlanStore(Protocol):
+    """The persisted healing plans: each failed broker's bundles in numbered chunks, with their planned
+    destinations; a chunk is deleted once satisfied."""
+
+    def read(self, broker: str) -> dict[int, Chunk]: ...
+
+    def brokers(self) -> list[str]: ...
+
+    def write_plan(self, broker: str, chunks: list[dict[str, str | None]], term: int) -> dict[int, Chunk]: ...
+
+    def done(self, broker: str, seq: int) -> None: ...
+
+    def drop(self, broker: str) -> None: ...
 
 
 class FailedBrokers:
@@ -90,9 +121,10 @@ class FailedBrokers:
 
 
 class Reassignments:
-    def __init__(self, zk: KazooClient, paths: ZkPaths) -> None:
+    def __init__(self, zk: KazooClient, paths: ZkPaths, *, clock: Callable[[], float] = time.time) -> None:
         self.zk = zk
         self.paths = paths
+        self.clock = clock
 
     def _dir(self, broker: str) -> str:
         return f"{self.paths.reassignments}/{broker}"
@@ -126,7 +158,7 @@ class Reassignments:
 
     def write_plan(self, broker: str, chunks: list[dict[str, str | None]], term: int) -> dict[int, Chunk]:
         """Persist a plan in one transaction; returns it as :meth:`read` would (no need to read it back)."""
-        now = int(time.time() * 1000)
+        now = int(self.clock() * 1000)
         tx = self.zk.transaction()
         with contextlib.suppress(NodeExistsError):
             self.zk.ensure_path(self._dir(broker))

@@ -100,7 +100,7 @@ def build_controller(
     heal_cfg = HealConfig.from_settings(s)
     healer = Healer(
         FailedBrokers(zk.client, paths),
-        Reassignments(zk.client, paths),
+        Reassignments(zk.client, paths, clock=clock),
         heal_cfg,
         chunk_size=s.healing.chunk_size,
         writer=leadership.writer,

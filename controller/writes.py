@@ -18,7 +18,7 @@ from trimtab.channel import intents
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.intents import IntentRefused
 from trimtab.channel.records import Record, State
-from trimtab.controller.leadership import Leadership
+from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.errors import TransportError
 
@@ -29,7 +29,7 @@ class ChannelWrites:
     def __init__(
         self,
         channel: ChannelClient,
-        leadership: Leadership,
+        leadership: LeaderGates,
         metrics: ControllerMetrics,
         *,
         ack_timeout_s: float = 30.0,
@@ -116,7 +116,7 @@ class OverrideRound:
     def __init__(
         self,
         channel: ChannelClient,
-        leadership: Leadership,
+        leadership: LeaderGates,
         metrics: ControllerMetrics,
         *,
         ack_timeout_s: float,

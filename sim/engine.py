@@ -1,31 +1,34 @@
-"""The simulator's engine: one scenario under one shedding policy, in virtual time.
+"""The simulator's engine: one scenario under one shedding policy, on a virtual-time event loop.
 
-What runs is the production decision code -- the agent's role plans (balance.roles), broker selection with
-its filters (balance.assign), the shedders (balance.shed, sim.legacy), split decisions (balance.split),
-healing and the stuck-state monitor (balance.heal), load EMAs and report thresholds (balance.load) -- and
-every ownership change is a record produced to the in-memory transport and resolved by the channel's own
-table (channel.table: first valid transition wins). What is modelled is what happens between decisions:
+What decides is the daemons' own code. The leader is :class:`~trimtab.sim.leader.SimController` -- the
+controller's shedding, monitor and healing jobs on the daemon's schedules; each agent runs its
+:class:`~trimtab.agent.reporter.LoadReporter` and :class:`~trimtab.agent.splits.SplitScheduler`, and its
+:class:`~trimtab.agent.drain.Drainer` when told to stop (:mod:`trimtab.sim.agents`). They publish through
+the production code to the simulated Kafka (:mod:`trimtab.sim.transport`), and every ownership change is
+resolved by the channel's own table (channel.table: first valid transition wins).
 
-* brokers take ``model.acquire_s`` to take a bundle over and ``model.release_s`` to fence or close one;
-  records take ``model.channel_s`` to reach every node; a bundle is unserved from the moment its broker
-  fences it (or dies) until a broker acquired it again;
+What this module keeps is the cluster and its model, between those decisions:
+
+* the brokers: each agent's reconciler acts on the role plans (balance.roles) -- a broker takes
+  ``model.acquire_s`` to take a bundle over and ``model.release_s`` to fence or close one; a bundle is
+  unserved from the moment its broker fences it (or dies) until a broker acquired it again;
 * clients of an unserved bundle look it up every ``model.lookup_retry_s``; a lookup of an unowned bundle
-  makes an agent choose a broker and publish ``Assigning`` (a plain unload is repaired this way);
-* agents sample their broker every ``load.report_interval_s`` and publish when ``publish_reason`` says so;
-  the leader sheds every ``shedding.interval_s``, heals after ``zookeeper.session_timeout_s`` (+ grace),
-  and pushes stuck states on every ``channel.monitor_interval_s``; agents check splits every
-  ``split.interval_s``;
+  makes an agent choose a broker (balance.assign) and publish ``Assigning`` (a plain unload is repaired this
+  way);
+* the scenario's events and faults: brokers added, drained, restarted, killed, paused; load changes;
+  ZooKeeper outages (leases stop renewing, the leader's gate closes), Kafka outages (every record held),
+  channel records duplicated and reordered, lookups racing;
 * leases: a paused agent's broker stops serving ``lease_s`` after the pause, its session expires after the
-  session timeout; a ZooKeeper outage stops every lease renewal; a Kafka outage holds every record.
+  session timeout;
+* the recorder: load samples, moves (seen as records are produced), unserved episodes, violations.
 
-Nothing here reads a clock or a global random generator: same scenario, policy and seed, same run.
+Nothing here reads a real clock or a global random generator: same scenario, policy and seed, same run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import heapq
-import itertools
 import math
 import random
 from collections import Counter, defaultdict
@@ -33,25 +36,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from msgspec.structs import replace
+from prometheus_client import CollectorRegistry
 
-from trimtab.balance.assign import AssignContext, BrokerInfo, BurstPicks, headed_to, select_broker
-from trimtab.balance.heal import (
-    HealConfig,
-    in_flight_by_broker,
-    mass_failure,
-    monitor,
-    orphaned,
-    plan_destinations,
-    throttle,
-)
+from trimtab.agent.adapters.base import BrokerSample
+from trimtab.agent.drain import Drainer
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.reporter import LoadReporter
+from trimtab.agent.splits import SplitScheduler
+from trimtab.balance.assign import AssignContext, BrokerInfo, BurstPicks, select_broker
+from trimtab.balance.heal import Override
 from trimtab.balance.load import (
     BrokerLoadData,
+    BundleStats,
     TopBundles,
     Usage,
-    Weights,
-    next_report,
-    top_k,
 )
 from trimtab.balance.roles import (
     Acquire,
@@ -65,22 +65,38 @@ from trimtab.balance.roles import (
     UpdateLayout,
     plan,
 )
-from trimtab.balance.shed import ShedConfig, ShedResult, ShedState
-from trimtab.balance.split import SplitLimits, decide_splits, over_limit
+from trimtab.balance.split import SplitLimits, over_limit
 from trimtab.channel import intents
 from trimtab.channel.bundles import BundleLayout, parse_bundle
-from trimtab.channel.memory import MemoryLog, MemoryTransport
-from trimtab.channel.records import Record, State, encode
-from trimtab.channel.table import TableView
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record, State, decode
+from trimtab.channel.transport import Message
+from trimtab.cluster.events import EventPublisher
+from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.runner import JobRunner
 from trimtab.config.settings import Settings
+from trimtab.sim.agents import (
+    SimClosing,
+    SimLayouts,
+    SimRegistration,
+    SimSampler,
+    build_drainer,
+    build_reporter,
+    build_splitter,
+)
+from trimtab.sim.clock import VirtualLoop
+from trimtab.sim.leader import EVENTS_TOPIC, SimController, SimRegistry, job_failures
+from trimtab.sim.logs import quiet_daemons
 from trimtab.sim.model import LoadModel, Served
 from trimtab.sim.policies import shedder_for
 from trimtab.sim.scenario import BrokerSpec, Event, Scenario
+from trimtab.sim.transport import Pending, SimTransport
 
 CHANNEL = "trimtab-sim-channel"
 LEADER = "sim-leader"
 CORES = 4.0
 BANDWIDTH = 125e6  # bytes/s each way, as the built-in simulated broker
+_enc = msgspec.json.Encoder()
 
 
 @dataclass
@@ -95,15 +111,15 @@ class Broker:
     leaving: bool = False  # remove/restart: gone once drained
     fenced: set[str] = field(default_factory=set)
     busy: set[str] = field(default_factory=set)
+    stop: asyncio.Event | None = None  # set when the process stops (kill, pause): a drain in progress ends
     again: set[str] = field(default_factory=set)
     done: dict[str, tuple[int, str]] = field(default_factory=dict)
     stale: set[str] = field(default_factory=set)
     epoch: int = 0  # bumped when the agent stops (pending steps are dropped)
-    current: BrokerLoadData | None = None
-    published: BrokerLoadData | None = None
-    fresh: bool = True
-    force: bool = False
-    split_hits: dict[str, int] = field(default_factory=dict)
+    jobs: JobRunner | None = None  # this incarnation's agent jobs (load reports, auto-splits)
+    reporter: LoadReporter | None = None
+    splitter: SplitScheduler | None = None
+    sample: tuple[tuple[int, tuple[float, ...]], BrokerSample] | None = None  # the last figures, and of what
     paused_at: float | None = None
 
 
@@ -173,29 +189,55 @@ class Engine:
         self.rng_faults = random.Random(f"{seed}/faults")
         self.rng_phase = random.Random(f"{seed}/phase")
         self.load = LoadModel(scenario.namespaces, self.m, seed)
-        self.weights = Weights.from_settings(self.s)
-        self.shed_cfg = ShedConfig.from_settings(self.s)
-        self.shed_state = ShedState()
-        self.heal_cfg = HealConfig.from_settings(self.s)
         self.split_limits = SplitLimits.from_settings(self.s)
         self.lease_s = self.s.lease_s()
         self.session_s = self.s.zookeeper.session_timeout_s
 
-        self.now = 0.0
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
+        self.loop = VirtualLoop()
 
-        self.log = MemoryLog(default_partitions=8)
-        self.transport = MemoryTransport(self.log)
-        self.transport.partitions(CHANNEL)
-        self.reader = self.transport.reader(CHANNEL, {})
-        self.table = TableView(partitions=8)
+        self.zk_down_until = -1.0
+        self.kafka_down_until = -1.0
+        # The simulated Kafka, and what every node reads from it: the channel's table (one for all nodes:
+        # they all see a record at the same instant) and the leader's load views.
+        self.transport = SimTransport(
+            self.loop,
+            delay_s=self.m.channel_s,
+            held_until=lambda: self.kafka_down_until,
+            channel_topic=CHANNEL,
+            misbehave=self._misbehave,
+        )
+        self.channel = ChannelClient(self.transport, CHANNEL)
+        self.table = self.channel.table
+        self.table.partitions = self.transport.partitions(CHANNEL)
         self.table.set_live()
         self._changes: list[str] = []
         self.table.add_listener(lambda name, old, new: self._changes.append(name))
-        self._pending: list[tuple[str, Record | None]] = []
-        self._delivery_scheduled = False
-        self.records = 0
+        self.transport.follow(CHANNEL, self._apply_channel)
+        k = self.s.kafka
+        self.loads: KeyValueView[BrokerLoadData] = KeyValueView(
+            self.transport, k.broker_load_topic, BrokerLoadData
+        )
+        self.top: KeyValueView[TopBundles] = KeyValueView(self.transport, k.top_bundles_topic, TopBundles)
+        self.transport.follow(k.broker_load_topic, self.loads.apply)
+        self.transport.follow(k.top_bundles_topic, self.top.apply)
+        self.registry = SimRegistry(self._live)
+        self.leader = SimController(
+            self.s,
+            self.loop,
+            me=LEADER,
+            channel=self.channel,
+            transport=self.transport,
+            registry=self.registry,
+            loads=self.loads,
+            top=self.top,
+            rng=self.rng_assign,
+            shedder=self.shedder,
+        )
+        self.agent_metrics = AgentMetrics.create(CollectorRegistry())  # shared by every simulated agent
+        self.events = EventPublisher(self.transport, EVENTS_TOPIC, source="sim-agents", role="agent")
+        self.leader.on_overrides = self._overridden
+        self.leader.on_heal_paused = lambda: self.shed_cycles.update(["healing_paused"])
+        self.transport.observers.append(self._produced)
 
         self.brokers: dict[str, Broker] = {}
         self._next_broker = 0
@@ -210,26 +252,24 @@ class Engine:
         self.moves: list[Move] = []
         self.samples: list[Sample] = []
         self.shed_cycles: Counter[str] = Counter()
-        self.loads_view: dict[str, BrokerLoadData] = {}
-        self.top_view: dict[str, TopBundles] = {}
-        self.failed: dict[str, int] = {}  # broker -> first failure (ms): the leader's record
         self.splits = 0
         self.healed = 0
-        self.zk_down_until = -1.0
-        self.kafka_down_until = -1.0
         self.event_times = sorted({e.at_s for e in scenario.events})
         self.snapshot_at = snapshot_at
-        self._heal_woken = False
-        self._overridden: set[tuple[str, int]] = set()
         self.snapshot: Snapshot | None = None
+        self._over: dict[str, tuple[BundleStats, bool]] = {}
 
     # ------------------------------------------------------------------ the clock
+    @property
+    def now(self) -> float:
+        return self.loop.time()
+
     @property
     def now_ms(self) -> int:
         return round(self.now * 1000)
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
-        heapq.heappush(self._heap, (t, next(self._seq), fn))
+        self.loop.call_at(t, fn)
 
     def every(
         self, period: float, first: float, fn: Callable[[], None], alive: Callable[[], bool] = lambda: True
@@ -245,23 +285,29 @@ class Engine:
     # ------------------------------------------------------------------ run
     def run(self) -> RunResult:
         for spec in self.sc.broker_specs():
-            self._add_broker(spec)
+            self._add_broker(spec, initial=True)
         self._initial_assignment()
-        s = self.s
         self.every(self.sc.report.sample_s, 0.0, self._sample)
-        self.every(s.shedding.interval_s, s.shedding.interval_s, self._shed)
-        self.every(s.channel.monitor_interval_s, s.channel.monitor_interval_s, self._monitor)
-        self.every(1.0, 1.0, self._heal)
+        self.loop.call_soon(self.leader.start)
         for e in self.sc.events:
             self.at(e.at_s, functools.partial(self._event, e))
         if self.snapshot_at is not None:
             self.at(self.snapshot_at, self._take_snapshot)  # after the events of that instant
         end = self.sc.duration_s
-        while self._heap and self._heap[0][0] <= end:
-            t, _, fn = heapq.heappop(self._heap)
-            self.now = t
-            fn()
-        self.now = end
+        try:
+            with quiet_daemons():
+                self.loop.run_until(end)
+                self.loop.advance_to(end)
+                self._stop_jobs()
+        finally:
+            self.loop.close()
+        failures = self.leader.failures() + job_failures(self.agent_metrics.job_failures)
+        if failures:
+            raise RuntimeError(
+                f"{failures} runs of the daemons' jobs raised (job_failed on stderr): the simulation does "
+                "not stand for the daemons"
+            )
+        self.shed_cycles.update(self.leader.shed_cycles())
         lost = [
             b for b, since in self.unserved_since.items() if b in self.live_bundles and end - since > 120.0
         ]
@@ -281,12 +327,19 @@ class Engine:
             shed_cycles=self.shed_cycles,
             splits=self.splits,
             healed=self.healed,
-            records=self.records,
+            records=self.transport.delivered,
             channel_stats=self.table.stats.as_dict(),
             end_owners=owners,
             event_times=self.event_times,
             virtual_s=end,
         )
+
+    def _stop_jobs(self) -> None:
+        """Cancel every job still running (a run in progress is cancelled, as at a daemon's shutdown)."""
+        tasks = asyncio.all_tasks(self.loop)
+        for t in tasks:
+            t.cancel()
+        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
     # ------------------------------------------------------------------ brokers
     def _new_id(self) -> str:
@@ -296,7 +349,7 @@ class Engine:
             if bid not in self.brokers:
                 return bid
 
-    def _add_broker(self, spec: BrokerSpec | None = None) -> Broker:
+    def _add_broker(self, spec: BrokerSpec | None = None, *, initial: bool = False) -> Broker:
         spec = spec or BrokerSpec(id=self._new_id())
         info = BrokerInfo(
             id=spec.id,
@@ -308,22 +361,110 @@ class Engine:
         )
         b = Broker(spec.id, info, spec.capacity_msg_rate or self.m.capacity_msg_rate, Served(self.load))
         self.brokers[spec.id] = b
-        self.failed.pop(spec.id, None)
-        self._start_agent(b)
+        self.registry.changed()
+        self._start_agent(b, phase=initial)
         return b
 
-    def _start_agent(self, b: Broker) -> None:
-        """The agent's periodic jobs, for as long as this incarnation of the broker is the current one."""
-
-        def current() -> bool:
-            return self.brokers.get(b.id) is b
-
-        phase = self.rng_phase.uniform(0, self.s.load.report_interval_s)
-        self.every(self.s.load.report_interval_s, self.now + phase, lambda: self._report(b), current)
+    def _start_agent(self, b: Broker, *, phase: bool = False) -> None:
+        """The agent's background jobs (agent.daemon): load reports and auto-splits, each with its
+        schedule, run while the agent stays (up, registered, not leaving), from the moment it registered
+        (the first report at once). The brokers of the initial cluster were running before the scenario
+        began, not started in lockstep at 0: theirs start at a random ``phase`` within one report
+        interval."""
+        sampler = SimSampler(functools.partial(self._broker_sample, b))
+        b.reporter = build_reporter(
+            self.s, self.loop, me=b.id, sampler=sampler, transport=self.transport, metrics=self.agent_metrics
+        )
         if self.s.split.enabled:
-            sp = self.rng_phase.uniform(0, self.s.split.interval_s)
-            self.every(self.s.split.interval_s, self.now + sp, lambda: self._split_check(b), current)
-        self._report(b)
+            b.splitter = build_splitter(
+                self.s,
+                self.loop,
+                me=b.id,
+                channel=self.channel,
+                reporter=b.reporter,
+                sampler=sampler,
+                layouts=SimLayouts(lambda: self.layouts),
+                events=self.events,
+                metrics=self.agent_metrics,
+                paused=lambda: b.leaving,
+            )
+        delay = self.rng_phase.uniform(0, self.s.load.report_interval_s)
+        if self.s.split.enabled:
+            # Drawn and unused: the split cycle's first run is one interval after the jobs start, as the
+            # daemon's. Kept so that every broker's phase is what it was when the engine drew one per job
+            # (the same scenario and seed keep their report phases).
+            self.rng_phase.uniform(0, self.s.split.interval_s)
+        self.at(self.now + (delay if phase else 0.0), functools.partial(self._agent_jobs, b))
+
+    def _staying(self, b: Broker) -> bool:
+        """The agent daemon's gate on its reports and splits, for this incarnation of the broker."""
+        return self.brokers.get(b.id) is b and b.agent_up and b.registered and not b.leaving
+
+    def _agent_jobs(self, b: Broker) -> None:
+        """Start or stop the agent's job runner as its gate opens or closes. The daemon's runner polls the
+        gate every 0.25 s; the engine knows the instants the gate changes, so it starts a runner when the
+        gate opens and stops it when it closes -- a hundred agents polling would be most of a run's time.
+        A gate that closes and opens again restarts the jobs' first-run clocks either way."""
+        if not self._staying(b):
+            if b.jobs is not None:
+                self.loop.create_task(b.jobs.stop())
+                b.jobs = None
+            return
+        if b.jobs is not None or b.reporter is None:
+            return
+        b.jobs = jobs = JobRunner(self.agent_metrics.job_failures, mono=self.loop.time)
+        jobs.add("load_report", b.reporter.run_once, b.reporter.schedule())
+        if b.splitter is not None:  # its gate adds splitter.active(): enabled, and not leaving
+            splitter = b.splitter
+            jobs.add("auto_split", splitter.split_cycle, splitter.schedule())
+        jobs.start()
+
+    def _stop_agent(self, b: Broker) -> None:
+        """The agent process is gone: its jobs end, its split scheduler stops listening to the channel."""
+        self._agent_jobs(b)
+        if b.splitter is not None:
+            self.table.remove_listener(b.splitter._record_changed)
+            b.splitter = None
+
+    def _broker_sample(self, b: Broker) -> BrokerSample:
+        """What the simulated broker reports (the cluster model): CPU at ``2 x msg/s / capacity``, bandwidth
+        both ways, no memory signal, and every bundle it serves (with its topics' loads when a split limit
+        is exceeded -- what a split's algorithm needs). Kept while neither the bundles nor their loads
+        change."""
+        now = self.now
+        key = (b.serving.version, tuple(self.load.multipliers(now).values()))
+        if b.sample is not None and b.sample[0] == key:
+            return b.sample[1]
+        rate_in = b.serving.rate(now)
+        t_in = rate_in * self.m.msg_size_bytes
+        split = self.s.split.enabled
+        stats = []
+        for x in b.serving:
+            st = self.load.stats(x, now)
+            if split and self._over_limit(st):
+                st = self.load.stats(x, now, topic_loads=True)
+            stats.append(st)
+        sample = BrokerSample(
+            cpu=Usage(CORES * 2 * rate_in / b.capacity, CORES),
+            memory=Usage(0.0, 8 << 30),
+            bandwidth_in=Usage(t_in, BANDWIDTH),
+            bandwidth_out=Usage(t_in, BANDWIDTH),
+            bundles=stats,
+        )
+        b.sample = (key, sample)
+        return sample
+
+    def _over_limit(self, st: BundleStats) -> bool:
+        """Whether a split limit is exceeded (kept per figures: the model's figures are kept while a
+        namespace's load does not change)."""
+        kept = self._over.get(st.bundle)
+        if kept is None or kept[0] is not st:
+            kept = self._over[st.bundle] = (st, over_limit(st, self.split_limits) is not None)
+        return kept[1]
+
+    def _load_moved(self, b: Broker) -> None:
+        if b.reporter is not None:
+            b.reporter.load_moved()
 
     def _live(self) -> dict[str, BrokerInfo]:
         """What the registry shows: registered brokers, with their draining flag."""
@@ -350,7 +491,7 @@ class Engine:
         since = self.unserved_since.pop(bundle, None)
         if since is not None:
             self.unserved.append((since, self.now))
-        b.fresh = b.force = True
+        self._load_moved(b)
 
     def _unserve(self, b: Broker, bundle: str, *, fenced: bool = False) -> None:
         was = bundle in b.serving
@@ -366,42 +507,34 @@ class Engine:
         if not holders and bundle in self.live_bundles:
             self.unserved_since.setdefault(bundle, self.now)
             self._schedule_lookup(bundle)
-        b.fresh = b.force = True
+        self._load_moved(b)
 
     # ------------------------------------------------------------------ the channel
     def publish(self, bundle: str, rec: Record | None) -> None:
-        self._pending.append((bundle, rec))
-        if not self._delivery_scheduled:
-            self._delivery_scheduled = True
-            self.at(max(self.now + self.m.channel_s, self.kafka_down_until), self._deliver)
+        """A record written by a simulated agent's reconciler or lookup (the leader's jobs publish theirs
+        through the production ChannelWrites, to the same simulated Kafka)."""
+        self.channel.publish(bundle, rec)
 
-    def _deliver(self) -> None:
-        if self.now < self.kafka_down_until:
-            self.at(self.kafka_down_until, self._deliver)
-            return
-        self._delivery_scheduled = False
-        batch, self._pending = self._pending, []
-        f = self.sc.faults
-        if f is not None and f.from_s <= self.now < f.until_s:
-            batch = self._misbehave(batch, f.duplicate_p, f.reorder_p)
-        for bundle, rec in batch:
-            self.transport.produce(CHANNEL, bundle.encode(), encode(rec))
-            self.records += 1
-        msgs = self.reader.poll(1 << 30, 0)
-        self.table.apply_all((m.key, m.value, m.partition, m.offset) for m in msgs)
+    def _apply_channel(self, msgs: list[Message]) -> None:
+        """A delivery of channel records: the table resolves them, then every agent named reacts."""
+        self.table.apply_all(msgs)
         changes, self._changes = self._changes, []
         for bundle in dict.fromkeys(changes):
             self._changed(bundle)
 
-    def _misbehave(
-        self, batch: list[tuple[str, Record | None]], dup: float, reorder: float
-    ) -> list[tuple[str, Record | None]]:
+    def _misbehave(self, batch: list[Pending]) -> list[Pending]:
+        """The fault injector on the channel: in the scenario's fault window, records of a delivery are
+        swapped with the next (``reorder_p``) or delivered twice (``duplicate_p``)."""
+        f = self.sc.faults
+        if f is None or not (f.from_s <= self.now < f.until_s):
+            return batch
+        dup, reorder = f.duplicate_p, f.reorder_p
         out = list(batch)
         r = self.rng_faults
         for i in range(len(out) - 1):
             if r.random() < reorder:
                 out[i], out[i + 1] = out[i + 1], out[i]
-        final: list[tuple[str, Record | None]] = []
+        final: list[Pending] = []
         for item in out:
             final.append(item)
             if r.random() < dup:
@@ -555,7 +688,7 @@ class Engine:
         self._schedule_lookup(bundle)
 
     def _ctx(self, exclude: frozenset[str] = frozenset()) -> AssignContext:
-        return AssignContext.from_settings(self.s, self.loads_view, self.now_ms, exclude)
+        return AssignContext.from_settings(self.s, self.loads.snapshot(), self.now_ms, exclude)
 
     def _choose(
         self, bundle: str, exclude: frozenset[str] = frozenset(), picks: BurstPicks | None = None
@@ -594,62 +727,7 @@ class Engine:
         bw = rate * self.m.msg_size_bytes / BANDWIDTH
         return max(cpu, bw)
 
-    def _report(self, b: Broker) -> None:
-        if not b.agent_up or not b.registered:
-            return
-        now_ms = self.now_ms
-        rate_in = b.serving.rate(self.now)
-        t_in = rate_in * self.m.msg_size_bytes
-        topics = b.serving.topics()
-        # Only the heaviest bundles can be in the top-k report: build figures for a few more than k (ties in
-        # rate are broken by the production ordering, balance.load.top_k, on what is built).
-        k = self.s.load.top_k
-        stats = [self.load.stats(x, self.now) for x in sorted(b.serving.heaviest(2 * k + 8, self.now))]
-        raw = BrokerLoadData(
-            broker=b.id,
-            cpu=Usage(CORES * 2 * rate_in / b.capacity, CORES),
-            memory=Usage(0.0, 8 << 30),
-            bandwidth_in=Usage(t_in, BANDWIDTH),
-            bandwidth_out=Usage(t_in, BANDWIDTH),
-            msg_rate_in=rate_in,
-            msg_rate_out=rate_in,
-            msg_throughput_in=t_in,
-            msg_throughput_out=t_in,
-            bundles=len(b.serving),
-            topics=topics,
-            updated_at=now_ms,
-        )
-        step = next_report(
-            raw,
-            current=b.current,
-            published=b.published,
-            fresh=b.fresh,
-            force=b.force,
-            weights=self.weights,
-            settings=self.s,
-            now_ms=now_ms,
-        )
-        b.fresh = b.force = False
-        b.current = step.current
-        load = step.published
-        if load is None:
-            return
-        b.published = load
-        top = TopBundles(broker=b.id, bundles=top_k(stats, self.s.load.top_k), reported_at=now_ms)
-        delay = max(self.m.channel_s, self.kafka_down_until - self.now)
-        self.at(self.now + delay, lambda: self._receive_report(load, top))
-
-    def _receive_report(self, load: BrokerLoadData, top: TopBundles) -> None:
-        b = self.brokers.get(load.broker)
-        if b is None or not b.registered:
-            return
-        self.loads_view[load.broker] = load
-        self.top_view[load.broker] = top
-
-    # ------------------------------------------------------------------ the leader
-    def _leader_ok(self) -> bool:
-        return self.now >= self.zk_down_until
-
+    # ------------------------------------------------------------------ the recorder
     def _owner(self, bundle: str) -> str | None:
         r = self.table.get(bundle)
         return r.dst if r is not None and r.state is State.OWNED else None
@@ -659,133 +737,34 @@ class Engine:
         r = self.table.get(bundle)
         return r if r is not None and r.state is State.OWNED and r.dst == broker else None
 
-    def _shed(self) -> None:
-        if self.shedder is None or not self.s.shedding.enabled:
+    def _produced(self, topic: str, key: bytes, value: bytes | None) -> None:
+        """Every record produced, as it is produced. A ``Releasing`` is a move: by the leader's shedding
+        job (its reason and throughput are those of the job's decision), or by a draining agent."""
+        if topic != CHANNEL or value is None:
             return
-        if not self._leader_ok():
-            self.shed_cycles["leader_unconfirmed"] += 1
+        rec = decode(value)
+        if not isinstance(rec, Record) or rec.force or rec.state is not State.RELEASING or rec.src is None:
             return
-        live = {k: not i.draining for k, i in self._live().items()}
-        if len(live) < 2:
+        bundle = key.decode()
+        if rec.writer == self.leader.leadership.writer():
+            shedding = self.leader.shedding
+            for u in shedding.last.decisions if shedding is not None and shedding.last is not None else []:
+                if u.bundle == bundle:
+                    self.moves.append(Move(self.now, bundle, u.src, u.dst, f"shed:{u.reason}", u.throughput))
+                    return
             return
-        loads = {k: v for k, v in self.loads_view.items() if k in live}
-        top = {k: v for k, v in self.top_view.items() if k in live}
-        res: ShedResult = self.shedder(
-            live, loads, top, self._owner, self.shed_state, self.shed_cfg, self.now_ms, lambda b, s, d: True
-        )
-        self.shed_cycles[f"{res.result}:{res.reason}"] += 1
-        for u in res.decisions:
-            cur = self._owned_by(u.bundle, u.src)
-            if cur is None:
-                continue  # moved since the decision's inputs were read
-            self.publish(
-                u.bundle,
-                intents.release(cur, src=u.src, dst=u.dst, writer=LEADER, now_ms=self.now_ms),
-            )
-            self.moves.append(Move(self.now, u.bundle, u.src, u.dst, f"shed:{u.reason}", u.throughput))
+        b = self.brokers.get(rec.writer)
+        if b is not None and b.leaving and rec.writer == rec.src:
+            self.moves.append(Move(self.now, bundle, rec.src, rec.dst, "drain", 0.0))
 
-    def _wake_healing(self) -> None:
-        """The leader is woken by registration changes; several at one instant make one healing round."""
-        if not self._heal_woken:
-            self._heal_woken = True
-            self.at(self.now, self._woken_heal)
-
-    def _woken_heal(self) -> None:
-        self._heal_woken = False
-        self._heal()
-
-    def _heal(self) -> None:
-        if not self._leader_ok():
-            return
-        live = self._live()
-        gone = frozenset(self.failed)
-        if not gone:
-            return
-        guard = mass_failure(len(gone), len(live), self.heal_cfg)
-        if guard is not None:
-            self.shed_cycles["healing_paused"] += 1
-            return
-        now_ms = self.now_ms
-        due = [
-            b
-            for b, t in self.failed.items()
-            if now_ms - t >= self.heal_cfg.grace_s * 1000 and self.heal_cfg.grace_s >= 0
-        ]
-        if not due:
-            return
-        items = self.table.items()
-        # Not again for a record this leader already overrode (its override is still on the way): the
-        # controller's healing plan remembers what it published in the same way.
-        needs = orphaned(items, frozenset(due))
-        if not needs:
-            for b in due:
-                del self.failed[b]  # healed: nothing of it is left to move
-            return
-        todo = [(b, r) for b, r in needs if (b, r.version) not in self._overridden]
-        loads = {
-            k: (self.loads_view[k].weighted_max_ema if k in self.loads_view else 0.0)
-            for k, i in live.items()
-            if not i.draining
-        }
-        planned = plan_destinations([b for b, _ in todo], loads)
-        overrides, _ = throttle(
-            todo,
-            frozenset(due),
-            self._choose,
-            in_flight_by_broker(items),
-            self.heal_cfg,
-            now_ms,
-            LEADER,
-            "failed_broker",
-            None,
-            planned=planned,
-            live=frozenset(live),
-        )
+    def _overridden(self, overrides: list[Override]) -> None:
+        """The forced records a round of healing or of the monitor published."""
         for o in overrides:
-            if o.record is not None:
-                self._overridden.add((o.bundle, o.record.version - 1))
-            self.publish(o.bundle, o.record)
-            self.healed += 1
-            self.moves.append(Move(self.now, o.bundle, o.broker or "", o.dst, "heal", 0.0))
-
-    def _monitor(self) -> None:
-        if not self._leader_ok():
-            return
-        live = frozenset(self._live())
-        for o in monitor(
-            self.table.items(),
-            live,
-            self._choose,
-            self.heal_cfg,
-            self.now_ms,
-            LEADER,
-        ):
-            self.publish(o.bundle, o.record)
-            if o.reason == "stuck":
+            if o.reason == "failed_broker":
+                self.healed += 1
+                self.moves.append(Move(self.now, o.bundle, o.broker or "", o.dst, "heal", 0.0))
+            elif o.reason == "stuck":
                 self.moves.append(Move(self.now, o.bundle, o.broker or "", o.dst, "stuck", 0.0))
-
-    # ------------------------------------------------------------------ splits (agent side)
-    def _split_check(self, b: Broker) -> None:
-        if not b.agent_up or not b.registered or not self.s.split.enabled:
-            return
-        owned = {x for x in b.serving if self._owner(x) == b.id}
-        stats = []
-        for x in sorted(owned):
-            s = self.load.stats(x, self.now)
-            if over_limit(s, self.split_limits) is not None:
-                s = self.load.stats(x, self.now, topic_loads=True)
-            stats.append(s)
-        counts = {ns: len(lay) for ns, lay in self.layouts.items()}
-        cycle = decide_splits(stats, b.split_hits, self.split_limits, namespace_bundles=counts, owned=owned)
-        b.split_hits = cycle.hits
-        for d in cycle.decisions:
-            cur = self._owned_by(d.bundle, b.id)
-            if cur is None:
-                continue
-            self.publish(
-                d.bundle,
-                intents.split(cur, b.id, [c.name for c in d.children], writer=b.id, now_ms=self.now_ms),
-            )
 
     def _take_snapshot(self) -> None:
         owner = {}
@@ -819,10 +798,10 @@ class Engine:
             for _ in range(e.add_brokers or 0):
                 self._add_broker()
         elif a == "remove_brokers":
-            for b in self._pick(e.remove_brokers or 0, lambda b: b.registered and not b.draining):
+            for b in self._pick(e.remove_brokers or 0, lambda b: b.registered and not b.leaving):
                 self._drain(b, back_after=None)
         elif a == "restart":
-            victims = self._pick(e.restart or 0, lambda b: b.registered and not b.draining)
+            victims = self._pick(e.restart or 0, lambda b: b.registered and not b.leaving)
             n = len(victims)
             for i, b in enumerate(victims):
                 t = self.now + (e.within_s * i / n if n else 0.0)
@@ -840,6 +819,7 @@ class Engine:
         elif a == "zookeeper_outage":
             d = e.duration_s or 0.0
             self.zk_down_until = max(self.zk_down_until, self.now + d)
+            self.leader.suspend(self.zk_down_until)
             if d > self.lease_s:
                 # No agent can renew: every lease runs out lease_s after the outage began.
                 self.at(self.now + self.lease_s, self._leases_run_out_everywhere)
@@ -867,45 +847,38 @@ class Engine:
                 self._mark(b, bundle)
 
     def _drain(self, b: Broker, back_after: float | None) -> None:
-        """SIGTERM: marked draining, every owned bundle transferred away, then gone (and maybe back)."""
+        """SIGTERM: the agent's :class:`~trimtab.agent.drain.Drainer` marks the broker draining, transfers
+        every owned bundle away and waits until the channel names it nowhere and the broker closed
+        everything (or the drain timeout); then the broker is gone (and maybe back)."""
         if not b.registered or not b.agent_up:
             return
-        b.draining = True
         b.leaving = True
-        records = [r for _, r in self.table.items()]
-        owned = sum(1 for r in records if r.state is State.OWNED and r.dst == b.id)
-        picks = BurstPicks.for_drain(self.loads_view, b.id, owned, headed_to(records))
-        self._drain_round(b, back_after, self.now + self.s.agent.drain_timeout_s, {}, picks)
+        self._agent_jobs(b)  # the reports and splits stop once the agent starts to leave
+        b.stop = asyncio.Event()
+        drainer = build_drainer(
+            self.s,
+            self.loop,
+            info=b.info,
+            channel=self.channel,
+            registration=SimRegistration(self.registry, functools.partial(self._registration_updated, b)),
+            closing=SimClosing(lambda: set(b.serving), lambda: b.fenced),
+            loads=self.loads,
+            placement=self.leader.destinations.rule,
+            rng=self.rng_assign,
+        )
+        self.loop.create_task(self._drain_then_leave(b, drainer, b.stop, back_after))
 
-    def _drain_round(
-        self,
-        b: Broker,
-        back_after: float | None,
-        deadline: float,
-        requested: dict[str, int],
-        picks: BurstPicks,
+    def _registration_updated(self, b: Broker, info: BrokerInfo) -> None:
+        if self.brokers.get(b.id) is b and b.registered:
+            b.draining = info.draining
+            self.registry.changed()
+
+    async def _drain_then_leave(
+        self, b: Broker, drainer: Drainer, stop: asyncio.Event, back_after: float | None
     ) -> None:
-        """One pass of the drainer (agent.drain): transfer what the channel still gives this broker -- a
-        bundle can arrive while draining (another broker's drain chose it before it was marked) -- and leave
-        once the channel names it nowhere and the broker closed everything, or at the drain timeout."""
-        if self.brokers.get(b.id) is not b or not b.agent_up:
-            return
-        named = False
-        for bundle, rec in self.table.items():
-            if (rec.state is State.OWNED and rec.dst == b.id) or (rec.state.in_flight and rec.names(b.id)):
-                named = True
-            if rec.state is State.OWNED and rec.dst == b.id and requested.get(bundle) != rec.version:
-                requested[bundle] = rec.version
-                dst = self._choose(bundle, frozenset({b.id}), picks)
-                self.publish(
-                    bundle,
-                    intents.release(rec, src=b.id, dst=dst, writer=b.id, now_ms=self.now_ms),
-                )
-                self.moves.append(Move(self.now, bundle, b.id, dst, "drain", 0.0))
-        if (named or b.serving or b.fenced) and self.now < deadline:
-            self.at(self.now + 0.5, lambda: self._drain_round(b, back_after, deadline, requested, picks))
-            return
-        self._leave(b, back_after)
+        await drainer.drain(stop)
+        if self.brokers.get(b.id) is b and b.agent_up:
+            self._leave(b, back_after)
 
     def _leave(self, b: Broker, back_after: float | None) -> None:
         for x in sorted({*b.serving, *b.fenced}):
@@ -913,8 +886,10 @@ class Engine:
         b.registered = False
         b.agent_up = False
         b.epoch += 1
-        self.loads_view.pop(b.id, None)
-        self.top_view.pop(b.id, None)
+        self.registry.changed()
+        self._stop_agent(b)
+        if b.reporter is not None:
+            self.loop.create_task(b.reporter.tombstone())  # the agent's graceful stop
         if back_after is not None:
             self.at(self.now + back_after, lambda: self._come_back(b))
 
@@ -922,7 +897,7 @@ class Engine:
         fresh = Broker(b.id, b.info, b.capacity, Served(self.load))
         fresh.epoch = b.epoch + 1
         self.brokers[b.id] = fresh
-        self.failed.pop(b.id, None)
+        self.registry.changed()
         self._start_agent(fresh)
 
     def _kill(self, b: Broker) -> None:
@@ -930,6 +905,9 @@ class Engine:
         lasts until the session times out."""
         b.agent_up = False
         b.epoch += 1
+        if b.stop is not None:
+            b.stop.set()
+        self._stop_agent(b)
         for x in sorted({*b.serving, *b.fenced}):
             self._unserve(b, x)
         b.busy.clear()
@@ -938,15 +916,15 @@ class Engine:
     def _expire(self, b: Broker) -> None:
         if self.brokers.get(b.id) is b and not b.agent_up:
             b.registered = False
-            self.failed.setdefault(b.id, self.now_ms)  # the leader records the first failure
-            self.loads_view.pop(b.id, None)
-            self.top_view.pop(b.id, None)
-            self._wake_healing()
+            self.registry.changed()
 
     def _pause(self, b: Broker, duration: float) -> None:
         """SIGSTOP of the agent: its broker keeps serving until the leases it holds run out."""
         b.agent_up = False
         b.epoch += 1
+        if b.stop is not None:
+            b.stop.set()  # a stopped process drains nothing; it does not leave by itself either
+        self._agent_jobs(b)
         b.busy.clear()
         b.again.clear()
         b.paused_at = self.now
@@ -966,10 +944,11 @@ class Engine:
         if not b.registered:
             # The session expired while paused: a new session, everything naming us is stale.
             b.registered = True
-            self.failed.pop(b.id, None)
+            self.registry.changed()
             for x in sorted({*b.serving, *b.fenced}):
                 self._unserve(b, x)
             b.stale = {bundle for bundle, r in self.table.items() if r.names(b.id)}
             b.done.clear()
-        b.fresh = b.force = True
+        self._load_moved(b)
+        self._agent_jobs(b)
         self._rescan(b)

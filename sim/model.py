@@ -50,6 +50,7 @@ class LoadModel:
         self._topics = {n.name: _topics(n, seed) for n in namespaces}
         self.scale: dict[str, float] = {n.name: 1.0 for n in namespaces}
         self._base: dict[str, tuple[float, int, str]] = {}
+        self._stats: dict[tuple[str, bool], tuple[float, BundleStats]] = {}
 
     def multiplier(self, namespace: str, now_s: float) -> float:
         m = self.scale[namespace]
@@ -84,9 +85,22 @@ class LoadModel:
         return r * self.multiplier(ns, now_s)
 
     def stats(self, bundle: str, now_s: float, *, topic_loads: bool = False) -> BundleStats:
-        """The bundle's figures as a broker reports them (``topic_loads`` only when a split needs them)."""
+        """The bundle's figures as a broker reports them (``topic_loads`` only when a split needs them).
+        Kept while the namespace's multiplier does not change: a simulated broker reports every bundle it
+        serves, every few virtual seconds."""
         rate_in, topics, ns = self.base(bundle)
         m = self.multiplier(ns, now_s)
+        key = (bundle, topic_loads)
+        kept = self._stats.get(key)
+        if kept is not None and kept[0] == m:
+            return kept[1]
+        st = self._stats_now(bundle, rate_in, topics, ns, m, topic_loads=topic_loads)
+        self._stats[key] = (m, st)
+        return st
+
+    def _stats_now(
+        self, bundle: str, rate_in: float, topics: int, ns: str, m: float, *, topic_loads: bool
+    ) -> BundleStats:
         rate = rate_in * m
         size = self.model.msg_size_bytes
         spt = self.model.sessions_per_topic
@@ -120,13 +134,11 @@ class Served:
         self._rate: dict[str, float] = {}
         self._topics: dict[str, int] = {}
         self._ranked: dict[str, list[str]] = {}
+        self._all: set[str] = set()  # every member, for membership tests (the engine asks them per record)
+        self.version = 0  # bumped on every change of the members
 
     def __contains__(self, bundle: object) -> bool:
-        if not isinstance(bundle, str):
-            return False
-        ns = bundle.rsplit("/", 1)[0]
-        m = self._members.get(ns)
-        return m is not None and bundle in m
+        return bundle in self._all
 
     def __iter__(self) -> Iterator[str]:
         for ns in sorted(self._members):
@@ -144,6 +156,8 @@ class Served:
         if bundle in m:
             return
         m.add(bundle)
+        self._all.add(bundle)
+        self.version += 1
         self._rate[ns] = self._rate.get(ns, 0.0) + r
         self._topics[ns] = self._topics.get(ns, 0) + t
         self._ranked.pop(ns, None)
@@ -154,6 +168,8 @@ class Served:
         if m is None or bundle not in m:
             return
         m.discard(bundle)
+        self._all.discard(bundle)
+        self.version += 1
         self._rate[ns] -= r
         self._topics[ns] -= t
         if not m:

@@ -63,6 +63,13 @@ class Lease:
         return {"lease_s": self.seconds, "apply_by_ms": self.apply_by_ms}
 
 
+class Sampler(Protocol):
+    """What the load reporter and the split scheduler ask of a broker: its figures now. Every
+    :class:`BrokerAdapter` is one; the simulator's brokers are only that."""
+
+    async def sample(self) -> BrokerSample: ...
+
+
 class BrokerAdapter(Protocol):
     kind: str
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext, BrokerInfo, select_broker
 from trimtab.balance.load import BrokerLoadData
-from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.kvview import LatestValues
 from trimtab.cluster.placement.standbys import StandbyIndex, prefer_standby_set, prefer_standbys
 from trimtab.cluster.placement.view import LivePlacement
-from trimtab.cluster.zk import BrokerRegistry
+from trimtab.cluster.zk import LiveBrokers
 from trimtab.config.settings import Settings
 
 
@@ -21,8 +21,8 @@ class Destinations:
     def __init__(
         self,
         settings: Settings,
-        registry: BrokerRegistry,
-        loads: KeyValueView[BrokerLoadData],
+        registry: LiveBrokers,
+        loads: LatestValues[BrokerLoadData],
         placement: LivePlacement,
         standbys: StandbyIndex,
         *,
