@@ -246,6 +246,9 @@ class Agent:
             self.registry.register, self.identity.info(draining=False), self.register_wait_s
         )
         await self._set_barrier()
+        # Registered again in a new session (the registry's worker): the barrier at once, on that thread,
+        # so that only what entered the channel while this broker had no session counts as stale.
+        self.registry.on_reregistered.append(self._set_barrier_blocking)
         self.reconciler.start()
         # Until shutdown cancels them, draining included: leases (the broker serves until its bundles
         # moved) and the tick (/healthz reads its age). Reports, splits and pre-warming stop when the
@@ -307,16 +310,16 @@ class Agent:
             await self._set_barrier()  # registered again in a new session (the registry's worker did it)
 
     async def _set_barrier(self) -> None:
-        """The channel's end offsets, read after this broker registered: records below them predate the
-        registration and are settled through the channel first (agent/session_barrier.py). Not set when
-        Kafka does not answer: every record stays stale, and the next tick tries again."""
-        session = self.registry.registered_session
+        await asyncio.to_thread(self._set_barrier_blocking, self.registry.registered_session)
+
+    def _set_barrier_blocking(self, session: int | None) -> None:
+        """The channel's end offsets, read after this broker registered in ``session``: records below them
+        predate the registration and are settled through the channel first (agent/session_barrier.py).
+        Not set when Kafka does not answer: every record stays stale, and the next tick tries again."""
         ch = self.channel
         try:
             parts = ch.table.partitions or ch.transport.partitions(ch.topic)
-            ends = await asyncio.to_thread(
-                lambda: {p: ch.transport.watermarks(ch.topic, p)[1] for p in range(parts)}
-            )
+            ends = {p: ch.transport.watermarks(ch.topic, p)[1] for p in range(parts)}
         except Exception as e:
             log.warning("session_barrier_failed", error=str(e), action="records naming us stay stale")
             return

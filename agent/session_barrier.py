@@ -15,8 +15,12 @@ broker did (double serving for 43 ms, until it read the override).
 
 The barrier is a position in the channel: the end offset of every partition, read after the broker
 registered in its current session. A record at an offset below it predates the registration. Until the
-barrier is set -- from a session's loss until the first tick after the next registration -- every record
-predates it. Start-up is the same: the agent has not registered yet. The check runs on the channel follower's
+barrier is set -- from a session's loss until the registry registers again, whose worker sets it at once
+(the agent's tick tries again if Kafka did not answer) -- every record predates it; so does everything
+before the first registration at start-up. That window is the time without a session, when nothing can be
+acquired anyway: a shorter one would miss records of that time, a longer one would take the agent's own
+fresh decisions for stale and give its new bundles away (as the first version of this did, caught by
+tests/integration/test_controller.py's ZooKeeper tests). The check runs on the channel follower's
 thread as each record is applied (the exact offset is known only there) and travels with the change to the
 reconciler.
 """

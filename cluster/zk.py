@@ -351,6 +351,9 @@ class BrokerRegistry:
         # The ZooKeeper session our node was last seen to belong to (None: not registered): an agent sets
         # its channel barrier for that session (agent/session_barrier.py).
         self.registered_session: int | None = None
+        # Called on the registry's worker thread right after it registered again in a new session, before
+        # it does anything else (the agent sets its channel barrier there: agent/session_barrier.py).
+        self.on_reregistered: list[Callable[[int | None], object]] = []
 
     def add_listener(self, fn: Callable[[dict[str, BrokerInfo]], object]) -> None:
         """``fn(brokers)`` runs on the registry's worker thread after every cache change."""
@@ -470,6 +473,11 @@ class BrokerRegistry:
             self.registered_session = self.session.session_id
             self.registrations += 1
             log.warning("broker_reregistered", broker=mine.id, reason="registration node was missing")
+            for fn in self.on_reregistered:
+                try:
+                    fn(self.registered_session)
+                except Exception:
+                    log.exception("reregistered_listener_failed")
         except NodeExistsError:
             pass
 
