@@ -55,10 +55,13 @@ def test_network_and_zookeeper_faults_between_hosts_of_their_own(tmp_path: Path)
 @needs_hosts
 def test_the_checker_catches_brokers_ignoring_leases_when_an_agent_loses_zookeeper(tmp_path: Path) -> None:
     """The network faults can fail too: an agent cut from ZooKeeper (it still reads Kafka) stops renewing
-    its broker's leases; a broker that ignores them serves on beside the new owners, and is caught."""
+    its broker's leases; a broker that ignores them serves on beside the new owners, and is caught. The
+    cut-off agent still reads the leader's overrides and closes its bundles, racing the new owners'
+    acquisitions; its broker takes 1.5 s to fence or close here, so that the overlap is certain rather than
+    a matter of which side of the race is faster (without it, one run in four had none)."""
     cfg = ChaosConfig(
         workdir=tmp_path / "chaos", duration_s=0, brokers=3, kafka_brokers=1, hosts=True,
-        faults=("partition_agent_zk",), settings={"sim": {"honour_leases": False}},
+        faults=("partition_agent_zk",), settings={"sim": {"honour_leases": False, "release_delay_ms": 1500}},
     )  # fmt: skip
     report = run_chaos(cfg)
     assert not report.passed
