@@ -58,12 +58,16 @@ class Drainer:
         rng: random.Random,
         metrics: AgentMetrics,
         timeout_s: float,
+        diff: float,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         poll_s: float = 0.05,
     ) -> None:
         """``reconciler`` tells what the broker still serves or keeps fenced; ``registry`` where the
-        bundles can go (live brokers not draining) and where the draining flag is published."""
+        bundles can go (live brokers not draining) and where the draining flag is published. ``diff``:
+        ``assignment.average_usage_diff_threshold_pct`` as a fraction, the same margin lookups choose by --
+        a drain that ignored it would place by a different rule than the lookups that place the same
+        bundles otherwise."""
         self.identity = identity
         self.me = identity.id
         self.channel = channel
@@ -74,6 +78,7 @@ class Drainer:
         self.rng = rng
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self.diff = diff
         self.clock = clock
         self._monotonic = monotonic
         self.poll_s = poll_s
@@ -96,7 +101,7 @@ class Drainer:
         others = {k: v for k, v in self.registry.brokers.items() if k != self.me and not v.draining}
         ctx = self._assign_context(frozenset({self.me}))
         select = select_broker if picks is None else picks.select
-        return select(bundle, others, ctx, self.rng, placement=self._placement)
+        return select(bundle, others, ctx, self.rng, placement=self._placement, diff=self.diff)
 
     def plan(self) -> dict[str, Selection]:
         """A dry run: each owned bundle and where :meth:`destination` would send it now."""

@@ -175,6 +175,7 @@ def build(
         rng=rng,
         metrics=metrics,
         timeout_s=s.agent.drain_timeout_s,
+        diff=s.assignment.average_usage_diff_threshold_pct / 100,
         clock=clock,
     )
     layouts = _layouts(s, namespaces)

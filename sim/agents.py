@@ -108,6 +108,7 @@ def build_drainer(
         rng=rng,
         metrics=AgentMetrics.create(CollectorRegistry()),
         timeout_s=s.agent.drain_timeout_s,
+        diff=s.assignment.average_usage_diff_threshold_pct / 100,
         clock=clock,
         monotonic=clock,
     )
