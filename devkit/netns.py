@@ -18,6 +18,8 @@ Faults work on a kernel without netfilter, tc classifiers or ``sch_netem`` (this
 * :meth:`Network.isolate` -- a host cut from every other host and from the root namespace (:data:`ROOT`,
   where the suite's clients run);
 * :meth:`Network.throttle` -- a token bucket (``tbf``) on a host's link: a slow link;
+* :meth:`Network.delay` -- netem's ``delay 200ms 100ms loss 5%`` on a link, done by a process reading a
+  TUN device the peer is routed into (:mod:`trimtab.devkit.netem`);
 * :meth:`Network.heal` -- the routes removed.
 
 Cleaning up is not left to the suite's ``finally``: :meth:`Network.create` starts a guardian process that
@@ -102,6 +104,8 @@ class Network:
     subnet: str  # "10.a.b": hosts are .1 to .MAX_HOSTS, the root namespace is .254
     hosts: dict[str, Host] = field(default_factory=dict)
     cuts: set[tuple[str, str]] = field(default_factory=set)  # (from, to): what `from` sends `to` is lost
+    # (from, to) -> the netem process holding what `from` sends `to`
+    delays: dict[tuple[str, str], subprocess.Popen[bytes]] = field(default_factory=dict)
     _guard: subprocess.Popen[bytes] | None = None
     _pipe: int | None = None
 
@@ -155,6 +159,10 @@ class Network:
 
     def close(self) -> None:
         """Everything of this network gone: its processes, namespaces, veths, bridge, registration."""
+        for proc in self.delays.values():
+            proc.kill()
+            proc.wait()
+        self.delays.clear()
         teardown(self.tag)
         if self._pipe is not None:
             os.close(self._pipe)  # the guardian finds nothing left to do and exits
@@ -218,8 +226,76 @@ class Network:
             if other != name:
                 self.cut(name, other)
 
+    @property
+    def mark(self) -> int:
+        """The firewall mark, and routing table, of the packets a netem process sends on."""
+        return mark_of(self.tag)
+
+    def delay(
+        self,
+        a: str,
+        b: str,
+        *,
+        delay_ms: float = 200,
+        jitter_ms: float = 100,
+        loss: float = 0.05,
+        oneway: bool = False,
+        seed: int = 0,
+    ) -> None:
+        """A slow, lossy link between ``a`` and ``b`` (either may be :data:`ROOT`): each packet either
+        way (``oneway``: only what ``a`` sends) held ``delay_ms ± jitter_ms`` or lost with probability
+        ``loss`` -- ``tc qdisc ... netem delay 200ms 100ms loss 5%`` on each end, without netem."""
+        from trimtab.devkit.netem import Shape
+
+        shape = Shape(delay_ms, jitter_ms, loss)  # refuses nonsense before anything is changed
+        for n, (src, dst) in enumerate([(a, b)] if oneway else [(a, b), (b, a)]):
+            if (src, dst) in self.delays:
+                continue
+            at, dev, src_ip = self._end(src)
+            dst_ip = self._end(dst)[2]
+            tun = f"{PREFIX}{self.tag}d{dst_ip.rsplit('.', 1)[1]}"
+            argv = [
+                sys.executable, "-m", "trimtab.devkit.netem", tun, str(shape.delay_ms), str(shape.jitter_ms),
+                str(shape.loss), str(self.mark), str(seed * 2 + n),
+            ]  # fmt: skip
+            proc = subprocess.Popen(
+                argv if src == ROOT else self.argv(src, argv),
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+            )
+            assert proc.stdout is not None
+            ready = proc.stdout.readline()  # the device exists once it says so (or it died: b"")
+            if ready.strip() != b"ready":
+                proc.kill()
+                raise NetnsError(f"netem on {src}->{dst} did not start (exit {proc.wait()})")
+            self.delays[(src, dst)] = proc
+            table = str(self.mark)
+            _ip(*at, "link", "set", tun, "up")
+            # Marked packets (the netem process's own) leave by the real link; the rest go into the TUN.
+            _ip(*at, "route", "replace", f"{dst_ip}/32", "dev", dev, "src", src_ip, "table", table)
+            if f"fwmark {hex(self.mark)} lookup {table}" not in _ip(*at, "rule", "show").stdout:
+                _ip(*at, "rule", "add", "fwmark", table, "lookup", table, "pref", "100")
+            _ip(*at, "route", "replace", f"{dst_ip}/32", "dev", tun, "src", src_ip)
+
+    def _undelay(self, src: str, dst: str) -> None:
+        proc = self.delays.pop((src, dst))
+        proc.terminate()  # its device goes with it, and the route into the device
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        at = self._end(src)[0]
+        _ip(*at, "route", "del", f"{self._end(dst)[2]}/32", "table", str(self.mark), check=False)
+        if not any(s == src for s, _ in self.delays):
+            _ip(*at, "rule", "del", "fwmark", str(self.mark), "lookup", str(self.mark), check=False)
+
     def heal(self, a: str | None = None, b: str | None = None) -> None:
-        """Remove the cuts between ``a`` and ``b`` (both directions); with no hosts named, every cut."""
+        """Remove the cuts and delays between ``a`` and ``b`` (both directions); with no hosts named,
+        every one."""
+        for src, dst in sorted(self.delays):
+            if a is None or {src, dst} == {a, b}:
+                self._undelay(src, dst)
         for src, dst in sorted(self.cuts):
             if a is None or {src, dst} == {a, b}:
                 # Forgotten: the next packet asks for the peer's address again.
@@ -244,6 +320,11 @@ class Network:
 
 
 # ---------------------------------------------------------------------- cleaning up
+def mark_of(tag: str) -> int:
+    """A network's firewall mark and routing table number (unique per tag, clear of the reserved tables)."""
+    return 0x1000000 + int(tag, 16)
+
+
 def _namespaces(tag: str) -> list[str]:
     out = _ip("netns", "list", check=False).stdout.split("\n")
     return [line.split()[0] for line in out if line.startswith(f"{PREFIX}{tag}-")]
@@ -265,6 +346,12 @@ def teardown(tag: str) -> None:
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         if name.startswith(f"{PREFIX}{tag}"):
             _ip("link", "del", name, check=False)
+    # A delayed link from the root namespace: its rule and table (its TUN went with the links above, and
+    # with it the netem process, whose reads fail).
+    mark = str(mark_of(tag))
+    while _ip("rule", "del", "fwmark", mark, "lookup", mark, check=False).returncode == 0:
+        pass
+    _ip("route", "flush", "table", mark, check=False)
     with contextlib.suppress(FileNotFoundError):
         (STATE_DIR / tag).unlink()
 

@@ -57,6 +57,9 @@ partition_halves         the hosts split in two: Kafka, a majority of ZooKeeper,
                          controller on one side, the rest on the other, for a session timeout + 2 s
 oneway_drop              what the agent owning most bundles sends to ZooKeeper is lost (what ZooKeeper
                          sends arrives) for a session timeout and a half
+netem_delay              that agent's links to ZooKeeper and Kafka slow and lossy -- every packet either
+                         way held 200 ms +- 100 ms or lost (5 %), netem's ``delay 200ms 100ms loss 5%``
+                         (:mod:`devkit.netem`) -- for two session timeouts
 =======================  ================================================================================
 
 Afterwards the cluster settles (every node ready, every owned bundle served by its owner), the timelines
@@ -97,6 +100,7 @@ from trimtab.devkit.chaos.kafka_faults import (
 )
 from trimtab.devkit.chaos.report import ChaosReport, Fault
 from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
+from trimtab.devkit.netem import Shape
 from trimtab.devkit.netns import ROOT, Network, available
 
 log = structlog.get_logger("trimtab.chaos")
@@ -123,11 +127,14 @@ NET_FAULTS = (
     "partition_leader_kafka",
     "partition_halves",
     "oneway_drop",
+    "netem_delay",
 )
 #: Wall-clock steps (agents' machines and the leader): any cluster; not in the default set, whose short run
 #: is in the test command's budget (a step back stalls an agent's signed calls for the size of the step).
 CLOCK_FAULTS = ("clock_skew",)
 ALL_FAULTS = FAULT_KINDS + ZK_FAULTS + NET_FAULTS + CLOCK_FAULTS
+#: ``netem_delay``'s link: each packet either way held 200 ms +- 100 ms (uniform) or lost (5 %).
+NETEM = Shape(delay_ms=200, jitter_ms=100, loss=0.05)
 
 #: Timers of the chaos cluster: short sessions (so faults resolve quickly) and the local cluster's fast
 #: balancing. Leases follow: session timeout - margin.
@@ -505,13 +512,26 @@ class ChaosRun:
         hold: Callable[[float], None] | float,
         *,
         oneway: bool = False,
+        shape: Shape | None = None,
     ) -> None:
-        """Cut ``pairs`` (``oneway``: only what the first of each sends is lost), hold the cut -- for
-        ``hold`` seconds, or until ``hold(start)`` returns --, heal every cut and note the fault."""
+        """Cut ``pairs`` (``oneway``: only what the first of each sends is lost; ``shape``: slowed and
+        lossy rather than cut), hold the fault -- for ``hold`` seconds, or until ``hold(start)`` returns
+        --, heal every link and note the fault."""
         net = self._net()
         start = time.monotonic()
         for a, b in pairs:
-            net.cut(a, b, oneway=oneway)
+            if shape is None:
+                net.cut(a, b, oneway=oneway)
+            else:
+                net.delay(
+                    a,
+                    b,
+                    delay_ms=shape.delay_ms,
+                    jitter_ms=shape.jitter_ms,
+                    loss=shape.loss,
+                    oneway=oneway,
+                    seed=self.rng.randrange(2**16),
+                )
         try:
             if callable(hold):
                 hold(start)
@@ -550,6 +570,18 @@ class ChaosRun:
 
     def partition_agent_kafka(self) -> None:
         self._agent_cut("partition_agent_kafka", [ROOT], "cut from Kafka")
+
+    def netem_delay(self) -> None:
+        """The agent owning most bundles on a slow, lossy link to ZooKeeper and Kafka for two session
+        timeouts: its session's pings and its lease renewals late or lost, its channel records slow. What
+        it shows: a slow link is at worst a lost session (fenced before the leader gives bundles away),
+        never two brokers serving."""
+        _, victim, mine = self._busiest_agent()
+        assert victim.netns_host is not None
+        pairs = [(victim.netns_host, t) for t in [*self._zk_hosts(), ROOT]]
+        what = f"200 ms +- 100 ms, 5 % loss to ZooKeeper and Kafka ({len(mine)} bundles) for"
+        self._partition("netem_delay", str(victim.broker), pairs, what, self._session_s() * 2, shape=NETEM)
+        self.cluster.wait_node(victim, 90)
 
     def _leader_cut(
         self, kind: str, to: Sequence[str], what: str, hold: Callable[[float], None] | float

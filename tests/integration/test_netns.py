@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.waiting import wait_for
 from trimtab.devkit import netns
-from trimtab.devkit.netns import NetnsError, Network
+from trimtab.devkit.netns import ROOT, NetnsError, Network
 
 pytestmark = pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
 
@@ -149,6 +149,87 @@ def test_a_slow_link_still_delivers(net: Network) -> None:
         server.kill()
 
 
+ECHO_SERVER = """
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7002)); s.listen(4); print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    while data := c.recv(100):
+        c.sendall(data)
+    c.close()
+"""
+# Round trips of one byte on one connection (Nagle off): sorted, in ms.
+ROUND_TRIPS = """
+import json, socket, sys, time
+c = socket.create_connection((sys.argv[1], 7002), timeout=30)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+out = []
+for _ in range(int(sys.argv[2])):
+    t = time.monotonic(); c.sendall(b"x"); assert c.recv(10) == b"x"; out.append((time.monotonic() - t) * 1000)
+print(json.dumps(sorted(out)))
+"""
+
+
+def round_trips(net: Network, frm: str, to: str, n: int) -> list[float]:
+    argv = [sys.executable, "-c", ROUND_TRIPS, net.hosts[to].ip, str(n)]
+    out = subprocess.run(
+        argv if frm == ROOT else net.argv(frm, argv), capture_output=True, text=True, check=True, timeout=120
+    )
+    rtts: list[float] = json.loads(out.stdout)
+    return rtts
+
+
+def test_a_delayed_lossy_link_holds_every_packet_and_loses_some(net: Network) -> None:
+    """netem's ``delay 200ms 100ms loss 5%`` on both ends of a link, without netem: every round trip
+    crosses the link twice, so none is faster than 2 x 100 ms; the median sits near 2 x 200 ms; a lost
+    segment costs a retransmission. Healed, the link is as fast as before; other links never slow."""
+    for h in ("a", "b", "c"):
+        net.add_host(h)
+    servers = [start(net, h, ECHO_SERVER) for h in ("b", "c")]
+    try:
+        assert round_trips(net, "a", "b", 20)[-1] < 50
+        net.delay("a", "b", delay_ms=200, jitter_ms=100, loss=0.05, seed=3)
+        slow = round_trips(net, "a", "b", 40)
+        assert slow[0] >= 200 - 1, slow  # each way at least 100 ms
+        assert 300 <= slow[len(slow) // 2] <= 600, slow
+        assert round_trips(net, "a", "c", 20)[-1] < 50  # only that link
+        net.delay(ROOT, "c", delay_ms=100, jitter_ms=0, loss=0)  # a link from the suite's side too
+        assert 200 - 1 <= round_trips(net, ROOT, "c", 10)[5] < 300
+        net.heal("b", "a")
+        net.heal(ROOT, "c")
+        assert net.delays == {}
+        assert round_trips(net, "a", "b", 20)[-1] < 50
+        assert round_trips(net, ROOT, "c", 20)[-1] < 50
+    finally:
+        for p in servers:
+            p.kill()
+
+
+def test_a_one_way_lossy_link_loses_its_share_of_what_one_side_sends(net: Network) -> None:
+    net.add_host("a")
+    net.add_host("b")
+    rx = start(net, "b", UDP_RECEIVER)
+    try:
+        # No jitter: the link keeps order, so the first "end" to arrive follows every datagram that did.
+        net.delay("a", "b", delay_ms=1, jitter_ms=0, loss=0.25, oneway=True, seed=1)
+        code = (
+            "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "for i in range(400):\n    s.sendto(str(i).encode(), (sys.argv[1], 7001))\n"
+            "for _ in range(20):\n    s.sendto(b'end', (sys.argv[1], 7001))\n"
+        )
+        subprocess.run(net.argv("a", [sys.executable, "-c", code, net.hosts["b"].ip]), check=True, timeout=30)
+        assert rx.stdout is not None
+        got = []
+        while (line := rx.stdout.readline().strip()) != "end":
+            got.append(line)
+        # 400 datagrams at 25 % loss: 300 expected, sd 8.7; the seed fixes the draw, the bounds allow any.
+        assert 240 <= len(got) <= 360, len(got)
+        assert got == sorted(got, key=int)  # in order, none twice
+    finally:
+        rx.kill()
+
+
 def test_bad_host_names_are_refused(net: Network) -> None:
     for bad in ("", "Agent", "1st", "x" * 9, "a-b", "a b", "../etc", "root"):
         with pytest.raises(NetnsError, match="host name"):
@@ -165,6 +246,11 @@ def leftovers(tag: str) -> list[str]:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     found = [line.split()[0] for line in names.splitlines() if line.startswith(f"tt{tag}")]
     found += [line.split(":")[1].strip() for line in links.splitlines() if f" tt{tag}" in line]
+    rules = subprocess.run(["ip", "rule", "show"], capture_output=True, text=True, check=True).stdout
+    found += [f"rule {line}" for line in rules.splitlines() if hex(netns.mark_of(tag)) in line]
+    pgrep = ["pgrep", "-af", f"devkit.netem tt{tag}"]
+    procs = subprocess.run(pgrep, capture_output=True, text=True, check=False).stdout
+    found += [f"netem {line}" for line in procs.splitlines() if line]
     return found + [f"state/{tag}"] * (netns.STATE_DIR / tag).exists()
 
 
@@ -174,6 +260,7 @@ def test_a_closed_network_leaves_nothing() -> None:
         net.add_host("b")
         net.cut("a", "b")
         net.throttle("b")
+        net.delay(ROOT, "a")
         tag = net.tag
         assert leftovers(tag)
     assert leftovers(tag) == []
@@ -183,7 +270,7 @@ OWNER = """
 import json, subprocess, sys, time
 from trimtab.devkit.netns import Network
 net = Network.create()
-net.add_host("a"); net.add_host("b"); net.cut("a", "b")
+net.add_host("a"); net.add_host("b"); net.cut("a", "b"); net.delay("root", "b"); net.delay("a", "b")
 sleeper = subprocess.Popen(net.argv("a", ["sleep", "600"]))
 print(json.dumps({"tag": net.tag, "sleeper": sleeper.pid}), flush=True)
 time.sleep(600)
