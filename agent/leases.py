@@ -33,6 +33,7 @@ import structlog
 
 from trimtab.agent.adapters.base import BrokerAdapter, Lease
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.channel.inflight import InFlightClock, wall_age_s
 from trimtab.channel.records import Record, State
 from trimtab.cluster.runner import Schedule
 from trimtab.cluster.zk import ZkSession
@@ -45,19 +46,31 @@ MIN_LEASE_S = 0.2
 
 
 def lease_bound(
-    me: str, rec: Record | None, *, now_ms: int, in_flight_timeout_s: float, margin_s: float, stale: bool
+    me: str,
+    rec: Record | None,
+    *,
+    now_ms: int,
+    in_flight_timeout_s: float,
+    margin_s: float,
+    stale: bool,
+    seen_age_s: float = 0.0,
 ) -> float | None:
     """Seconds from now a lease on this bundle may last given its channel record: ``inf`` when this broker
     owns it, the time left before the leader's monitor may force an in-flight record onward (minus the
     margin) when it is on its way to or out of this broker, None when this agent must not vouch for it
-    (somebody else's, released, or owned under a lost session -- ``stale``)."""
+    (somebody else's, released, or owned under a lost session -- ``stale``).
+
+    The in-flight record's age is the greater of its age by the writer's clock (``ts`` against
+    ``now_ms``) and ``seen_age_s``, how long ago this agent saw it by its monotonic clock
+    (:class:`~trimtab.channel.inflight.InFlightClock`): a writer whose clock runs ahead makes its records
+    look young, and must not lengthen a lease past what the monitor waits."""
     if rec is None or stale:
         return None
     s = rec.state
     if s is State.OWNED:
         return math.inf if rec.dst == me else None
     if (s is State.ASSIGNING and rec.dst == me) or (s is State.SPLITTING and rec.src == me):
-        return (rec.ts - now_ms) / 1000.0 + in_flight_timeout_s - margin_s
+        return in_flight_timeout_s - margin_s - max(wall_age_s(rec, now_ms), seen_age_s)
     return None
 
 
@@ -83,8 +96,12 @@ class LeaseGuard:
         metrics: AgentMetrics,
         mono: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        in_flight: InFlightClock | None = None,
     ) -> None:
+        """``in_flight``: when this agent saw each in-flight record (a listener of its channel table), on
+        ``mono`` unless given."""
         self.zk = zk
+        self.in_flight = in_flight if in_flight is not None else InFlightClock(mono)
         self.lease_s = lease_s
         self.margin_s = margin_s
         self.metrics = metrics
@@ -115,6 +132,22 @@ class LeaseGuard:
                 f"broker leases of {self.lease_s:g}s + {self.margin_s:g}s margin do not fit inside it. Raise the "
                 "server's maxSessionTimeout, or shorten broker.adapter.lease_s."
             )
+
+    def limit(
+        self, me: str, bundle: str, rec: Record | None, *, in_flight_timeout_s: float, stale: bool
+    ) -> float | None:
+        """:func:`lease_bound` for ``bundle`` now, by this guard's clocks: its wall clock against the
+        writer's, and how long ago this agent saw an in-flight record."""
+        seen = self.in_flight.age_s(bundle, rec) if rec is not None and rec.state.in_flight else 0.0
+        return lease_bound(
+            me,
+            rec,
+            now_ms=int(self.wall() * 1000),
+            in_flight_timeout_s=in_flight_timeout_s,
+            margin_s=self.margin_s,
+            stale=stale,
+            seen_age_s=seen,
+        )
 
     def bound(self) -> float:
         """Seconds a lease granted now may run (<= 0: none)."""
@@ -240,16 +273,14 @@ class LeaseRenewer:
 
     def groups(self) -> Mapping[float, list[str]]:
         """Bundles to renew, grouped by the lease each may get (most get the full one)."""
-        now_ms = int(self.guard.wall() * 1000)  # the guard's clock: one wall clock for leases
         full = min(self.guard.lease_s, self.guard.bound())
         out: dict[float, list[str]] = defaultdict(list)
         for bundle in self.served():
-            limit = lease_bound(
+            limit = self.guard.limit(
                 self.me,
+                bundle,
                 self.record(bundle),
-                now_ms=now_ms,
                 in_flight_timeout_s=self.in_flight_timeout_s,
-                margin_s=self.guard.margin_s,
                 stale=self.is_stale(bundle),
             )
             if limit is None:

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from trimtab.agent.adapters.base import BrokerAdapter
-from trimtab.agent.leases import LeaseGuard, lease_bound
+from trimtab.agent.leases import LeaseGuard
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.session_barrier import SessionBarrier
 from trimtab.balance.roles import (
@@ -303,12 +303,11 @@ class Reconciler:
     async def _execute(self, bundle: str, p: Plan) -> None:
         for step in p.steps:
             if isinstance(step, Acquire):
-                limit = lease_bound(
+                limit = self.leases.limit(
                     self.me,
+                    bundle,
                     self.channel.table.get(bundle),
-                    now_ms=int(self.clock() * 1000),
                     in_flight_timeout_s=self.in_flight_timeout_s,
-                    margin_s=self.leases.margin_s,
                     stale=bundle in self.stale,
                 )
                 if limit is None:

@@ -292,6 +292,7 @@ def _reconciliation(
     """The reconciler and the broker leases it acquires under and renews (agent.leases)."""
     a = s.broker.adapter
     leases = LeaseGuard(zk, lease_s=s.lease_s(), margin_s=a.lease_margin_s, metrics=metrics, wall=clock)
+    channel.table.add_listener(leases.in_flight.on_change)  # when this agent saw each in-flight record
     reconciler = Reconciler(
         me,
         channel,

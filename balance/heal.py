@@ -284,14 +284,22 @@ def monitor(
     cfg: HealConfig,
     now_ms: int,
     writer: str,
+    seen_age_s: Callable[[str, Record], float] | None = None,
 ) -> list[Override]:
-    """Stuck in-flight states and semi-terminal entries due for a tombstone."""
+    """Stuck in-flight states and semi-terminal entries due for a tombstone.
+
+    An in-flight record is stuck once it is older than the timeout by its writer's clock **and**, when
+    ``seen_age_s`` is given, by how long ago this node saw it (its monotonic clock,
+    :class:`~trimtab.channel.inflight.InFlightClock`): a writer whose clock is behind, or a leader whose
+    clock is ahead, cannot make the monitor force a record onward before the timeout really passed."""
     out: list[Override] = []
     timeout = cfg.in_flight_timeout_s * 1000
     delay = cfg.tombstone_delay_s * 1000
     for bundle, r in items:
-        age = now_ms - r.ts
+        age: float = now_ms - r.ts
         if r.state in IN_FLIGHT:
+            if seen_age_s is not None:
+                age = min(age, seen_age_s(bundle, r) * 1000)
             # dependents, not every named broker: Assigning{dst=live, src=dead} is not healing's (see
             # dependents), so if its destination never confirms, only this monitor can move it on.
             if age <= timeout or not dependents(r) <= live:

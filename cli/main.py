@@ -780,6 +780,8 @@ def topics_show(config_file: str | None, sets: tuple[str, ...]) -> None:
 @click.option(
     "--markdown", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A table for docs."
 )
+@config_option
+@set_option
 def chaos_cmd(
     duration: float,
     brokers: int,
@@ -793,10 +795,14 @@ def chaos_cmd(
     workdir: Path,
     out: Path | None,
     markdown: Path | None,
+    config_file: str | None,
+    sets: tuple[str, ...],
 ) -> None:
     """Run the chaos suite on a local cluster (loopback only) and print its report as JSON: faults
     injected, double-serving windows (must be 0), bundles lost (must be 0), unavailability p50/p99/max.
-    Exit status 1 when the run failed its promise. docs/reliability.md explains the figures."""
+    Exit status 1 when the run failed its promise. docs/reliability.md explains the figures. ``--config``
+    and ``--set`` go on top of the suite's own settings (e.g. ``--set namespace.default_bundles=100`` for a
+    cluster tracking 100 bundles per namespace)."""
     import shutil
 
     from trimtab.cluster.logs import configure_logging
@@ -825,6 +831,7 @@ def chaos_cmd(
         kafka_brokers=kafka_brokers,
         zk_servers=int(zk_servers),
         hosts=hosts,
+        settings=settings_layers(config_file, sets),
     )
     try:
         report = runner.run_chaos(cfg)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import structlog
 
 from trimtab.balance.heal import HealConfig, Override, monitor
+from trimtab.channel.inflight import InFlightClock
 from trimtab.channel.table import TableView
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import LeaderGates
@@ -34,8 +35,13 @@ class MonitorJob:
         cfg: HealConfig,
         *,
         clock: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``mono``: the clock on which this node times how long ago it saw each in-flight record (see
+        :func:`~trimtab.balance.heal.monitor`); the job listens to ``table`` for that."""
         self.table = table
+        self.in_flight = InFlightClock(mono)
+        table.add_listener(self.in_flight.on_change)
         self.leadership = leadership
         self.destinations = destinations
         self.writes = writes
@@ -56,6 +62,7 @@ class MonitorJob:
             self.cfg,
             int(self.clock() * 1000),
             self.leadership.writer(),
+            self.in_flight.age_s,
         )
         if decisions:
             await self.writes.overrides(decisions)

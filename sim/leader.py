@@ -174,7 +174,15 @@ class SimController:
             mono=clock,
         )
         self.monitor = MonitorJob(
-            table, self.leadership, self.destinations, writes, journal, self.metrics, heal_cfg, clock=clock
+            table,
+            self.leadership,
+            self.destinations,
+            writes,
+            journal,
+            self.metrics,
+            heal_cfg,
+            clock=clock,
+            mono=clock,
         )
         self.shedding = (
             None
