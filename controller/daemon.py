@@ -88,6 +88,9 @@ class Controller:
         self.mono = mono
         self.stop_event = asyncio.Event()
         self.leader_since = 0.0
+        # The term whose persisted state (healing plans, operator switches, snapshots) this leader has read:
+        # its decision jobs wait for it (a pause the operator persisted must hold from the first cycle).
+        self.initialized_term: int | None = None
         self._heal_wake = asyncio.Event()
         self.jobs = JobRunner(metrics.job_failures, mono=mono)
 
@@ -126,16 +129,24 @@ class Controller:
         self.healing.membership_changed()  # look for failed brokers straight away
         log.info("leadership_acquired", term=term)
         self.events.publish("leader_elected", key="leader", leader=self.leadership.me, term=term)
-        asyncio.get_running_loop().create_task(self._on_lead())
+        asyncio.get_running_loop().create_task(self._on_lead(term))
 
-    async def _on_lead(self) -> None:
-        """Read what the previous leader persisted before this one decides anything."""
-        try:
-            await self.healing.on_lead()
-            self.shedding.switches = await asyncio.to_thread(self.switch_store.read)
-            await self.snapshots.on_lead()
-        except Exception:
-            log.exception("leader_init_failed")
+    async def _on_lead(self, term: int | None, retry_s: float = 1.0) -> None:
+        """Read what the previous leader persisted before this one decides anything: until this is done,
+        the leader's jobs are held (:meth:`_leader_ready`); a read that fails is tried again while this term
+        lasts (found when a new leader's first shedding cycle ran before it had read the operator's pause)."""
+        while self.leadership.is_leader and self.leadership.term() == term:
+            try:
+                await self.healing.on_lead()
+                self.shedding.switches = await asyncio.to_thread(self.switch_store.read)
+                await self.snapshots.on_lead()
+            except Exception:
+                log.exception("leader_init_failed", retry_in_s=retry_s)
+                await asyncio.sleep(retry_s)
+                continue
+            self.initialized_term = term
+            log.info("leader_initialized", term=term)
+            break
         self._heal_wake.set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -171,7 +182,7 @@ class Controller:
     async def _lead_or_follow(self) -> None:
         await asyncio.to_thread(self.election.start)
         c = self.s
-        jobs, leading = self.jobs, self._leading
+        jobs = self.jobs
         # The leader's periodic jobs: the first run one interval after taking over.
         for job, every in (
             (self.snapshots, c.channel.snapshot_interval_s),
@@ -179,13 +190,13 @@ class Controller:
             (self.shedding, c.shedding.interval_s),
             (self.standbys, c.placement.standby_interval_s),
         ):
-            jobs.add(job.name, job.run_once, schedules.periodic(every), gate=leading)
+            jobs.add(job.name, job.run_once, schedules.periodic(every), gate=self._leader_ready)
         # Healing runs when membership or the channel changes (and at least every second).
         jobs.add(
             "healing",
             self.healing.run_once,
             schedules.healing(self._heal_wake),
-            gate=lambda: leading() and self.healing.ready,
+            gate=lambda: self._leader_ready() and self.healing.ready,
         )
         jobs.add("tick", self._tick_once, Schedule(0.5))
         jobs.start()
@@ -207,5 +218,6 @@ class Controller:
         self.liveness.tick()
         self.metrics.safe_mode.set(0 if self.leadership.safe_mode() is None else 1)
 
-    def _leading(self) -> bool:
-        return self.leadership.is_leader
+    def _leader_ready(self) -> bool:
+        """Leading, and this term's persisted state has been read (:meth:`_on_lead`)."""
+        return self.leadership.is_leader and self.initialized_term == self.leadership.term()

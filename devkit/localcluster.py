@@ -52,8 +52,9 @@ from trimtab.devkit.prometheus import AGENT_JOB, CONTROLLER_JOB, PrometheusOptio
 from trimtab.devkit.zkserver import ZooKeeperEnsemble, ZooKeeperServer, free_port
 from trimtab.errors import DevKitError
 
-#: The folder whose sitecustomize steps a process's wall clock (LocalCluster.clock_skew).
-CLOCK_SKEW_DIR = Path(__file__).resolve().parent / "clockskew"
+#: The folder whose sitecustomize injects process faults: a stepped wall clock (LocalCluster.clock_skew), an
+#: agent that ignores its ZooKeeper session (LocalCluster.agent_lease_check False).
+PROCESS_FAULTS_DIR = Path(__file__).resolve().parent / "procfaults"
 
 # Timers for a cluster you watch converge in a minute instead of an hour (every one can be overridden).
 FAST_TIMERS: dict[str, Any] = {
@@ -142,8 +143,10 @@ class LocalCluster:
     zk_servers: int = 1  # 3 (or 5...): an ensemble, so a ZooKeeper leader change can happen under trimtab
     network: Network | None = None  # hosts of their own for ZooKeeper's servers (devkit/netns.py)
     node_hosts: bool = False  # with a network: agents (with their brokers) and controllers on hosts too
-    # Agents' and controllers' wall clocks can be stepped (skew()): devkit/clockskew/sitecustomize.py.
+    # Agents' and controllers' wall clocks can be stepped (skew()): devkit/procfaults/sitecustomize.py.
     clock_skew: bool = False
+    # False: agents vouch for leases whatever ZooKeeper says (the chaos checker's self-test only).
+    agent_lease_check: bool = True
     broker_processes: bool = False
     kafka_brokers: int = 1
     # "sasl_ssl": SCRAM over TLS with the StandardAuthorizer (real Kafka only); every node then uses the
@@ -355,12 +358,13 @@ class LocalCluster:
         processes of one machine do)."""
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         clock = clock or name.split("~", maxsplit=1)[0]
+        if self.clock_skew or not self.agent_lease_check:
+            path = [str(PROCESS_FAULTS_DIR), *filter(None, [env.get("PYTHONPATH")])]
+            env["PYTHONPATH"] = os.pathsep.join(path)
         if self.clock_skew:
-            path = [str(CLOCK_SKEW_DIR), *filter(None, [env.get("PYTHONPATH")])]
-            env |= {
-                "PYTHONPATH": os.pathsep.join(path),
-                "TRIMTAB_CLOCK_SKEW_FILE": str(self._skew_file(clock)),
-            }
+            env["TRIMTAB_CLOCK_SKEW_FILE"] = str(self._skew_file(clock))
+        if not self.agent_lease_check:
+            env["TRIMTAB_FAULT_AGENT_IGNORES_SESSION"] = "1"
         cmd = [self.python, "-m", "trimtab.cli", *argv]
         if host is not None:
             assert self.network is not None

@@ -161,6 +161,8 @@ class ChaosConfig:
     kafka_outage_s: float = 5.0  # how long stop_kafka keeps Kafka down (its restart takes longer on 2 cores)
     zk_servers: int = 1  # 3: a ZooKeeper ensemble (the ZooKeeper faults need it)
     hosts: bool = False  # every node on a host of its own (the network faults need it)
+    # False: agents vouch for leases whatever ZooKeeper says -- only for the checker's self-test
+    agent_lease_check: bool = True
     settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -256,6 +258,7 @@ class ChaosRun:
             network=self.network,
             node_hosts=cfg.hosts,
             clock_skew="clock_skew" in cfg.faults,
+            agent_lease_check=cfg.agent_lease_check,
         )
         self.s: Settings | None = None
         self.client: LookupClient | None = None

@@ -68,6 +68,21 @@ def test_the_checker_catches_brokers_ignoring_leases_when_an_agent_loses_zookeep
     assert report.summary["double_serving_windows"] > 0
 
 
+@needs_hosts
+def test_the_checker_catches_an_agent_whose_lease_check_is_disabled(tmp_path: Path) -> None:
+    """The agent-side twin of the test above (issue 31, point 5): brokers honour their leases, but the agent
+    cut from ZooKeeper vouches for them anyway (devkit/procfaults: no session confirmation, nothing fenced
+    when the session is lost). It keeps its broker serving after the leader gave the bundles away, and the
+    checker reports the overlap. (The brokers take 1.5 s to close, as above, so that the overlap is certain.)"""
+    cfg = ChaosConfig(
+        workdir=tmp_path / "chaos", duration_s=0, brokers=3, kafka_brokers=1, hosts=True,
+        faults=("partition_agent_zk",), agent_lease_check=False, settings={"sim": {"release_delay_ms": 1500}},
+    )  # fmt: skip
+    report = run_chaos(cfg)
+    assert not report.passed
+    assert report.summary["double_serving_windows"] > 0
+
+
 def test_zookeeper_and_network_faults_need_their_setup(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="need a ZooKeeper ensemble"):
         ChaosRun(ChaosConfig(workdir=tmp_path, faults=("kill_zk_leader",)))

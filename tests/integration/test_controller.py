@@ -761,15 +761,24 @@ class TestBalancing:
             interval=0.1,
             message="the new leader has shedding paused and has run a cycle",
         )
+
+        def paused() -> float:
+            return cycles(result="skip", reason="paused")
+
+        # Every cycle it ran so far was skipped as paused (two scrapes: retried if a cycle ran between them).
+        wait_for(
+            lambda: paused() >= 1 and paused() == cycles(),
+            15,
+            interval=0.1,
+            message="every cycle of the new leader skipped as paused",
+        )
         r = c.post(new, "/v1/admin/shedding", {"paused": False, "by": "test"})
         assert r.status_code == 200 and r.json()["shedding_paused"] is False
-        paused_cycles = cycles(result="skip", reason="paused")
-        assert paused_cycles == cycles() >= 1
         assert h.status(new)["shedding"]["paused"] is False
         data, _ = h.zk.get(h.paths.controller_state)
         assert orjson.loads(data)["shedding_paused"] is False
         wait_for(
-            lambda: cycles() > paused_cycles and cycles(result="skip", reason="paused") == paused_cycles,
+            lambda: cycles() - paused() >= 1,
             15,
             interval=0.2,
             message="the new leader runs shedding cycles again (not skipped as paused) after the resume",

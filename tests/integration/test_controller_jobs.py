@@ -29,7 +29,7 @@ from trimtab.config.settings import Settings
 from trimtab.controller.daemon import Controller
 from trimtab.controller.stores import ControllerSwitches
 from trimtab.controller.wiring import build_controller
-from trimtab.errors import NotLeader
+from trimtab.errors import NotLeader, ZkUnavailable
 
 NS = "acme/jobs"
 
@@ -378,13 +378,52 @@ def test_the_monitor_forces_a_stuck_assignment_onward(
 ) -> None:
     c = leader.ctl
     registered(c, zk, settings, "b1:1", "b2:1")
+    mono = [1000.0]  # when the leader saw the record, on its monotonic clock (stepped by the test)
+    c.monitor.in_flight.monotonic = lambda: mono[0]
     long_ago = int(time.time() * 1000) - 3_600_000
     leader.publish(bundle(0), make(State.ASSIGNING, version=1, ts=long_ago, writer="test", dst="b1:1"))
     wait_for(lambda: c.channel.table.get(bundle(0)) is not None, message="the stuck record is applied")
+    # An hour old by its writer's clock, but just seen: the monitor waits the timeout from now (a writer
+    # whose clock is behind cannot make it force a record onward early; tests/unit/test_in_flight_clock.py).
+    assert asyncio.run(c.monitor.run_once()) == []
+    mono[0] += settings.channel.in_flight_timeout_s + 0.001
     decided = asyncio.run(c.monitor.run_once())
     assert [(o.bundle, o.reason) for o in decided] == [(bundle(0), "stuck")]
-    assert leader.metric("trimtab_monitor_runs_total", result="ok") == 1
+    assert leader.metric("trimtab_monitor_runs_total", result="ok") == 2
     wait_for(
         lambda: (r := c.channel.table.get(bundle(0))) is not None and r.version == 2,
         message="the override is applied",
     )
+
+
+def test_a_new_leader_decides_nothing_before_it_has_read_what_the_last_one_persisted(leader: Node) -> None:
+    """Found by a flaky test under load: the new leader's first shedding cycle could run before it had read
+    the operator's persisted pause (the read was a background task that jobs did not wait for), so a paused
+    cluster could be shed by a new leader. Its decision jobs now wait until this term's state is read, and a
+    read that fails is tried again."""
+    c = leader.ctl
+    c.switch_store.write(ControllerSwitches(shedding_paused=True, paused_by="operator"))
+    term = c.leadership.term()
+    assert not c._leader_ready()  # the daemon's listener never ran here: nothing read for this term
+    reads: list[int] = []
+    real = c.switch_store.read
+
+    def flaky() -> ControllerSwitches:
+        reads.append(1)
+        if len(reads) == 1:
+            raise ZkUnavailable("a ZooKeeper hiccup")
+        return real()
+
+    c.switch_store.read = flaky  # type: ignore[method-assign]
+    asyncio.run(c._on_lead(term, retry_s=0.01))
+    assert len(reads) == 2
+    assert c._leader_ready() and c.initialized_term == term
+    assert c.shedding.switches.shedding_paused
+
+
+def test_a_follower_is_never_ready_to_lead(settings: Settings, log: MemoryLog, nodes: list[Node]) -> None:
+    follower = Node(settings, log).start(elect=False)
+    nodes.append(follower)
+    c = follower.ctl
+    asyncio.run(c._on_lead(1, retry_s=0.01))  # a stale call for a term it does not hold returns at once
+    assert c.initialized_term is None and not c._leader_ready()
