@@ -10,14 +10,27 @@ its acceptable size depends on the faults injected.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping, Sequence
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
 import orjson
 
-from trimtab.devkit.chaos.history import Summary
+from trimtab.devkit.chaos.history import Gap, Summary, nearest_rank
+
+#: The kind charged with gaps that began before the first fault.
+WARM_UP = "(before the first fault)"
+
+
+class FaultUnavailability(TypedDict):
+    faults: int
+    gaps: int
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    unserved_bundle_s: float
 
 
 class FaultDict(TypedDict):
@@ -61,6 +74,7 @@ class ChaosReport:
     seed: int | None = None
     duration_s: float | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    by_fault: dict[str, FaultUnavailability] = field(default_factory=dict)
 
     @property
     def fault_counts(self) -> dict[str, int]:
@@ -83,6 +97,7 @@ class ChaosReport:
             "fault_counts": self.fault_counts,
             "faults": [f.to_dict() for f in self.faults],
             "summary": self.summary,
+            "unavailability_by_fault": self.by_fault,
             "params": self.params,
         }
 
@@ -102,6 +117,7 @@ class ChaosReport:
             seed=data.get("seed"),
             duration_s=data.get("duration_s"),
             params=dict(data.get("params", {})),
+            by_fault=cast(dict[str, FaultUnavailability], dict(data.get("unavailability_by_fault", {}))),
         )
 
     def to_markdown(self) -> str:
@@ -131,10 +147,50 @@ class ChaosReport:
         ]
         lines = [f"#### {_cell(self.name)}", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
-        if self.fault_counts:
+        if self.by_fault:
+            lines += [
+                "",
+                "| fault | count | gaps | p50 | p99 | max | unserved bundle-s |",
+                "|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            for k, fu in self.by_fault.items():
+                lines.append(
+                    f"| {_cell(k)} | {fu['faults']} | {fu['gaps']} | {_secs(fu['p50_s'])} | {_secs(fu['p99_s'])} "
+                    f"| {_secs(fu['max_s'])} | {fu['unserved_bundle_s']:.1f} |"
+                )
+        elif self.fault_counts:
             lines += ["", "| fault | count |", "|---|---:|"]
             lines += [f"| {_cell(k)} | {n} |" for k, n in self.fault_counts.items()]
         return "\n".join(lines) + "\n"
+
+
+def unavailability_by_fault(
+    gaps: Iterable[Gap], faults: Sequence[Fault], t0_ns: int
+) -> dict[str, FaultUnavailability]:
+    """Unavailability per fault kind: each gap is charged to the fault in progress when it began -- the
+    last one that started at or before the gap's start (``t0_ns`` + its ``at_s``, on the monotonic clock
+    the timelines use); gaps before the first fault to :data:`WARM_UP`. A fault whose effects outlast the
+    next fault's start has its late gaps charged to the next one: the figures are per window, which is what
+    an operator sees. Kinds in name order; every injected kind is listed, with or without gaps."""
+    order = sorted(faults, key=lambda f: f.at_s)
+    starts = [t0_ns + int(f.at_s * 1e9) for f in order]
+    durations: dict[str, list[int]] = defaultdict(list)
+    for g in gaps:
+        i = bisect.bisect_right(starts, g.start_ns) - 1
+        durations[order[i].kind if i >= 0 else WARM_UP].append(g.duration_ns)
+    counts = Counter(f.kind for f in faults)
+    out: dict[str, FaultUnavailability] = {}
+    for kind in sorted(set(counts) | set(durations)):
+        d = durations.get(kind, [])
+        out[kind] = {
+            "faults": counts.get(kind, 0),
+            "gaps": len(d),
+            "p50_s": nearest_rank(d, 50) / 1e9 if d else None,
+            "p99_s": nearest_rank(d, 99) / 1e9 if d else None,
+            "max_s": max(d) / 1e9 if d else None,
+            "unserved_bundle_s": round(sum(d) / 1e9, 3),
+        }
+    return out
 
 
 _TABLE_HEADER = (

@@ -89,7 +89,7 @@ from trimtab.agent.adapters.simulated import LoadModel
 from trimtab.config.loader import load_settings
 from trimtab.config.merge import deep_merge
 from trimtab.config.settings import Settings
-from trimtab.devkit.chaos.history import load_history, summarize
+from trimtab.devkit.chaos.history import load_history, summarize, unserved_gaps
 from trimtab.devkit.chaos.kafka_faults import (
     busiest_leader,
     channel_leaders,
@@ -98,7 +98,7 @@ from trimtab.devkit.chaos.kafka_faults import (
     ownership_tables,
     real_kafka,
 )
-from trimtab.devkit.chaos.report import ChaosReport, Fault
+from trimtab.devkit.chaos.report import ChaosReport, Fault, unavailability_by_fault
 from trimtab.devkit.localcluster import ClusterError, LocalCluster, Node
 from trimtab.devkit.netem import Shape
 from trimtab.devkit.netns import ROOT, Network, available
@@ -714,10 +714,13 @@ class ChaosRun:
                 rounds += 1
             self._wait(lambda: self._settled()[0], cfg.settle_s, "settle")
             settled_at = time.monotonic()
+            tracked = len(self.cluster.ownership(self._leader()))
             self.client.stop()
             timelines = self.cluster.timelines()
             history = load_history(timelines, observed_until_ns=time.monotonic_ns())
             summary = summarize(history, settle_ns=int(cfg.settle_s * 1e9))
+            t0_ns = int(self.t0 * 1e9)
+            gaps = [g for found in unserved_gaps(history).values() for g in found]
             report = ChaosReport(
                 name="chaos",
                 summary=summary,
@@ -734,7 +737,10 @@ class ChaosRun:
                     "lease_margin_s": self.settings.broker.adapter.lease_margin_s,
                     "lookups_ok": self.client.ok,
                     "lookups_failed": self.client.failed,
+                    "t0_mono_ns": t0_ns,
+                    "bundles_tracked": tracked,
                 },
+                by_fault=unavailability_by_fault(gaps, self.faults, t0_ns),
             )
             (cfg.workdir / "timelines.json").write_bytes(orjson.dumps(timelines))
             return report
