@@ -456,6 +456,13 @@ class BrokerRegistry:
                 log.warning("registry_refresh_failed", error=repr(e))
                 time.sleep(0.2)
                 self._wake.set()
+            except Exception:
+                # Whatever else goes wrong (a bug, a hostile registration that slipped past decoding), the
+                # worker goes on: a dead worker would leave the registry frozen while it still says synced
+                # -- the leader healing against a membership that never changes (Pulsar #23297's class).
+                log.exception("registry_worker_failed", retry_in_s=1.0)
+                time.sleep(1.0)
+                self._wake.set()
 
     def _ensure_mine(self) -> None:
         mine = self._mine

@@ -328,7 +328,14 @@ class HealingJob:
         return overrides
 
     async def _bookkeeping(self, live: set[str], items: list[tuple[str, Record]], now: int) -> None:
-        if not (self._membership_changed or self.mono() - self._last_bookkeeping > self.bookkeeping_every_s):
+        # A failed broker registered again is cancelled before this round can act on its failure, whether or
+        # not the registry's change has reached this job yet (the cache changes on ZooKeeper's thread, the
+        # job hears of it on the loop): a registered broker is never a failed one (Pulsar #23382).
+        if not (
+            self._membership_changed
+            or self.mono() - self._last_bookkeeping > self.bookkeeping_every_s
+            or not live.isdisjoint(self.healer.failed)
+        ):
             return
         self._membership_changed = False
         self._last_bookkeeping = self.mono()

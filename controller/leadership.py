@@ -88,11 +88,19 @@ class Leadership:
         return await asyncio.to_thread(self.confirm_blocking)
 
     def confirm_blocking(self) -> bool:
-        """:meth:`confirm` on the calling thread (a worker thread: it waits for a ZooKeeper round trip)."""
-        if self.election.confirm():
-            return True
-        log.warning("leadership_not_confirmed", action="skipping this round of writes")
-        return False
+        """:meth:`confirm` on the calling thread (a worker thread: it waits for a ZooKeeper round trip).
+
+        The gates of :meth:`safe_mode` are asked again after the round trip: a view that stopped being
+        trustworthy while the round was decided (the channel replica stopped and is being rebuilt, the
+        session was suspended) lets nothing of it out (Pulsar's cleanup acting on a stale view, #23064)."""
+        if not self.election.confirm():
+            log.warning("leadership_not_confirmed", action="skipping this round of writes")
+            return False
+        why = self.safe_mode()
+        if why is not None:
+            log.warning("leadership_not_confirmed", safe_mode=why, action="skipping this round of writes")
+            return False
+        return True
 
     def require_leader(self) -> None:
         """For admin requests: raise :class:`NotLeader` naming the leader to redirect to, if any."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from kazoo.client import KazooClient
 
@@ -78,3 +79,32 @@ def test_a_reconnect_to_a_restarted_server_keeps_the_registration(zk_server: Zoo
     finally:
         observer.stop()
         observer.close()
+
+
+def test_an_unexpected_error_in_the_worker_does_not_freeze_the_registry(
+    zk: KazooClient, zk_hosts: str
+) -> None:
+    """apache/pulsar#23297's class: a component that dies quietly while the node runs on. The worker that
+    keeps the registry current survives an error nobody expected and still sees the next broker."""
+    paths = ZkPaths("/trimtab/registry-worker-error")
+    with registered(zk_hosts, paths) as (_session, registry):
+        real = registry._refresh
+        calls = []
+
+        def broken_once() -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("a bug nobody expected")
+            real()
+
+        registry._refresh = broken_once  # type: ignore[method-assign]
+        other = BrokerInfo(id="other:2", service_url="pulsar://other:2", http_url="http://other:2")
+        zk.create(paths.broker("other:2"), msgspec.json.encode(other), ephemeral=True, makepath=True)
+        wait_for(lambda: "other:2" in registry.brokers, 15, message="the registry saw the new broker")
+        assert len(calls) >= 2
+
+
+def other_encoded(info: BrokerInfo) -> bytes:
+    import msgspec
+
+    return msgspec.json.encode(info)
