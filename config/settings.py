@@ -691,6 +691,13 @@ class SimulationSettings(Section):
 
 class ControllerSettings(Section):
     id: str | None = Field(None, description="Controller id (default hostname-pid).")
+    resign_unready_after_s: float = Field(
+        60.0,
+        ge=5,
+        description="A leader whose channel replica has not been ready (caught up) for this long resigns, "
+        "and a controller stands for election only while its replica is ready: a leader that cannot recover "
+        "its view would otherwise keep the leadership, deciding nothing, while a healthy controller waits.",
+    )
 
 
 class SecuritySettings(Section):

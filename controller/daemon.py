@@ -91,6 +91,7 @@ class Controller:
         # The term whose persisted state (healing plans, operator switches, snapshots) this leader has read:
         # its decision jobs wait for it (a pause the operator persisted must hold from the first cycle).
         self.initialized_term: int | None = None
+        self._unready_since: float | None = None  # mono time the leader's replica stopped being ready
         self._heal_wake = asyncio.Event()
         self.jobs = JobRunner(metrics.job_failures, mono=mono)
 
@@ -217,6 +218,31 @@ class Controller:
     async def _tick_once(self) -> None:
         self.liveness.tick()
         self.metrics.safe_mode.set(0 if self.leadership.safe_mode() is None else 1)
+        await self._stand_only_while_ready()
+
+    async def _stand_only_while_ready(self) -> None:
+        """Stand for election only with a ready replica, and resign after
+        ``controller.resign_unready_after_s`` without one: a leader whose channel view cannot recover (a
+        history gap no snapshot covers -- and only a leader with a ready view writes snapshots) would keep
+        the leadership forever, deciding nothing, while a healthy controller waits (Pulsar #23297's class)."""
+        ready = self.channel.ready
+        self.election.candidate = ready
+        if ready or not self.leadership.is_leader:
+            self._unready_since = None
+            return
+        now = self.mono()
+        if self._unready_since is None:
+            self._unready_since = now
+            return
+        if now - self._unready_since >= self.s.controller.resign_unready_after_s:
+            log.error(
+                "leader_resigning",
+                reason="channel replica not ready",
+                for_s=round(now - self._unready_since, 1),
+                detail=self.channel.health()[1],
+            )
+            self._unready_since = None
+            await asyncio.to_thread(self.election.resign)
 
     def _leader_ready(self) -> bool:
         """Leading, and this term's persisted state has been read (:meth:`_on_lead`)."""

@@ -427,3 +427,32 @@ def test_a_follower_is_never_ready_to_lead(settings: Settings, log: MemoryLog, n
     c = follower.ctl
     asyncio.run(c._on_lead(1, retry_s=0.01))  # a stale call for a term it does not hold returns at once
     assert c.initialized_term is None and not c._leader_ready()
+
+
+def test_a_leader_whose_view_does_not_recover_resigns_and_a_healthy_controller_leads(
+    settings: Settings, log: MemoryLog, nodes: list[Node]
+) -> None:
+    """apache/pulsar#23297's class on the controller: a leader whose channel replica cannot recover would
+    keep the leadership, deciding nothing (safe mode), while a healthy controller waits. It stops standing
+    for election while its replica is not ready and resigns after ``controller.resign_unready_after_s``."""
+    a = Node(settings, log).start()
+    nodes.append(a)
+    wait_for(lambda: a.ctl.leadership.is_leader, message="a leads")
+    b = Node(settings, log).start()
+    nodes.append(b)
+    c = a.ctl
+    clock = [1000.0]
+    c.mono = lambda: clock[0]  # type: ignore[method-assign]
+    c.channel._ready.clear()  # its view broken for good (no follower failed: nothing recovers it)
+    asyncio.run(c._stand_only_while_ready())
+    assert c.election.candidate is False and c.leadership.is_leader  # not yet: a short recovery is normal
+    clock[0] += settings.controller.resign_unready_after_s - 1
+    asyncio.run(c._stand_only_while_ready())
+    assert c.leadership.is_leader
+    clock[0] += 1
+    asyncio.run(c._stand_only_while_ready())
+    wait_for(lambda: b.ctl.leadership.is_leader, message="the healthy controller leads")
+    assert not c.leadership.is_leader
+    b.ctl.election.resign()  # a stands no more while its view is broken: b wins again, never a
+    wait_for(lambda: b.ctl.leadership.is_leader, message="the healthy controller leads again")
+    assert not c.leadership.is_leader
