@@ -28,6 +28,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import structlog
 
@@ -36,7 +37,6 @@ from trimtab.agent.metrics import AgentMetrics
 from trimtab.channel.inflight import InFlightClock, wall_age_s
 from trimtab.channel.records import Record, State
 from trimtab.cluster.runner import Schedule
-from trimtab.cluster.zk import ZkSession
 from trimtab.errors import AdapterError, LeaseUnavailable, StartupError, ZkUnavailable
 
 log = structlog.get_logger("trimtab.agent")
@@ -74,6 +74,22 @@ def lease_bound(
     return None
 
 
+class LeaseSession(Protocol):
+    """What :class:`LeaseGuard` asks of the agent's ZooKeeper session: a :class:`~trimtab.cluster.zk.ZkSession`
+    in the daemon; the simulator's agents have sessions in memory (``trimtab.sim``), whose confirmations
+    fail while the scenario's ZooKeeper is down -- so that the rule "no lease without a confirmed session"
+    comes from this guard there too."""
+
+    requested_timeout_s: float
+
+    @property
+    def connected(self) -> bool: ...
+
+    def granted_timeout_s(self, wait_s: float = 5.0) -> float: ...
+
+    def confirm(self, timeout_s: float, path: str = "/") -> None: ...
+
+
 class LeaseGuard:
     """The longest lease this agent may grant right now, from the last confirmation of its ZooKeeper
     session.
@@ -89,7 +105,7 @@ class LeaseGuard:
 
     def __init__(
         self,
-        zk: ZkSession,
+        zk: LeaseSession,
         *,
         lease_s: float,
         margin_s: float,

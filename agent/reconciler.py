@@ -119,13 +119,15 @@ class Reconciler:
 
     def rescan(self, table: TableView) -> None:
         """The table caught up: at start, or again after a re-bootstrap (history gap, follower restart),
-        when it may differ from what the listeners last heard -- so what the broker serves is checked too."""
+        when it may differ from what the listeners last heard -- so what the broker serves is checked too
+        (in name order: the order bundles are queued in must not depend on the interpreter's string hashes,
+        or the simulator, which runs this code, would not replay a seed exactly)."""
         naming_me = 0
         for bundle, rec in table.items():
             if needs_attention(self.me, rec):
                 self.mark(bundle)
                 naming_me += 1
-        for bundle in list(self.served):
+        for bundle in sorted(self.served):
             self.mark(bundle)
         log.info("channel_scan", bundles=len(table), naming_me=naming_me, serving=len(self.served))
 

@@ -37,6 +37,7 @@ from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
 from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.runner import Schedule
+from trimtab.config.settings import Settings
 from trimtab.errors import BundleError, RequestError
 
 log = structlog.get_logger("trimtab.agent")
@@ -102,6 +103,39 @@ class SplitScheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Registered before the channel is followed (and never removed: the follower iterates its listeners).
         channel.table.add_listener(self._record_changed)
+
+    @classmethod
+    def from_settings(
+        cls,
+        s: Settings,
+        me: str,
+        channel: ChannelClient,
+        *,
+        reporter: LoadReporter,
+        adapter: Sampler,
+        layouts: Layouts,
+        events: EventPublisher,
+        metrics: AgentMetrics,
+        paused: Callable[[], bool],
+        clock: Callable[[], float] = time.time,
+    ) -> SplitScheduler:
+        """The scheduler with the ``split`` settings (limits, cadence, auto-unload): one construction for the
+        agent's wiring and the simulator's agents."""
+        return cls(
+            me,
+            channel,
+            reporter=reporter,
+            adapter=adapter,
+            layouts=layouts,
+            events=events,
+            metrics=metrics,
+            limits=SplitLimits.from_settings(s),
+            enabled=s.split.enabled,
+            interval_s=s.split.interval_s,
+            paused=paused,
+            clock=clock,
+            auto_unload=s.split.auto_unload,
+        )
 
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}

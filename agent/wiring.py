@@ -38,7 +38,6 @@ from trimtab.agent.reporter import HostSampler, LoadReporter
 from trimtab.agent.splits import SplitScheduler
 from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext
 from trimtab.balance.namespaces import AutoCreatePolicy
-from trimtab.balance.split import SplitLimits
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
 from trimtab.channel.table import TableView
@@ -196,7 +195,8 @@ def build(
         draining=lambda: drainer.draining,
         clock=clock,
     )
-    splits = SplitScheduler(
+    splits = SplitScheduler.from_settings(
+        s,
         me,
         channel,
         reporter=reporter,
@@ -204,12 +204,8 @@ def build(
         layouts=layouts,
         events=events,
         metrics=metrics,
-        limits=SplitLimits.from_settings(s),
-        enabled=s.split.enabled,
-        interval_s=s.split.interval_s,
         paused=lambda: drainer.draining,
         clock=clock,
-        auto_unload=s.split.auto_unload,
     )
 
     _route_events(loop, channel, layouts, reconciler, lookups, registry, zk, metrics)

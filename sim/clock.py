@@ -13,7 +13,10 @@ clock is virtual. :class:`VirtualLoop` is an ordinary asyncio loop except that:
   own thread: the controller's jobs do their ZooKeeper calls on worker threads, and a real thread would
   let virtual time run on while it works (and make the run depend on the OS scheduler);
 * there is no I/O: nothing can wake it from outside, so the loop stops when nothing is scheduled before
-  its horizon (:meth:`VirtualLoop.run_until`).
+  its horizon (:meth:`VirtualLoop.run_until`);
+* the tasks of one simulated process (an agent: its reconciler's workers, the lookups it answers) are
+  that :class:`Process`'s -- those it starts and every task they start in turn -- so that a kill -9 or a
+  SIGSTOP ends them all at once, wherever each one was.
 
 Single-threaded, no real time, no I/O: the same callbacks scheduled in the same order give the same run.
 """
@@ -24,7 +27,7 @@ import asyncio
 import heapq
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import Context
 from typing import Any, TypeVar, TypeVarTuple
@@ -93,6 +96,46 @@ class _JumpingSelector:
         pass
 
 
+class Process:
+    """The tasks of one simulated process: those started through :meth:`run`, and every task those start
+    in turn (a reconciler's workers, the resolution a lookup waits for, a confirmation of the session).
+    :meth:`kill` cancels them all at once: a process killed or stopped does nothing more, wherever each
+    task was (an acquire half done is not done)."""
+
+    def __init__(self, loop: VirtualLoop, name: str) -> None:
+        self.loop = loop
+        self.name = name
+        self.tasks: dict[asyncio.Task[Any], None] = {}  # in creation order (a set's order is the hash's)
+
+    def run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+        """Call ``fn`` on the loop's thread; the tasks it creates are this process's."""
+        outer, self.loop.starting = self.loop.starting, self
+        try:
+            return fn(*args)
+        finally:
+            self.loop.starting = outer
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A task of this process."""
+        return self.run(self.loop.create_task, coro)
+
+    def adopt(self, task: asyncio.Task[Any]) -> None:
+        self.tasks[task] = None
+        self.loop.owners[task] = self
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.pop(task, None)
+        self.loop.owners.pop(task, None)
+
+    def kill(self) -> None:
+        """Cancel every task of the process, newest first: a task shared by several others (a single-flight
+        confirmation they all wait for) ends before those waiting for it, so none of them leaves it behind
+        half cancelled for the next caller."""
+        for task in reversed(list(self.tasks)):
+            task.cancel()
+
+
 class VirtualLoop(asyncio.BaseEventLoop):
     def __init__(self) -> None:
         super().__init__()
@@ -102,6 +145,20 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self._exact()
         self.horizon = 0.0
         self.set_default_executor(InlineExecutor())
+        self.starting: Process | None = None  # the process whose Process.run is on the stack
+        self.owners: dict[asyncio.Task[Any], Process] = {}
+
+    # ------------------------------------------------------------------ processes
+    def create_task(  # type: ignore[override]
+        self, coro: Coroutine[Any, Any, T], *, name: str | None = None, context: Context | None = None
+    ) -> asyncio.Task[T]:
+        """A task, adopted by the process that creates it (directly, or from one of its tasks)."""
+        task = super().create_task(coro, name=name, context=context)
+        current = asyncio.current_task(self)
+        owner = self.starting or (self.owners.get(current) if current is not None else None)
+        if owner is not None:
+            owner.adopt(task)
+        return task
 
     # ------------------------------------------------------------------ the virtual clock
     def time(self) -> float:

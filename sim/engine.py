@@ -1,25 +1,27 @@
 """The simulator's engine: one scenario under one shedding policy, on a virtual-time event loop.
 
 What decides is the daemons' own code. The leader is :class:`~trimtab.sim.leader.SimController` -- the
-controller's shedding, monitor and healing jobs on the daemon's schedules; each agent runs its
-:class:`~trimtab.agent.reporter.LoadReporter` and :class:`~trimtab.agent.splits.SplitScheduler`, and its
-:class:`~trimtab.agent.drain.Drainer` when told to stop (:mod:`trimtab.sim.agents`). They publish through
-the production code to the simulated Kafka (:mod:`trimtab.sim.transport`), and every ownership change is
-resolved by the channel's own table (channel.table: first valid transition wins).
+controller's shedding, monitor and healing jobs on the daemon's schedules. Each agent is a
+:class:`~trimtab.sim.agents.SimAgent` -- the agent's :class:`~trimtab.agent.reconciler.Reconciler` and
+:class:`~trimtab.agent.lookup.LookupService` over its simulated broker (:mod:`trimtab.sim.broker`) -- and
+runs its :class:`~trimtab.agent.reporter.LoadReporter` and :class:`~trimtab.agent.splits.SplitScheduler`,
+and its :class:`~trimtab.agent.drain.Drainer` when told to stop. They publish through the production code
+to the simulated Kafka (:mod:`trimtab.sim.transport`), and every ownership change is resolved by the
+channel's own table (channel.table: first valid transition wins).
 
 What this module keeps is the cluster and its model, between those decisions:
 
-* the brokers: each agent's reconciler acts on the role plans (balance.roles) -- a broker takes
-  ``model.acquire_s`` to take a bundle over and ``model.release_s`` to fence or close one; a bundle is
-  unserved from the moment its broker fences it (or dies) until a broker acquired it again;
-* clients of an unserved bundle look it up every ``model.lookup_retry_s``; a lookup of an unowned bundle
-  makes an agent choose a broker (balance.assign) and publish ``Assigning`` (a plain unload is repaired this
-  way);
+* the scenario's initial state (a balanced placement, :func:`~trimtab.sim.model.balanced_start`);
+* the brokers: what each one serves, as its agent's operations change it (a bundle is unserved from the
+  moment its broker fences it, or dies, until a broker acquired it again); the agents' processes, started,
+  killed, paused and resumed;
+* clients of an unserved bundle, which look one of its topics up at a live agent every
+  ``model.lookup_retry_s`` (that is how a plain unload is repaired);
 * the scenario's events and faults: brokers added, drained, restarted, killed, paused; load changes;
-  ZooKeeper outages (leases stop renewing, the leader's gate closes), Kafka outages (every record held),
-  channel records duplicated and reordered, lookups racing;
+  ZooKeeper outages (sessions cannot be confirmed, the leader's gate closes), Kafka outages (every record
+  held), channel records duplicated and reordered, lookups racing;
 * leases: a paused agent's broker stops serving ``lease_s`` after the pause, its session expires after the
-  session timeout;
+  session timeout; a ZooKeeper outage longer than a lease stops every broker;
 * the recorder: load samples, moves (seen as records are produced), unserved episodes, violations.
 
 Nothing here reads a real clock or a global random generator: same scenario, policy and seed, same run.
@@ -32,7 +34,7 @@ import functools
 import math
 import random
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +44,9 @@ from prometheus_client import CollectorRegistry
 
 from trimtab.agent.adapters.base import BrokerSample
 from trimtab.agent.drain import Drainer
+from trimtab.agent.lookup import LookupResult
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.agent.reporter import LoadReporter
-from trimtab.agent.splits import SplitScheduler
-from trimtab.balance.assign import AssignContext, BrokerInfo, BurstPicks, select_broker
+from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.heal import Override
 from trimtab.balance.load import (
     BrokerLoadData,
@@ -53,41 +54,26 @@ from trimtab.balance.load import (
     TopBundles,
     Usage,
 )
-from trimtab.balance.roles import (
-    Acquire,
-    Close,
-    Fence,
-    Forget,
-    Publish,
-    PublishChildren,
-    SplitOnBroker,
-    Step,
-    UpdateLayout,
-    plan,
-)
 from trimtab.balance.split import SplitLimits, over_limit
 from trimtab.channel import intents
-from trimtab.channel.bundles import BundleLayout, parse_bundle
+from trimtab.channel.bundles import BundleLayout, BundleRange
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State, decode
-from trimtab.channel.transport import Message
 from trimtab.cluster.events import EventPublisher
 from trimtab.cluster.kvview import KeyValueView
-from trimtab.cluster.runner import JobRunner
 from trimtab.config.settings import Settings
+from trimtab.errors import LookupTimeout, RequestError
 from trimtab.sim.agents import (
-    SimClosing,
-    SimLayouts,
+    Routes,
+    SimAgent,
     SimRegistration,
-    SimSampler,
     build_drainer,
-    build_reporter,
-    build_splitter,
 )
+from trimtab.sim.broker import BrokerModel, SimBroker
 from trimtab.sim.clock import VirtualLoop
 from trimtab.sim.leader import EVENTS_TOPIC, SimController, SimRegistry, job_failures
 from trimtab.sim.logs import quiet_daemons
-from trimtab.sim.model import LoadModel, Served
+from trimtab.sim.model import LoadModel, Served, balanced_start
 from trimtab.sim.policies import shedder_for
 from trimtab.sim.scenario import BrokerSpec, Event, Scenario
 from trimtab.sim.transport import Pending, SimTransport
@@ -109,18 +95,10 @@ class Broker:
     agent_up: bool = True  # the agent reacts, reports, renews
     draining: bool = False
     leaving: bool = False  # remove/restart: gone once drained
-    fenced: set[str] = field(default_factory=set)
-    busy: set[str] = field(default_factory=set)
+    fenced: set[str] = field(default_factory=set)  # clients still connected, not served
     stop: asyncio.Event | None = None  # set when the process stops (kill, pause): a drain in progress ends
-    again: set[str] = field(default_factory=set)
-    done: dict[str, tuple[int, str]] = field(default_factory=dict)
-    stale: set[str] = field(default_factory=set)
-    epoch: int = 0  # bumped when the agent stops (pending steps are dropped)
-    jobs: JobRunner | None = None  # this incarnation's agent jobs (load reports, auto-splits)
-    reporter: LoadReporter | None = None
-    splitter: SplitScheduler | None = None
+    agent: SimAgent | None = None  # this incarnation's agent process
     sample: tuple[tuple[int, tuple[float, ...]], BrokerSample] | None = None  # the last figures, and of what
-    paused_at: float | None = None
 
 
 @dataclass
@@ -210,9 +188,7 @@ class Engine:
         self.table = self.channel.table
         self.table.partitions = self.transport.partitions(CHANNEL)
         self.table.set_live()
-        self._changes: list[str] = []
-        self.table.add_listener(lambda name, old, new: self._changes.append(name))
-        self.transport.follow(CHANNEL, self._apply_channel)
+        self.transport.follow(CHANNEL, self.table.apply_all)
         k = self.s.kafka
         self.loads: KeyValueView[BrokerLoadData] = KeyValueView(
             self.transport, k.broker_load_topic, BrokerLoadData
@@ -238,6 +214,12 @@ class Engine:
         self.leader.on_overrides = self._overridden
         self.leader.on_heal_paused = lambda: self.shed_cycles.update(["healing_paused"])
         self.transport.observers.append(self._produced)
+        # The agents whose process runs hear the channel's changes (agent.wiring's routing) and the
+        # registry's.
+        self.routes = Routes()
+        self.table.add_listener(self.routes.changed)
+        self.registry.listeners.append(self.routes.membership_changed)
+        self.crashes: list[str] = []  # what an agent's task or a lookup raised that it must not
 
         self.brokers: dict[str, Broker] = {}
         self._next_broker = 0
@@ -286,7 +268,7 @@ class Engine:
     def run(self) -> RunResult:
         for spec in self.sc.broker_specs():
             self._add_broker(spec, initial=True)
-        self._initial_assignment()
+        self._publish_initial_state()
         self.every(self.sc.report.sample_s, 0.0, self._sample)
         self.loop.call_soon(self.leader.start)
         for e in self.sc.events:
@@ -295,17 +277,18 @@ class Engine:
             self.at(self.snapshot_at, self._take_snapshot)  # after the events of that instant
         end = self.sc.duration_s
         try:
-            with quiet_daemons():
+            with quiet_daemons() as logged:
                 self.loop.run_until(end)
                 self.loop.advance_to(end)
                 self._stop_jobs()
         finally:
             self.loop.close()
         failures = self.leader.failures() + job_failures(self.agent_metrics.job_failures)
+        failures += logged["reconcile_crashed"] + len(self.crashes)
         if failures:
             raise RuntimeError(
-                f"{failures} runs of the daemons' jobs raised (job_failed on stderr): the simulation does "
-                "not stand for the daemons"
+                f"{failures} runs of the daemons' jobs raised (job_failed or reconcile_crashed on stderr; "
+                f"{self.crashes[:3]}): the simulation does not stand for the daemons"
             )
         self.shed_cycles.update(self.leader.shed_cycles())
         lost = [
@@ -366,65 +349,74 @@ class Engine:
         return b
 
     def _start_agent(self, b: Broker, *, phase: bool = False) -> None:
-        """The agent's background jobs (agent.daemon): load reports and auto-splits, each with its
-        schedule, run while the agent stays (up, registered, not leaving), from the moment it registered
-        (the first report at once). The brokers of the initial cluster were running before the scenario
-        began, not started in lockstep at 0: theirs start at a random ``phase`` within one report
-        interval."""
-        sampler = SimSampler(functools.partial(self._broker_sample, b))
-        b.reporter = build_reporter(
-            self.s, self.loop, me=b.id, sampler=sampler, transport=self.transport, metrics=self.agent_metrics
+        """The agent process (agent.daemon): its reconciler and lookups start at once; its background jobs
+        -- load reports and auto-splits, each with its schedule -- run while the agent stays (up,
+        registered, not leaving), from the moment it registered (the first report at once). The brokers of
+        the initial cluster were running before the scenario began, not started in lockstep at 0: their
+        jobs start at a random ``phase`` within one report interval."""
+        m = self.m
+        model = BrokerModel(
+            serve=functools.partial(self._serve, b),
+            fence=functools.partial(self._unserve, b, fenced=True),
+            close=functools.partial(self._unserve, b),
+            split=functools.partial(self._split_on_broker, b),
+            serves=b.serving.__contains__,
+            figures=functools.partial(self._broker_sample, b),
         )
-        if self.s.split.enabled:
-            b.splitter = build_splitter(
-                self.s,
-                self.loop,
-                me=b.id,
-                channel=self.channel,
-                reporter=b.reporter,
-                sampler=sampler,
-                layouts=SimLayouts(lambda: self.layouts),
-                events=self.events,
-                metrics=self.agent_metrics,
-                paused=lambda: b.leaving,
-            )
+        b.agent = SimAgent(
+            self.s,
+            self.loop,
+            me=b.id,
+            channel=self.channel,
+            transport=self.transport,
+            broker=SimBroker(model, acquire_s=m.acquire_s, release_s=m.release_s, split_s=m.split_s),
+            registry=self.registry,
+            zk_up=lambda: self.now >= self.zk_down_until,
+            loads=self.loads,
+            placement=self.leader.destinations.rule,
+            rng=self.rng_assign,
+            events=self.events,
+            metrics=self.agent_metrics,
+            routes=self.routes,
+            layouts=lambda: self.layouts,
+            apply_split=self._apply_split,
+            leaving=lambda: b.leaving,
+            failed=self.crashes.append,
+        )
         delay = self.rng_phase.uniform(0, self.s.load.report_interval_s)
         if self.s.split.enabled:
             # Drawn and unused: the split cycle's first run is one interval after the jobs start, as the
             # daemon's. Kept so that every broker's phase is what it was when the engine drew one per job
             # (the same scenario and seed keep their report phases).
             self.rng_phase.uniform(0, self.s.split.interval_s)
+        self.at(self.now, functools.partial(self._run_agent, b))
         self.at(self.now + (delay if phase else 0.0), functools.partial(self._agent_jobs, b))
+
+    def _run_agent(self, b: Broker) -> None:
+        if self.brokers.get(b.id) is b and b.agent_up and b.agent is not None:
+            b.agent.start()
+            self.routes.start(b.agent)
+
+    def _halt(self, b: Broker) -> None:
+        """The agent process stops doing anything (killed, stopped, exited)."""
+        if b.agent is not None:
+            self.routes.stop(b.agent)
+            b.agent.halt()
 
     def _staying(self, b: Broker) -> bool:
         """The agent daemon's gate on its reports and splits, for this incarnation of the broker."""
         return self.brokers.get(b.id) is b and b.agent_up and b.registered and not b.leaving
 
     def _agent_jobs(self, b: Broker) -> None:
-        """Start or stop the agent's job runner as its gate opens or closes. The daemon's runner polls the
-        gate every 0.25 s; the engine knows the instants the gate changes, so it starts a runner when the
-        gate opens and stops it when it closes -- a hundred agents polling would be most of a run's time.
-        A gate that closes and opens again restarts the jobs' first-run clocks either way."""
-        if not self._staying(b):
-            if b.jobs is not None:
-                self.loop.create_task(b.jobs.stop())
-                b.jobs = None
-            return
-        if b.jobs is not None or b.reporter is None:
-            return
-        b.jobs = jobs = JobRunner(self.agent_metrics.job_failures, mono=self.loop.time)
-        jobs.add("load_report", b.reporter.run_once, b.reporter.schedule())
-        if b.splitter is not None:  # its gate adds splitter.active(): enabled, and not leaving
-            splitter = b.splitter
-            jobs.add("auto_split", splitter.split_cycle, splitter.schedule())
-        jobs.start()
+        """The agent's reports and splits run while it stays."""
+        if b.agent is not None:
+            b.agent.run_jobs(self._staying(b))
 
     def _stop_agent(self, b: Broker) -> None:
-        """The agent process is gone: its jobs end, its split scheduler stops listening to the channel."""
-        self._agent_jobs(b)
-        if b.splitter is not None:
-            self.table.remove_listener(b.splitter._record_changed)
-            b.splitter = None
+        """The agent process is gone."""
+        if b.agent is not None:
+            self.routes.stop(b.agent)
+            b.agent.exit()
 
     def _broker_sample(self, b: Broker) -> BrokerSample:
         """What the simulated broker reports (the cluster model): CPU at ``2 x msg/s / capacity``, bandwidth
@@ -462,10 +454,6 @@ class Engine:
             kept = self._over[st.bundle] = (st, over_limit(st, self.split_limits) is not None)
         return kept[1]
 
-    def _load_moved(self, b: Broker) -> None:
-        if b.reporter is not None:
-            b.reporter.load_moved()
-
     def _live(self) -> dict[str, BrokerInfo]:
         """What the registry shows: registered brokers, with their draining flag."""
         out = {}
@@ -474,12 +462,9 @@ class Engine:
                 out[b.id] = replace(b.info, draining=True) if b.draining else b.info
         return out
 
-    def _up(self, broker: str | None) -> Broker | None:
-        b = self.brokers.get(broker) if broker else None
-        return b if b is not None and b.agent_up and b.registered else None
-
     # ------------------------------------------------------------------ serving (the invariants)
     def _serve(self, b: Broker, bundle: str) -> None:
+        """The broker took the bundle over (its agent's acquire)."""
         if bundle in b.serving:
             return
         b.serving.add(bundle)
@@ -491,9 +476,10 @@ class Engine:
         since = self.unserved_since.pop(bundle, None)
         if since is not None:
             self.unserved.append((since, self.now))
-        self._load_moved(b)
 
     def _unserve(self, b: Broker, bundle: str, *, fenced: bool = False) -> None:
+        """The broker stops serving the bundle: fenced (its clients stay connected) or closed, or it died
+        or its lease ran out; a bundle nobody serves has clients looking it up."""
         was = bundle in b.serving
         b.serving.discard(bundle)
         if fenced and was:
@@ -507,21 +493,34 @@ class Engine:
         if not holders and bundle in self.live_bundles:
             self.unserved_since.setdefault(bundle, self.now)
             self._schedule_lookup(bundle)
-        self._load_moved(b)
+
+    def _split_on_broker(self, b: Broker, bundle: str, children: Sequence[str]) -> None:
+        """The broker splits ``bundle`` in place: whoever was served in it is served in its children (a
+        split done already is done)."""
+        if bundle not in self.live_bundles:
+            return
+        served = bundle in b.serving
+        self.live_bundles.discard(bundle)
+        self.unserved_since.pop(bundle, None)
+        self.servers.pop(bundle, None)
+        b.serving.discard(bundle)
+        for c in children:
+            self.live_bundles.add(c)
+            if served:
+                b.serving.add(c)
+                self.servers[c].add(b.id)
+            else:
+                self.unserved_since.setdefault(c, self.now)
+        self.splits += 1
+        self.moves.append(Move(self.now, bundle, b.id, b.id, "split", 0.0))
+
+    def _apply_split(self, namespace: str, parent: BundleRange, children: list[BundleRange]) -> None:
+        """The namespace's layout as ZooKeeper holds it, after a split (the reconciler's UpdateLayout)."""
+        lay = self.layouts[namespace]
+        if parent.lower in lay.boundaries and parent.upper in lay.boundaries:
+            self.layouts[namespace] = lay.with_split(parent, children)
 
     # ------------------------------------------------------------------ the channel
-    def publish(self, bundle: str, rec: Record | None) -> None:
-        """A record written by a simulated agent's reconciler or lookup (the leader's jobs publish theirs
-        through the production ChannelWrites, to the same simulated Kafka)."""
-        self.channel.publish(bundle, rec)
-
-    def _apply_channel(self, msgs: list[Message]) -> None:
-        """A delivery of channel records: the table resolves them, then every agent named reacts."""
-        self.table.apply_all(msgs)
-        changes, self._changes = self._changes, []
-        for bundle in dict.fromkeys(changes):
-            self._changed(bundle)
-
     def _misbehave(self, batch: list[Pending]) -> list[Pending]:
         """The fault injector on the channel: in the scenario's fault window, records of a delivery are
         swapped with the next (``reorder_p``) or delivered twice (``duplicate_p``)."""
@@ -541,183 +540,64 @@ class Engine:
                 final.append(item)
         return final
 
-    def _changed(self, bundle: str) -> None:
-        rec = self.table.get(bundle)
-        names: set[str] = set(self.servers.get(bundle, ()))
-        for b in self.brokers.values():
-            if bundle in b.fenced or bundle in b.serving:
-                names.add(b.id)
-        if rec is not None:
-            names.update(x for x in (rec.dst, rec.src) if x)
-            if rec.children:
-                names.update(x for x in rec.children.values() if x)
-        for name in sorted(names):
-            up = self._up(name)
-            if up is not None:
-                self._mark(up, bundle)
-
-    # ------------------------------------------------------------------ agents: the role plans
-    def _mark(self, b: Broker, bundle: str) -> None:
-        if bundle in b.busy:
-            b.again.add(bundle)
-            return
-        cur = self.table.get(bundle)
-        p = plan(
-            b.id,
-            bundle,
-            cur,
-            serving=bundle in b.serving,
-            fenced=bundle in b.fenced,
-            now_ms=self.now_ms,
-            stale=bundle in b.stale,
-        )
-        if p is None:
-            return
-        version = cur.version if cur is not None else 0
-        if b.done.get(bundle) == (version, p.kind) and any(isinstance(s, Publish) for s in p.steps):
-            return  # handled; our record is on its way
-        b.busy.add(bundle)
-        self._step(b, bundle, list(p.steps), version, p.kind, b.epoch, waited=False)
-
-    def _duration(self, step: Step) -> float:
-        if isinstance(step, Acquire):
-            return self.m.acquire_s
-        if isinstance(step, (Fence, Close)):
-            return self.m.release_s
-        if isinstance(step, SplitOnBroker):
-            return self.m.split_s
-        return 0.0
-
-    def _step(
-        self, b: Broker, bundle: str, steps: list[Step], version: int, kind: str, epoch: int, *, waited: bool
-    ) -> None:
-        if b.epoch != epoch:
-            return  # the agent stopped meanwhile; it re-plans everything when it comes back
-        while steps:
-            step = steps[0]
-            d = self._duration(step)
-            if d > 0 and not waited:
-                self.at(
-                    self.now + d,
-                    functools.partial(self._step, b, bundle, steps, version, kind, epoch, waited=True),
-                )
-                return
-            waited = False
-            if isinstance(step, Acquire):
-                if self.now < self.zk_down_until:
-                    # No lease without a confirmed ZooKeeper session: retry once it is back.
-                    b.busy.discard(bundle)
-                    self.at(self.zk_down_until + 0.5, lambda: self._mark(b, bundle))
-                    return
-                self._serve(b, bundle)
-            elif isinstance(step, Fence):
-                self._unserve(b, bundle, fenced=True)
-            elif isinstance(step, Close):
-                self._unserve(b, bundle)
-                b.fenced.discard(bundle)
-            elif isinstance(step, Forget):
-                b.serving.discard(bundle)
-                b.fenced.discard(bundle)
-                self.servers[bundle].discard(b.id)
-            elif isinstance(step, SplitOnBroker):
-                self._split_on_broker(b, bundle, step.children)
-            elif isinstance(step, PublishChildren):
-                for child in step.children:
-                    if self.table.get(child) is None:
-                        self.publish(child, intents.place(None, step.owner, writer=b.id, now_ms=self.now_ms))
-            elif isinstance(step, UpdateLayout):
-                pass  # done with the broker-side split (one instant in this model)
-            elif isinstance(step, Publish):
-                self.publish(bundle, step.record)
-            steps = steps[1:]
-        b.busy.discard(bundle)
-        b.done[bundle] = (version, kind)
-        b.stale.discard(bundle)
-        if bundle in b.again:
-            b.again.discard(bundle)
-            self._mark(b, bundle)
-        cur = self.table.get(bundle)
-        if (cur.version if cur is not None else 0) != version:
-            self._mark(b, bundle)
-
-    def _split_on_broker(self, b: Broker, bundle: str, children: tuple[str, ...]) -> None:
-        ns, parent = parse_bundle(bundle)
-        kids = sorted(parse_bundle(c)[1] for c in children)
-        lay = self.layouts[ns]
-        if parent.lower in lay.boundaries and parent.upper in lay.boundaries:
-            self.layouts[ns] = lay.with_split(parent, kids)
-        served = bundle in b.serving
-        self.live_bundles.discard(bundle)
-        self.unserved_since.pop(bundle, None)
-        self.servers.pop(bundle, None)
-        b.serving.discard(bundle)
-        for c in children:
-            self.live_bundles.add(c)
-            if served:
-                b.serving.add(c)
-                self.servers[c].add(b.id)
-            else:
-                self.unserved_since.setdefault(c, self.now)
-        self.splits += 1
-        self.moves.append(Move(self.now, bundle, b.id, b.id, "split", 0.0))
-
-    # ------------------------------------------------------------------ lookups and assignment
+    # ------------------------------------------------------------------ clients of unserved bundles
     def _schedule_lookup(self, bundle: str) -> None:
         if bundle not in self._lookup_pending:
             self._lookup_pending.add(bundle)
-            self.at(self.now + self.m.lookup_retry_s, lambda: self._lookup(bundle))
+            self.at(self.now + self.m.lookup_retry_s, functools.partial(self._lookup, bundle))
 
     def _lookup(self, bundle: str) -> None:
-        self._lookup_pending.discard(bundle)
+        """A client of the unserved ``bundle`` looks one of its topics up at a live agent -- and, with the
+        faults' ``race_p``, while the bundle is unowned, at a second one at once (two agents racing to
+        assign it); it looks again ``lookup_retry_s`` after the answer while the bundle is unserved."""
         if bundle not in self.live_bundles or self.servers.get(bundle):
+            self._lookup_pending.discard(bundle)
+            return
+        agents = [b.agent for b in self.brokers.values() if b.agent_up and b.registered and b.agent]
+        if not agents:
+            self._lookup_pending.discard(bundle)
+            self._schedule_lookup(bundle)
             return
         self.lookups["total"] += 1
+        asked = [self.rng_assign.choice(agents)]
         cur = self.table.get(bundle)
-        if cur is None or cur.state is State.FREE:
-            agents = [b for b in self.brokers.values() if b.agent_up and b.registered]
-            if agents:
-                self._assign(self.rng_assign.choice(agents), bundle, cur)
-                f = self.sc.faults
-                if f is not None and f.race_p and self.rng_faults.random() < f.race_p:
-                    self._assign(self.rng_assign.choice(agents), bundle, cur)  # a second agent races
-            self.lookups["assigned"] += 1
-        elif cur.state.in_flight:
-            self.lookups["deferred_in_flight"] += 1
-        else:
-            self.lookups["retried"] += 1
+        f = self.sc.faults
+        unowned = cur is None or cur.state is State.FREE
+        if unowned and f is not None and f.race_p and self.rng_faults.random() < f.race_p:
+            asked.append(self.rng_assign.choice(agents))
+            self.lookups["raced"] += 1
+        self.loop.create_task(self._client(bundle, asked))
+
+    async def _client(self, bundle: str, asked: list[SimAgent]) -> None:
+        topic = self.load.topic_of(bundle)
+        answers = await asyncio.gather(*(a.ask(topic) for a in asked), return_exceptions=True)
+        for answer in answers:
+            self.lookups[self._outcome(answer)] += 1
+        self._lookup_pending.discard(bundle)
         self._schedule_lookup(bundle)
 
-    def _ctx(self, exclude: frozenset[str] = frozenset()) -> AssignContext:
-        return AssignContext.from_settings(self.s, self.loads.snapshot(), self.now_ms, exclude)
+    def _outcome(self, answer: LookupResult | BaseException) -> str:
+        """A lookup's answer, as the client counts it: how it was resolved (owned, waited, assigned), or
+        why not."""
+        if isinstance(answer, LookupResult):
+            return answer.how
+        if isinstance(answer, LookupTimeout):
+            return "timeout"
+        if isinstance(answer, RequestError):
+            return f"refused_{answer.status}"
+        if isinstance(answer, asyncio.CancelledError):
+            return "agent_stopped"
+        self.crashes.append(f"lookup: {answer!r}")
+        return "crashed"
 
-    def _choose(
-        self, bundle: str, exclude: frozenset[str] = frozenset(), picks: BurstPicks | None = None
-    ) -> str | None:
-        select = select_broker if picks is None else picks.select
-        sel = select(
-            bundle,
-            self._live(),
-            self._ctx(exclude),
-            self.rng_assign,
-            diff=self.s.assignment.average_usage_diff_threshold_pct / 100,
-        )
-        return sel.broker
-
-    def _assign(self, agent: Broker, bundle: str, cur: Record | None) -> None:
-        exclude = frozenset({agent.id}) if agent.draining else frozenset()
-        dst = self._choose(bundle, exclude)
-        if dst is None:
-            return
-        self.publish(bundle, intents.assign(cur, dst, writer=agent.id, now_ms=self.now_ms))
-
-    def _initial_assignment(self) -> None:
-        """Every bundle placed before the run, greedily by load (largest first onto the least loaded broker):
-        the scenario starts from a balanced cluster, as Pulsar's published tests do."""
-        loads = {b: 0.0 for b in self.brokers}
-        for bundle in sorted(self.live_bundles, key=lambda x: (-self.load.rate(x, 0.0), x)):
-            dst = min(loads, key=lambda x: (loads[x] / self.brokers[x].capacity, x))
-            loads[dst] += self.load.rate(bundle, 0.0) * 2
-            self.publish(bundle, intents.assign(None, dst, writer=LEADER, now_ms=0))
+    def _publish_initial_state(self) -> None:
+        """The scenario's initial state, written before anything runs: every bundle ``Assigning`` to its
+        broker in a balanced placement (:func:`~trimtab.sim.model.balanced_start`); the agents take them
+        over as the run starts."""
+        capacity = {b.id: b.capacity for b in self.brokers.values()}
+        owners = balanced_start(self.live_bundles, capacity, lambda x: self.load.rate(x, 0.0))
+        for bundle, dst in owners.items():
+            self.channel.publish(bundle, intents.assign(None, dst, writer=LEADER, now_ms=0))
 
     # ------------------------------------------------------------------ load reports
     def broker_load(self, b: Broker) -> float:
@@ -731,11 +611,6 @@ class Engine:
     def _owner(self, bundle: str) -> str | None:
         r = self.table.get(bundle)
         return r.dst if r is not None and r.state is State.OWNED else None
-
-    def _owned_by(self, bundle: str, broker: str) -> Record | None:
-        """The bundle's record if ``broker`` owns it (the check before building on an earlier decision)."""
-        r = self.table.get(bundle)
-        return r if r is not None and r.state is State.OWNED and r.dst == broker else None
 
     def _produced(self, topic: str, key: bytes, value: bytes | None) -> None:
         """Every record produced, as it is produced. A ``Releasing`` is a move: by the leader's shedding
@@ -835,33 +710,28 @@ class Engine:
                 self._unserve(b, x)
 
     def _zk_back(self) -> None:
-        # Sessions survived (the server was down, not the clients); renewers find the lost leases and the
-        # reconcilers acquire what the channel still gives each broker.
-        for b in self.brokers.values():
-            if b.agent_up and b.registered:
-                self._rescan(b)
-
-    def _rescan(self, b: Broker) -> None:
-        for bundle, rec in self.table.items():
-            if rec.names(b.id) or bundle in b.serving or bundle in b.fenced:
-                self._mark(b, bundle)
+        # Sessions survived (the server was down, not the clients): each agent's lease renewer, at its next
+        # round, finds what its broker stopped serving, and its reconciler acquires it again if it is
+        # still the broker's.
+        for agent in self.routes.running.values():
+            agent.renew()
 
     def _drain(self, b: Broker, back_after: float | None) -> None:
         """SIGTERM: the agent's :class:`~trimtab.agent.drain.Drainer` marks the broker draining, transfers
         every owned bundle away and waits until the channel names it nowhere and the broker closed
         everything (or the drain timeout); then the broker is gone (and maybe back)."""
-        if not b.registered or not b.agent_up:
+        if not b.registered or not b.agent_up or b.agent is None:
             return
         b.leaving = True
         self._agent_jobs(b)  # the reports and splits stop once the agent starts to leave
         b.stop = asyncio.Event()
-        drainer = build_drainer(
+        b.agent.drainer = drainer = build_drainer(
             self.s,
             self.loop,
             info=b.info,
             channel=self.channel,
             registration=SimRegistration(self.registry, functools.partial(self._registration_updated, b)),
-            closing=SimClosing(lambda: set(b.serving), lambda: b.fenced),
+            closing=b.agent.reconciler,
             loads=self.loads,
             placement=self.leader.destinations.rule,
             rng=self.rng_assign,
@@ -885,17 +755,15 @@ class Engine:
             self._unserve(b, x)
         b.registered = False
         b.agent_up = False
-        b.epoch += 1
         self.registry.changed()
         self._stop_agent(b)
-        if b.reporter is not None:
-            self.loop.create_task(b.reporter.tombstone())  # the agent's graceful stop
+        if b.agent is not None:
+            self.loop.create_task(b.agent.reporter.tombstone())  # the agent's graceful stop
         if back_after is not None:
             self.at(self.now + back_after, lambda: self._come_back(b))
 
     def _come_back(self, b: Broker) -> None:
         fresh = Broker(b.id, b.info, b.capacity, Served(self.load))
-        fresh.epoch = b.epoch + 1
         self.brokers[b.id] = fresh
         self.registry.changed()
         self._start_agent(fresh)
@@ -904,13 +772,11 @@ class Engine:
         """kill -9 of the broker and its agent (the machine died): clients drop at once; the registration
         lasts until the session times out."""
         b.agent_up = False
-        b.epoch += 1
         if b.stop is not None:
             b.stop.set()
         self._stop_agent(b)
         for x in sorted({*b.serving, *b.fenced}):
             self._unserve(b, x)
-        b.busy.clear()
         self.at(self.now + self.session_s, lambda: self._expire(b))
 
     def _expire(self, b: Broker) -> None:
@@ -921,13 +787,10 @@ class Engine:
     def _pause(self, b: Broker, duration: float) -> None:
         """SIGSTOP of the agent: its broker keeps serving until the leases it holds run out."""
         b.agent_up = False
-        b.epoch += 1
         if b.stop is not None:
             b.stop.set()  # a stopped process drains nothing; it does not leave by itself either
         self._agent_jobs(b)
-        b.busy.clear()
-        b.again.clear()
-        b.paused_at = self.now
+        self._halt(b)
         self.at(self.now + self.lease_s, lambda: self._lease_expiry(b))
         if duration >= self.session_s:
             self.at(self.now + self.session_s, lambda: self._expire(b))
@@ -939,16 +802,17 @@ class Engine:
                 self._unserve(b, x)
 
     def _resume(self, b: Broker) -> None:
+        """SIGCONT. When the session expired meanwhile, the agent finds it lost (everything naming it is
+        stale, what its broker serves is fenced) and registers in a new one."""
+        agent = b.agent
+        if agent is None:
+            return
         b.agent_up = True
-        b.paused_at = None
         if not b.registered:
-            # The session expired while paused: a new session, everything naming us is stale.
+            agent.session_lost()
             b.registered = True
             self.registry.changed()
-            for x in sorted({*b.serving, *b.fenced}):
-                self._unserve(b, x)
-            b.stale = {bundle for bundle, r in self.table.items() if r.names(b.id)}
-            b.done.clear()
-        self._load_moved(b)
+            agent.registered()
         self._agent_jobs(b)
-        self._rescan(b)
+        self.routes.start(agent)
+        agent.resume()

@@ -13,7 +13,7 @@ import bisect
 import itertools
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from trimtab.balance.load import BundleStats
@@ -26,6 +26,7 @@ class _Topics:
     hashes: list[int]  # sorted
     rates: list[float]  # msg/s in, same order
     prefix: list[float]  # prefix[i] = sum(rates[:i])
+    names: list[str]  # same order
 
 
 def _topics(ns: NamespaceSpec, seed: int) -> _Topics:
@@ -34,13 +35,11 @@ def _topics(ns: NamespaceSpec, seed: int) -> _Topics:
     rng.shuffle(ranks)
     weights = [1.0 / (r + 1) ** ns.skew for r in ranks]
     total = math.fsum(weights) or 1.0
-    pairs = sorted(
-        (topic_hash(f"persistent://{ns.name}/t-{i:06d}"), ns.msg_rate * w / total)
-        for i, w in enumerate(weights)
-    )
-    hashes = [h for h, _ in pairs]
-    rates = [r for _, r in pairs]
-    return _Topics(hashes, rates, [0.0, *itertools.accumulate(rates)])
+    names = [f"persistent://{ns.name}/t-{i:06d}" for i in range(ns.topics)]
+    triples = sorted((topic_hash(n), ns.msg_rate * w / total, n) for n, w in zip(names, weights, strict=True))
+    hashes = [h for h, _, _ in triples]
+    rates = [r for _, r, _ in triples]
+    return _Topics(hashes, rates, [0.0, *itertools.accumulate(rates)], [n for _, _, n in triples])
 
 
 class LoadModel:
@@ -51,6 +50,7 @@ class LoadModel:
         self.scale: dict[str, float] = {n.name: 1.0 for n in namespaces}
         self._base: dict[str, tuple[float, int, str]] = {}
         self._stats: dict[tuple[str, bool], tuple[float, BundleStats]] = {}
+        self._spare: dict[str, str] = {}
 
     def multiplier(self, namespace: str, now_s: float) -> float:
         m = self.scale[namespace]
@@ -75,6 +75,22 @@ class LoadModel:
             got = (p[hi] - p[lo], hi - lo, ns)
             self._base[bundle] = got
         return got
+
+    def topic_of(self, bundle: str) -> str:
+        """A topic whose clients look the bundle up: its first topic, or -- a bundle with none -- a name
+        that hashes into its range (found once, by counting)."""
+        ns, rng = parse_bundle(bundle)
+        lo, hi = self._slice(ns, rng)
+        if lo < hi:
+            return self._topics[ns].names[lo]
+        if bundle not in self._spare:
+            for i in itertools.count():
+                name = f"persistent://{ns}/lookup-{i}"
+                h = topic_hash(name)
+                if rng.lower <= h < rng.upper or h == rng.upper == FULL_UPPER:
+                    self._spare[bundle] = name
+                    break
+        return self._spare[bundle]
 
     def multipliers(self, now_s: float) -> dict[str, float]:
         return {ns: self.multiplier(ns, now_s) for ns in self.specs}
@@ -196,3 +212,17 @@ class Served:
             cands.extend((base(b)[0] * mult, b) for b in ranked[:n])
         cands.sort(key=lambda x: (-x[0], x[1]))
         return [b for _, b in cands[:n]]
+
+
+def balanced_start(
+    bundles: set[str], capacity: dict[str, float], rate: Callable[[str], float]
+) -> dict[str, str]:
+    """The scenario's initial owners: every bundle, largest first, on the broker least loaded for its
+    capacity so far (a balanced cluster, as Pulsar's published tests start from)."""
+    loads = dict.fromkeys(capacity, 0.0)
+    owners = {}
+    for bundle in sorted(bundles, key=lambda x: (-rate(x), x)):
+        dst = min(loads, key=lambda x: (loads[x] / capacity[x], x))
+        loads[dst] += rate(bundle) * 2
+        owners[bundle] = dst
+    return owners

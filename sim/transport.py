@@ -19,15 +19,18 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from trimtab.channel.memory import MemoryLog, MemoryReader
-from trimtab.channel.transport import Delivered, Message, report
+from trimtab.channel.memory import MemoryLog, MemoryTransport
+from trimtab.channel.transport import Delivered, Message, Reader, report
 
 Pending = tuple[str, bytes, bytes | None]
 Misbehave = Callable[[list[Pending]], list[Pending]]
 Observer = Callable[[str, bytes, bytes | None], None]
 
 
-class SimTransport:
+class SimTransport(MemoryTransport):
+    """The in-memory transport, with the cluster model's delivery: only :meth:`produce` and :meth:`send`
+    differ (a record reaches the log, and its readers, when it is delivered)."""
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -44,8 +47,8 @@ class SimTransport:
         self.held_until = held_until
         self.channel_topic = channel_topic
         self.misbehave = misbehave
-        self.log = MemoryLog(default_partitions=partitions)
-        self._readers: dict[str, tuple[MemoryReader, list[Callable[[list[Message]], None]]]] = {}
+        super().__init__(MemoryLog(default_partitions=partitions))
+        self._readers: dict[str, tuple[Reader, list[Callable[[list[Message]], None]]]] = {}
         self._pending: list[Pending] = []
         self._scheduled = False
         self.observers: list[Observer] = []  # see every produced record, at produce time (the recorder)
@@ -58,12 +61,6 @@ class SimTransport:
         self._readers[topic][1].append(apply)
 
     # ------------------------------------------------------------------ Transport
-    def partitions(self, topic: str) -> int:
-        return self.log.create(topic)
-
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        return self.log.watermarks(topic, partition)
-
     def produce(
         self, topic: str, key: bytes, value: bytes | None, *, partition: int | None = None
     ) -> Future[Message]:
@@ -75,16 +72,6 @@ class SimTransport:
     def send(self, topic: str, key: bytes, value: bytes | None, on_done: Delivered) -> None:
         self._enqueue(topic, key, value)
         report(on_done, None, topic)
-
-    def flush(self, timeout: float) -> int:
-        return 0
-
-    def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> MemoryReader:
-        n = self.partitions(topic)
-        return MemoryReader(self.log, topic, {p: start.get(p, 0) for p in range(n)})
-
-    def close(self) -> None:
-        pass
 
     # ------------------------------------------------------------------ delivery
     def _enqueue(self, topic: str, key: bytes, value: bytes | None) -> None:

@@ -31,7 +31,8 @@ from trimtab.sim.engine import Engine
 from trimtab.sim.scenario import Scenario, parse_scenario
 
 
-def scenario(**over: Any) -> Scenario:
+def document(**over: Any) -> dict[str, Any]:
+    """A small scenario (3 brokers, 2 added at 100 s), as a scenario file would hold it."""
     doc: dict[str, Any] = {
         "seed": 3,
         "duration_s": 400,
@@ -43,7 +44,11 @@ def scenario(**over: Any) -> Scenario:
         "report": {"optimum": False},
     }
     doc.update(over)
-    return parse_scenario(doc)
+    return doc
+
+
+def scenario(**over: Any) -> Scenario:
+    return parse_scenario(document(**over))
 
 
 # ------------------------------------------------------------------------------------------ the virtual loop
