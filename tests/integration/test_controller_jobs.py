@@ -202,7 +202,9 @@ def test_safe_mode_holds_destructive_jobs_after_a_zookeeper_reconnect(
     s = settings.model_copy(
         update={
             "zookeeper": settings.zookeeper.model_copy(
-                update={"hosts": server.hosts, "session_timeout_s": 20}
+                # Long enough to outlive a restart of the server's JVM on a loaded machine (20 s did not:
+                # the session expired and the leadership went with it -- not what this test is about).
+                update={"hosts": server.hosts, "session_timeout_s": 50}
             ),
             "healing": settings.healing.model_copy(update={"safe_mode_settle_s": 3600}),
         }
