@@ -126,6 +126,7 @@ class LeaseGuard:
         self.confirmed_at: float | None = None  # mono time at which the last good confirmation began
         self.heartbeat_s = lease_s / 4
         self._confirming: asyncio.Future[None] | None = None
+        self._confirming_epoch = 0
         self._lock = threading.Lock()
         self._epoch = 0  # bumped by forget(): a confirmation begun before a session loss does not count
         self._stop = threading.Event()
@@ -201,10 +202,13 @@ class LeaseGuard:
             except Exception:  # never let the heartbeat die: leases would silently shorten
                 log.exception("lease_heartbeat_crashed")
 
-    def confirm_blocking(self) -> None:
-        """One ZooKeeper round trip on the current session, on the calling thread."""
+    def confirm_blocking(self, epoch: int | None = None) -> None:
+        """One ZooKeeper round trip on the current session, on the calling thread. It counts only if no
+        session was lost since ``epoch`` (default: now) -- when it was asked for, not when a busy thread
+        pool got round to it."""
         with self._lock:
-            epoch = self._epoch
+            if epoch is None:
+                epoch = self._epoch
         t0 = self.mono()
         try:
             self.zk.confirm(self.margin_s / 2)
@@ -217,9 +221,16 @@ class LeaseGuard:
         self.metrics.lease_confirmations.labels("ok").inc()
 
     async def confirm(self) -> None:
-        """One ZooKeeper round trip on the current session (shared by concurrent callers)."""
-        if self._confirming is None:
-            self._confirming = asyncio.ensure_future(self._confirm())
+        """One ZooKeeper round trip on the current session (shared by concurrent callers of one session).
+
+        The session epoch is taken here, when the round trip is asked for: on a busy machine the thread
+        pool may run it only after the session was lost and a new one connected, and confirming the new
+        session says nothing about what the callers planned under the old one."""
+        with self._lock:
+            epoch = self._epoch
+        if self._confirming is None or self._confirming_epoch != epoch:
+            self._confirming = asyncio.ensure_future(self._confirm(epoch))
+            self._confirming_epoch = epoch
         fut = self._confirming
         try:
             await asyncio.shield(fut)
@@ -227,8 +238,8 @@ class LeaseGuard:
             if self._confirming is fut and fut.done():
                 self._confirming = None
 
-    async def _confirm(self) -> None:
-        await asyncio.to_thread(self.confirm_blocking)
+    async def _confirm(self, epoch: int) -> None:
+        await asyncio.to_thread(self.confirm_blocking, epoch)
 
     def grant(self, limit_s: float = math.inf) -> Lease:
         """A lease as long as allowed now, capped by ``limit_s``; :class:`LeaseUnavailable` if too short."""
@@ -246,12 +257,24 @@ class LeaseGuard:
         if self.bound() < self.lease_s / 2:
             await self.confirm()
 
-    async def lease_for_acquire(self, limit_s: float = math.inf) -> Lease:
-        """A lease for an acquire: at least half the configured one (renewals extend it within a third)."""
+    async def lease_for_acquire(self, limit: Callable[[], float | None] = lambda: math.inf) -> Lease | None:
+        """A lease for an acquire: at least half the configured one (renewals extend it within a third);
+        None when ``limit`` -- the bundle's :meth:`limit`, read *after* the session was confirmed -- says
+        this agent no longer vouches for the bundle.
+
+        Why read the limit after the confirmation: a confirmation can wait for seconds on a loaded machine,
+        or across a whole lost session. Found by the long chaos run: an acquire planned under the agent's
+        old session waited for a confirmation while the agent was cut off from ZooKeeper; the leader gave
+        the bundle to another broker; the confirmation came back on the *new* session and the lease was
+        granted from the old record -- two brokers served the bundle for a second, until the next plan
+        closed it."""
         try:
             await self.ensure_fresh()
         except ZkUnavailable as e:
             raise LeaseUnavailable(f"no lease without a confirmed ZooKeeper session: {e}") from e
+        limit_s = limit()
+        if limit_s is None:
+            return None
         return self.grant(limit_s)
 
 
@@ -316,6 +339,12 @@ class LeaseRenewer:
             return self._count("zk_unconfirmed")
         result = "ok"
         for seconds, bundles in self.groups().items():
+            # Each group's renewal waits for the one before: what the session still allows is read again
+            # now, or a slow broker would let a later group's lease outlast the confirmation it relies on.
+            seconds = min(seconds, round(self.guard.bound(), 1))
+            if seconds < MIN_LEASE_S:
+                result = "zk_unconfirmed"
+                break
             lease = self.guard.lease(seconds)
             try:
                 gone = await self.adapter.renew(bundles, lease)

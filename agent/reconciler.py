@@ -302,19 +302,25 @@ class Reconciler:
         self.metrics.owned_bundles.set(len(self.served))
         self.on_served_change(bundle, serving)
 
+    def _lease_limit(self, bundle: str) -> float | None:
+        """How long a lease on ``bundle`` may last by its current record (None: not ours to vouch for)."""
+        return self.leases.limit(
+            self.me,
+            bundle,
+            self.channel.table.get(bundle),
+            in_flight_timeout_s=self.in_flight_timeout_s,
+            stale=bundle in self.stale,
+        )
+
     async def _execute(self, bundle: str, p: Plan) -> None:
         for step in p.steps:
             if isinstance(step, Acquire):
-                limit = self.leases.limit(
-                    self.me,
-                    bundle,
-                    self.channel.table.get(bundle),
-                    in_flight_timeout_s=self.in_flight_timeout_s,
-                    stale=bundle in self.stale,
-                )
-                if limit is None:
-                    return  # the record moved on while we planned: the next plan decides
-                lease = await self.leases.lease_for_acquire(limit)
+                # The record is read again once the session is confirmed (LeaseGuard.lease_for_acquire):
+                # it may have moved on while we planned or while the confirmation waited; the next plan
+                # decides then.
+                lease = await self.leases.lease_for_acquire(lambda: self._lease_limit(bundle))
+                if lease is None:
+                    return
                 self.acquiring.add(bundle)  # renewed while the broker takes it over (a slow acquire)
                 try:
                     await self.adapter.acquire(bundle, lease)

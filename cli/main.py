@@ -738,6 +738,13 @@ def topics_show(config_file: str | None, sets: tuple[str, ...]) -> None:
 @click.option(
     "--duration", type=float, default=300.0, show_default=True, help="Seconds of faults (whole rounds)."
 )
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run exactly this many rounds (each injects every chosen kind once, in a random order) instead "
+    "of --duration: a fault count that does not depend on how fast the machine is.",
+)
 @click.option("--brokers", default=4, show_default=True)
 @click.option("--controllers", default=2, show_default=True)
 @click.option("--namespaces", default=6, show_default=True)
@@ -784,6 +791,7 @@ def topics_show(config_file: str | None, sets: tuple[str, ...]) -> None:
 @set_option
 def chaos_cmd(
     duration: float,
+    rounds: int | None,
     brokers: int,
     controllers: int,
     namespaces: int,
@@ -823,6 +831,7 @@ def chaos_cmd(
     cfg = runner.ChaosConfig(
         workdir=workdir,
         duration_s=duration,
+        rounds=rounds,
         brokers=brokers,
         controllers=controllers,
         namespaces=namespaces,

@@ -150,6 +150,7 @@ CHAOS_SETTINGS: dict[str, Any] = {
 class ChaosConfig:
     workdir: Path
     duration_s: float = 60.0  # of the fault phase; at least one full round runs
+    rounds: int | None = None  # exactly this many rounds instead (duration_s is then ignored)
     brokers: int = 4
     controllers: int = 2
     namespaces: int = 6
@@ -174,6 +175,7 @@ class LookupClient:
         self.topics = list(topics)
         self.ok = 0
         self.failed = 0
+        self.cycles = 0  # times every topic was looked up
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-lookups", daemon=True)
 
@@ -195,6 +197,8 @@ class LookupClient:
                 topic = self.topics[i % len(self.topics)]
                 node = agents[i % len(agents)]
                 i += 1
+                if i % len(self.topics) == 0:
+                    self.cycles += 1
                 try:
                     r = http.get(f"{node.http}/v1/lookup", params={"topic": topic})
                     ok = r.status_code == 200
@@ -697,15 +701,26 @@ class ChaosRun:
             self.cluster.start()
             self.s = load_settings(self.cluster.config_path, environ=False)
             topics = self._topics()
-            self.client = LookupClient(self.cluster, topics)
-            self.client.start()
+            self.client = client = LookupClient(self.cluster, topics)
+            client.start()
+            # Warm: every topic looked up once (so every bundle the clients reach is assigned), then
+            # settled. A client looks topics up one after another: allow ~20 ms per topic on a busy machine.
             self._wait(
-                lambda: self._settled()[0] and len(self.cluster.ownership()) >= cfg.namespaces, 120, "warm-up"
+                lambda: client.cycles >= 1 and self._settled()[0],
+                max(120.0, len(topics) * 0.02),
+                "warm-up",
             )
             actions: dict[str, Callable[[], None]] = {kind: getattr(self, kind) for kind in cfg.faults}
             rounds = 0
             end = time.monotonic() + cfg.duration_s
-            while rounds == 0 or time.monotonic() < end:
+
+            def more() -> bool:
+                if cfg.rounds is not None:
+                    return rounds < cfg.rounds
+                return rounds == 0 or time.monotonic() < end
+
+            log.info("chaos_warm", bundles=len(self.cluster.ownership()), topics=len(topics))
+            while more():
                 order = list(cfg.faults)
                 self.rng.shuffle(order)
                 for kind in order:

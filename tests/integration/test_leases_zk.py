@@ -43,6 +43,7 @@ def test_a_confirmed_session_grants_leases_that_end_before_it_can_expire(zk_host
             g.grant()  # nothing confirmed yet
         t0 = time.monotonic()
         lease = asyncio.run(g.lease_for_acquire())
+        assert lease is not None
         assert session.granted_timeout_s() == 4.0
         assert lease.seconds == 2.0
         # However long ago the confirmation, no lease outlives confirmation + session timeout - margin.

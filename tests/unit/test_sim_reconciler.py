@@ -134,9 +134,9 @@ def test_no_lease_is_granted_long_after_zookeeper_went_away(monkeypatch: pytest.
             served.append(self.now)
             real_serve(self, b, bundle)
 
-        async def lease(self: LeaseGuard, limit_s: float = float("inf")) -> Any:
+        async def lease(self: LeaseGuard, limit: Any = lambda: float("inf")) -> Any:
             try:
-                got = await real_lease(self, limit_s)
+                got = await real_lease(self, limit)
             except LeaseUnavailable:
                 results["refused"] += 1
                 raise
@@ -168,9 +168,9 @@ def test_a_killed_process_does_nothing_more_and_leaves_no_half_cancelled_confirm
     acquires share is not left behind cancelled for the next caller once the process resumes."""
 
     class SlowRoundTrip(LeaseGuard):
-        async def _confirm(self) -> None:
+        async def _confirm(self, epoch: int) -> None:
             await asyncio.sleep(0.1)  # a round trip to ZooKeeper, in virtual time
-            await super()._confirm()
+            await super()._confirm(epoch)
 
     loop = VirtualLoop()
     proc = Process(loop, "a")
