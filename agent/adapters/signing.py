@@ -61,6 +61,16 @@ MAX_AHEAD_MS = 2_000
 #: entry is kept MAX_AGE_MS + MAX_AHEAD_MS at most: 100 000 entries is > 14 000 calls/s sustained, ~22 MB).
 #: Past it the broker refuses (503, retryable) rather than forget a nonce that is still in the window.
 MAX_NONCES = 100_000
+#: How long (by the broker's monotonic clock) an accepted nonce is kept even after its call left the window,
+#: while the cache is at most half full. Why: a forgotten nonce makes the broker refuse every timestamp at
+#: or below the newest forgotten one (a replay of that call could otherwise pass after a step back), so
+#: forgetting at the window's edge turned a wall-clock step back of the host running both an agent and its
+#: broker into a stall of every call for the size of the step (the chaos suite's ``clock_skew``: 25 s of
+#: refused calls, leases lapsing). Keeping nonces a minute by the monotonic clock keeps the floor a minute
+#: behind, so steps back of up to ``RETAIN_MS - MAX_AHEAD_MS - MAX_AGE_MS`` (53 s) stall nothing; a larger
+#: one still fails closed until the clock caught up. Under pressure (more than half of ``MAX_NONCES``) the
+#: cache falls back to forgetting at the window's edge.
+RETAIN_MS = 60_000
 MIN_KEY_BYTES = 16
 
 _NONCE = re.compile(r"[0-9a-f]{32}")
@@ -71,6 +81,12 @@ _TIMESTAMP_DIGITS = 15  # unix ms fits in 15 digits until the year 33658; longer
 def wall_ms() -> int:
     """The wall clock in unix milliseconds: both ends of a call compare wall clocks."""
     return time.time_ns() // 1_000_000
+
+
+def mono_ms() -> int:
+    """The broker's monotonic clock in milliseconds: how long ago a nonce was accepted, whatever the wall
+    clock did meanwhile."""
+    return time.monotonic_ns() // 1_000_000
 
 
 def new_nonce() -> str:
@@ -159,41 +175,55 @@ def _refuse(reason: str, message: str) -> SignatureRefused:
 
 
 class NonceCache:
-    """The nonces of accepted calls, each kept until a replay of it would be refused by the window anyway.
+    """The nonces of accepted calls, each kept until a replay of it would be refused anyway.
 
-    An entry is forgotten once its timestamp is older than the window's start (``ts < now - max_age``), so
-    the cache holds at most (calls accepted per ms) x (MAX_AGE_MS + MAX_AHEAD_MS) entries, and never more
-    than ``max_entries``: when full, :meth:`admit` refuses instead of evicting a live entry (an evicted nonce
-    could be replayed). ``floor_ms`` is the newest timestamp ever forgotten: a timestamp at or below it is
-    refused as stale even if the clock stepped back and the window would let it in, because its nonce may
-    have been forgotten -- every timestamp above the floor that was accepted is still remembered."""
+    An entry may be forgotten once its timestamp is older than the window's start (``ts < now - max_age``)
+    *and* it was accepted more than ``retain_ms`` ago by the monotonic clock -- or, when the cache is more
+    than half full, as soon as its timestamp left the window. So the cache holds at most
+    (calls accepted per ms) x ``retain_ms`` entries, and never more than ``max_entries``: when full,
+    :meth:`admit` refuses instead of evicting a live entry (an evicted nonce could be replayed).
+    ``floor_ms`` is the newest timestamp ever forgotten: a timestamp at or below it is refused as stale even
+    if the clock stepped back and the window would let it in, because its nonce may have been forgotten --
+    every timestamp above the floor that was accepted is still remembered. Keeping nonces ``retain_ms``
+    keeps the floor that far behind the clock, which is what lets a step back of the wall clock pass without
+    refusing every new call (see :data:`RETAIN_MS`)."""
 
-    __slots__ = ("_by_ts", "_seen", "floor_ms", "max_entries")
+    __slots__ = ("_by_ts", "_seen", "floor_ms", "max_entries", "retain_ms")
 
-    def __init__(self, max_entries: int = MAX_NONCES) -> None:
+    def __init__(self, max_entries: int = MAX_NONCES, retain_ms: int = RETAIN_MS) -> None:
         if max_entries < 1:
             raise ConfigError("the nonce cache needs room for at least one nonce")
+        if retain_ms < 0:
+            raise ConfigError("the nonce retention must not be negative")
         self.max_entries = max_entries
+        self.retain_ms = retain_ms
         self._seen: set[str] = set()
-        self._by_ts: list[tuple[int, str]] = []  # a heap: the oldest timestamp first
+        self._by_ts: list[tuple[int, int, str]] = []  # a heap of (ts, accepted at (mono ms), nonce)
         self.floor_ms = -1
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def forget_before(self, oldest_ms: int) -> None:
-        """Forget every nonce whose timestamp is older than ``oldest_ms`` (the window's start)."""
-        while self._by_ts and self._by_ts[0][0] < oldest_ms:
-            ts, nonce = heapq.heappop(self._by_ts)
+    def forget_before(self, oldest_ms: int, mono_now_ms: int = 0) -> None:
+        """Forget nonces whose timestamp is older than ``oldest_ms`` (the window's start) and that were
+        accepted more than ``retain_ms`` before ``mono_now_ms`` -- regardless of the latter while the cache
+        is more than half full."""
+        heap = self._by_ts
+        kept_since = mono_now_ms - self.retain_ms
+        while heap and heap[0][0] < oldest_ms:
+            if heap[0][1] > kept_since and 2 * len(self._seen) <= self.max_entries:
+                return  # retained a while longer (a later timestamp may be older by mono: kept too, safely)
+            ts, _, nonce = heapq.heappop(heap)
             self._seen.discard(nonce)
             self.floor_ms = max(self.floor_ms, ts)
 
-    def admit(self, nonce: str, ts_ms: int) -> SignatureRefused | None:
+    def admit(self, nonce: str, ts_ms: int, mono_now_ms: int = 0) -> SignatureRefused | None:
         """Remember ``nonce``; or why not: seen before, at or below the floor, or the cache is full."""
         if ts_ms <= self.floor_ms:
             return _refuse(
                 "stale",
-                f"{TIMESTAMP} is not newer than calls this broker no longer remembers (did its clock step back?)",
+                f"{TIMESTAMP} is not newer than calls this broker no longer remembers (did its clock step back "
+                "by more than a minute?)",
             )
         if nonce in self._seen:
             return _refuse("replayed", f"this {NONCE} was already accepted: a call is accepted only once")
@@ -204,7 +234,7 @@ class NonceCache:
                 f"more than {self.max_entries} calls in the replay window: cannot tell a new call from a replay",
             )
         self._seen.add(nonce)
-        heapq.heappush(self._by_ts, (ts_ms, nonce))
+        heapq.heappush(self._by_ts, (ts_ms, mono_now_ms, nonce))
         return None
 
 
@@ -223,7 +253,8 @@ class Verifier:
     6. the signature, recomputed with *this broker's* id, matches
        (constant-time comparison)                                   -- 401 ``bad_signature``
     7. the timestamp is above the newest one forgotten
-       (:class:`NonceCache`; fails only after a clock step back)    -- 401 ``stale``
+       (:class:`NonceCache`; fails only after a clock step back
+       of more than ~53 s)                                          -- 401 ``stale``
     8. the nonce was not accepted before                            -- 401 ``replayed``
     9. the nonce cache has room                                     -- 503 ``replay_cache_full``
 
@@ -236,6 +267,7 @@ class Verifier:
         broker: str,
         *,
         clock: Callable[[], int] = wall_ms,
+        mono: Callable[[], int] = mono_ms,
         max_age_ms: int = MAX_AGE_MS,
         max_ahead_ms: int = MAX_AHEAD_MS,
         cache: NonceCache | None = None,
@@ -247,6 +279,7 @@ class Verifier:
         self._key = _check_key(key)
         self.broker = broker
         self._clock = clock
+        self._mono = mono
         self.max_age_ms = max_age_ms
         self.max_ahead_ms = max_ahead_ms
         self.cache = cache if cache is not None else NonceCache()
@@ -293,8 +326,9 @@ class Verifier:
                 "bad_signature", "the signature does not match (wrong key, or the call was altered)"
             )
         with self._lock:
-            self.cache.forget_before(now - self.max_age_ms)
-            refused = self.cache.admit(nonce, ts)
+            mono = self._mono()
+            self.cache.forget_before(now - self.max_age_ms, mono)
+            refused = self.cache.admit(nonce, ts, mono)
         if refused is not None:
             raise refused
 

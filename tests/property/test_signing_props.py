@@ -156,7 +156,7 @@ def test_the_verifier_accepts_new_calls_in_the_window_and_nothing_else(
     steps: list[tuple[int, int, int, bool]], cap: int
 ) -> None:
     now = T0
-    v = Verifier(KEY, "b", clock=lambda: now, cache=NonceCache(max_entries=cap))
+    v = Verifier(KEY, "b", clock=lambda: now, mono=lambda: now, cache=NonceCache(max_entries=cap))
     accepted: list[tuple[int, str]] = []  # (ts, nonce) of every accepted call: unbounded memory
     for advance, offset, pool, replay in steps:
         now += advance
@@ -173,12 +173,52 @@ def test_the_verifier_accepts_new_calls_in_the_window_and_nothing_else(
         except SignatureRefused as e:
             if e.reason == "replay_cache_full":
                 assert in_window and not remembered and live >= cap
-            else:
-                assert not in_window or remembered, e
+            else:  # a nonce may be remembered past its window (RETAIN_MS): refused, never accepted twice
+                assert not in_window or remembered or any(m == n for _, m in accepted), e
         else:
             assert in_window and not remembered and live < cap
             assert (ts, n) not in accepted  # never the same call twice
             accepted.append((ts, n))
+        assert len(v.cache) <= cap
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=20_000),  # the monotonic clock advances
+            st.integers(min_value=-120_000, max_value=20_000),  # the wall clock: any step, back or ahead
+            st.integers(min_value=-MAX_AGE_MS - 1_000, max_value=MAX_AHEAD_MS + 1_000),  # ts - now
+            st.integers(min_value=0, max_value=1_000_000),  # which nonce / which earlier call
+            st.booleans(),  # replay an earlier accepted call byte for byte instead
+        ),
+        max_size=80,
+    ),
+    st.integers(min_value=1, max_value=8),
+    st.sampled_from([0, 1_000, 60_000]),
+)
+def test_no_call_is_accepted_twice_whatever_the_wall_clock_does(
+    steps: list[tuple[int, int, int, int, bool]], cap: int, retain_ms: int
+) -> None:
+    """Replay safety must not rest on the wall clock moving forward: with steps back of up to two minutes,
+    retention or none, a full cache or not, the same signed call is never accepted twice."""
+    now, mono = T0, 0
+    v = Verifier(KEY, "b", clock=lambda: now, mono=lambda: mono, cache=NonceCache(cap, retain_ms))
+    accepted: list[tuple[int, str]] = []
+    for advance, step, offset, pick, replay in steps:
+        mono += advance
+        now += step
+        if replay and accepted:
+            ts, n = accepted[pick % len(accepted)]
+        else:
+            ts, n = now + offset, f"{pick:032x}"
+        h = sign(KEY, "b", "POST", "/p", b"{}", ts_ms=ts, nonce=n)
+        try:
+            v.verify(h, "POST", "/p", b"{}")
+        except SignatureRefused:
+            continue
+        assert (ts, n) not in accepted  # the same signed call (a fresh call may reuse a long-forgotten nonce)
+        accepted.append((ts, n))
         assert len(v.cache) <= cap
 
 

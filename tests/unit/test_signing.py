@@ -16,6 +16,7 @@ from trimtab.agent.adapters.signing import (
     NONCE,
     SIGNATURE,
     TIMESTAMP,
+    RETAIN_MS,
     NonceCache,
     Signer,
     Verifier,
@@ -55,8 +56,11 @@ def headers(
     return sign(KEY, broker, "POST", target, body, ts_ms=ts, nonce=n)
 
 
-def verifier(clock: Clock | None = None, cache: NonceCache | None = None) -> Verifier:
-    return Verifier(KEY, ME, clock=clock or Clock(), cache=cache)
+def verifier(
+    clock: Clock | None = None, cache: NonceCache | None = None, mono: Clock | None = None
+) -> Verifier:
+    """A verifier on ``clock`` (its wall clock) and ``mono`` (its monotonic clock; still unless given)."""
+    return Verifier(KEY, ME, clock=clock or Clock(), mono=mono or Clock(0), cache=cache)
 
 
 def refusal(v: Verifier, h: dict[str, str], target: str = CLOSE, body: bytes = BODY) -> SignatureRefused:
@@ -235,7 +239,7 @@ def test_a_captured_call_is_refused_once_its_timestamp_leaves_the_window() -> No
 # ---------------------------------------------------------------------------------------------- the cache
 def test_nonces_are_forgotten_when_their_calls_leave_the_window() -> None:
     clock = Clock()
-    v = verifier(clock)
+    v = verifier(clock, NonceCache(retain_ms=0))
     for i in range(10):
         v.verify(headers(ts=T0 + i, n=nonce(i)), "POST", CLOSE, BODY)
     assert len(v.cache) == 10
@@ -249,7 +253,7 @@ def test_nonces_are_forgotten_when_their_calls_leave_the_window() -> None:
 
 def test_a_full_cache_refuses_new_calls_rather_than_forget_live_ones() -> None:
     clock = Clock()
-    v = verifier(clock, NonceCache(max_entries=3))
+    v = verifier(clock, NonceCache(max_entries=3, retain_ms=0))
     for i in range(3):
         v.verify(headers(n=nonce(i)), "POST", CLOSE, BODY)
     full = refusal(v, headers(n=nonce(3)))
@@ -265,7 +269,7 @@ def test_a_full_cache_refuses_new_calls_rather_than_forget_live_ones() -> None:
 
 def test_a_clock_that_steps_back_cannot_reopen_the_window_for_a_forgotten_call() -> None:
     clock = Clock()
-    v = verifier(clock)
+    v = verifier(clock, NonceCache(retain_ms=0))
     call = headers()
     v.verify(call, "POST", CLOSE, BODY)
     clock.now = T0 + MAX_AGE_MS + 1
@@ -276,3 +280,61 @@ def test_a_clock_that_steps_back_cannot_reopen_the_window_for_a_forgotten_call()
     assert refused.reason == "stale" and "no longer remembers" in str(refused)
     # A call stamped after everything forgotten is fine.
     v.verify(headers(ts=T0 + 2, n=nonce(3)), "POST", CLOSE, BODY)
+
+
+def test_nonces_are_kept_a_minute_by_the_monotonic_clock_unless_the_cache_fills() -> None:
+    clock, mono = Clock(), Clock(0)
+    v = verifier(clock, NonceCache(max_entries=10), mono)
+    for i in range(4):
+        v.verify(headers(ts=T0 + i, n=nonce(i)), "POST", CLOSE, BODY)
+    clock.now, mono.now = T0 + MAX_AGE_MS + 10, MAX_AGE_MS + 10  # out of the window, accepted 5 s ago
+    v.verify(headers(ts=clock.now, n=nonce(10)), "POST", CLOSE, BODY)
+    assert len(v.cache) == 5 and v.cache.floor_ms == -1
+    mono.now = RETAIN_MS + 1  # a minute later by the monotonic clock (the wall clock stood still)
+    v.verify(headers(ts=clock.now + 1, n=nonce(11)), "POST", CLOSE, BODY)
+    assert len(v.cache) == 2 and v.cache.floor_ms == T0 + 3
+    # More than half full: the window's edge again, whatever the monotonic clock says.
+    v = verifier(clock := Clock(), NonceCache(max_entries=4), Clock(0))
+    for i in range(3):
+        v.verify(headers(ts=T0 + i, n=nonce(i)), "POST", CLOSE, BODY)
+    clock.now = T0 + MAX_AGE_MS + 10
+    v.verify(headers(ts=clock.now, n=nonce(10)), "POST", CLOSE, BODY)
+    assert len(v.cache) == 3 and v.cache.floor_ms == T0  # the oldest forgotten: down to half, plus the new
+
+
+def test_a_step_back_of_half_a_minute_refuses_no_new_call_and_still_every_replay() -> None:
+    """The chaos suite's ``clock_skew`` on the host of an agent and its broker: the wall clock steps back
+    30 s, the monotonic clock goes on. Before, every call was refused as stale for ~25 s (the nonces of the
+    calls the clock now revisits had been forgotten); now they are remembered, so new calls pass and a
+    replay of any of those calls is still refused."""
+    clock, mono = Clock(), Clock(0)
+    v = verifier(clock, mono=mono)
+    sent = []
+    for second in range(90):  # a call a second for a minute and a half
+        clock.now, mono.now = T0 + second * 1000, second * 1000
+        call = headers(ts=clock.now, n=nonce(second))
+        v.verify(call, "POST", CLOSE, BODY)
+        sent.append(call)
+    clock.now -= 30_000  # NTP steps the clock back half a minute
+    mono.now += 1000
+    # Every old call is refused: out of the window, or remembered -- the calls of the last half minute are
+    # "fresh" again by the window, and refused only because their nonces are still known.
+    reasons = [refusal(v, call).reason for call in sent]
+    assert set(reasons) <= {"stale", "early", "replayed"}
+    assert reasons.count("replayed") >= 5
+    for second in range(40):  # and new calls are accepted from the first second on
+        v.verify(headers(ts=clock.now, n=nonce(1000 + second)), "POST", CLOSE, BODY)
+        clock.now += 1000
+        mono.now += 1000
+
+
+def test_a_step_back_longer_than_the_retention_still_fails_closed() -> None:
+    clock, mono = Clock(), Clock(0)
+    v = verifier(clock, mono=mono)
+    for second in range(200):
+        clock.now, mono.now = T0 + second * 1000, second * 1000
+        v.verify(headers(ts=clock.now, n=nonce(second)), "POST", CLOSE, BODY)
+    clock.now -= 120_000  # two minutes back: calls of that time were forgotten
+    mono.now += 1
+    refused = refusal(v, headers(ts=clock.now, n=nonce(5000)))
+    assert refused.reason == "stale" and "more than a minute" in str(refused)
