@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from trimtab.channel import intents
 from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.records import Record, State, make
 from trimtab.channel.resolve import Verdict, resolve
+from trimtab.controller.operation_store import CHUNK_MOVES, assemble, chunks_of, header_of
 
 BROKERS = ["b1:1", "b2:1", "b3:1", "b4:1"]
 T0 = 1_800_000_000_000
@@ -227,3 +229,22 @@ def test_stored_operations_read_back_as_they_were(moves: list[tuple[int, int, st
     assert ops.decode(ops.encode(op)) == op
     paused = ops.pause(op, why="operator", now_ms=T0 + 1)
     assert ops.decode(ops.encode(paused)) == paused
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200), st.lists(st.binary(max_size=200), max_size=3))
+def test_no_stored_parts_make_the_store_decoder_raise(header: bytes, chunks: list[bytes]) -> None:
+    assert isinstance(assemble(header, chunks), ops.Operation | ops.Undecodable)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(min_value=0, max_value=3 * CHUNK_MOVES))
+def test_an_operation_split_into_chunks_assembles_back(n: int) -> None:
+    op = ops.new(
+        "op-9", ops.OpKind.DRAIN, [(bundle(i // 200, i % 200), "b1:1", None) for i in range(n)], reason="r",
+        requested_by="t", now_ms=T0,
+    )  # fmt: skip
+    parts = [msgspec.json.encode(list(c)) for c in chunks_of(op.moves)]
+    assert assemble(msgspec.json.encode(header_of(op)), parts) == op
+    if parts:  # a chunk lost or added is refused, not read as a smaller operation
+        assert isinstance(assemble(msgspec.json.encode(header_of(op)), parts[:-1]), ops.Undecodable)
