@@ -289,7 +289,7 @@ class Advance:
     ops: list[Operation]  # every operation given, updated (the same object when unchanged)
     publish: list[tuple[str, Record]]  # records to propose now, in order
     waiting: Counter[str]  # why moves that could start did not (throttle words)
-    outcomes: Counter[str]  # outcomes reached in this pass
+    outcomes: Counter[tuple[str, str]]  # (kind, outcome) of the moves that ended in this pass
 
     def changed(self, before: Sequence[Operation]) -> list[Operation]:
         return [a for a, b in zip(self.ops, before, strict=True) if a is not b]
@@ -350,7 +350,7 @@ class _Pass:
         self.writer = writer
         self.now = now_ms
         self.publish: list[tuple[str, Record]] = []
-        self.outcomes: Counter[str] = Counter()
+        self.outcomes: Counter[tuple[str, str]] = Counter()
         self.waiting: Counter[str] = Counter()
         self.moves: dict[int, list[Move]] = {}  # op index -> its moves, as updated so far
 
@@ -361,7 +361,7 @@ class _Pass:
 
     def end(self, i: int, j: int, outcome: Outcome) -> None:
         self.mv(i)[j] = msgspec.structs.replace(self.mv(i)[j], outcome=outcome)
-        self.outcomes[outcome] += 1
+        self.outcomes[(self.ops[i].kind.value, outcome.value)] += 1
 
     def settle_started(self, republish_after_ms: int, budget: Budget) -> None:
         """Started moves: an outcome once the bundle is settled; proposed again if their record never

@@ -633,6 +633,43 @@ class HealingSettings(Section):
     )
 
 
+class OperationSettings(Section):
+    """The leader's operations (docs/operations.md): drains, transfers, shedding moves and maintenance, each a
+    record in ZooKeeper that a new leader resumes."""
+
+    interval_s: Seconds = Field(1.0, description="How often the leader advances the running operations.")
+    max_in_flight: int = Field(
+        1000,
+        ge=1,
+        description="Bundles in flight (Releasing, Assigning) cluster-wide, whoever moved them, above which no "
+        "operation starts another move. [max.num.cluster.movements]",
+    )
+    max_in_flight_per_broker: int = Field(
+        200,
+        ge=1,
+        description="Bundles in flight out of or into one broker above which no operation starts another move "
+        "off or onto it. [num.concurrent.partition.movements.per.broker]",
+    )
+    max_in_flight_per_namespace: int | None = Field(
+        None,
+        ge=1,
+        description="Bundles of one namespace in flight above which no operation starts another move in it "
+        "(none: no limit of its own). Namespaces share the cluster's budget round-robin whatever this is.",
+    )
+    republish_after_s: Seconds = Field(
+        10.0,
+        description="A move whose record has not reached the channel this long after it was published is "
+        "proposed again, with the same version (at most one of the two can apply).",
+    )
+    keep_finished: int = Field(
+        200,
+        ge=0,
+        le=10_000,
+        description="Finished operations (done, failed, cancelled) kept in ZooKeeper for `admin ops list`; the "
+        "oldest are deleted beyond this.",
+    )
+
+
 class PlacementSettings(Section):
     failure_domains_enabled: bool = Field(
         False, description="Spread anti-affinity groups over failure domains. [failureDomainsEnabled]"
@@ -754,6 +791,7 @@ class Settings(BaseSettings):
     shedding: SheddingSettings = Field(default_factory=SheddingSettings)
     split: SplitSettings = Field(default_factory=SplitSettings)
     healing: HealingSettings = Field(default_factory=HealingSettings)
+    operations: OperationSettings = Field(default_factory=OperationSettings)
     placement: PlacementSettings = Field(default_factory=PlacementSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     sim: SimulationSettings = Field(default_factory=SimulationSettings)

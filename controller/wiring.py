@@ -36,6 +36,8 @@ from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
 from trimtab.controller.namespace_admin import NamespaceAdmin
+from trimtab.controller.operation_store import ZkOperations
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.admin import PlacementAdmin
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.placement.standbys import StandbyJob
@@ -155,6 +157,16 @@ def build_controller(
         view_ready=lambda: replica.standby_view.ready,
     )
     switch_store = Switches(zk.client, paths)
+    operations = OperationsJob(
+        lambda: s.operations,
+        ZkOperations(zk.client, paths),
+        table,
+        leadership,
+        writes,
+        journal,
+        metrics,
+        clock=clock,
+    )
     admin = Admin(
         table,
         leadership,
@@ -207,6 +219,7 @@ def build_controller(
         healing=healing,
         shedding=shedding,
         standbys=standbys,
+        operations=operations,
         switch_store=switch_store,
         metrics=metrics,
         liveness=liveness,

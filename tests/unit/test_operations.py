@@ -88,7 +88,7 @@ def test_a_move_starts_once_and_ends_when_the_bundle_reaches_its_destination() -
     table[B1] = intents.take(intents.hand_over(rec, A, now_ms=T0), B, now_ms=T0)
     adv = step(op, table, now=T0 + 3000)
     assert adv.ops[0].state is ops.OpState.DONE and adv.ops[0].moves[0].outcome is ops.Outcome.MOVED
-    assert adv.outcomes == {"moved": 1}
+    assert adv.outcomes == {("drain", "moved"): 1}
 
 
 def test_a_record_that_never_arrived_is_proposed_again_with_the_same_version() -> None:
