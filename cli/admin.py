@@ -1311,3 +1311,98 @@ def namespaces_delete(ctx: click.Context, namespace: dict[str, str], dry_run: bo
         path=namespace,
         render=render_namespace_deleted,
     )
+
+
+@admin.group("ops")
+def ops_group() -> None:
+    """Operations: drains, transfers, shedding moves and maintenance the leader carries out, persisted and
+    resumed by a new leader (docs/operations.md, "Operations")."""
+
+
+def render_ops(p: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            fmt(o["id"]),
+            fmt(o["kind"]),
+            fmt(o["state"]),
+            f"{o['progress']['done']}/{o['progress']['total']}",
+            fmt(o["reason"]),
+        ]
+        for o in p
+    ]
+    return table(["id", "kind", "state", "progress", "reason"], rows, empty="no operations")
+
+
+def render_op(p: Mapping[str, Any]) -> str:
+    progress = f"{p['progress']['done']}/{p['progress']['total']}"
+    pairs: list[tuple[str, Any]] = [
+        ("id", p["id"]),
+        ("kind", p["kind"]),
+        ("state", p["state"] + (f" ({p['state_reason']})" if p.get("state_reason") else "")),
+        ("progress", progress),
+        ("reason", p["reason"]),
+        ("requested by", p["requested_by"]),
+        ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(p["outcomes"].items())) or "none yet"),
+    ]
+    moves = [
+        [fmt(m["bundle"]), fmt(m["src"]), fmt(m.get("dst") or "(unload)"), fmt(m.get("outcome") or "")]
+        for m in p["moves"]
+    ]
+    shown = f"\nfirst {p['moves_shown']} of {p['progress']['total']} moves" if moves else ""
+    return kv(pairs) + "\n\n" + table(["bundle", "from", "to", "outcome"], moves, empty="no moves") + shown
+
+
+@command(ops_group, "list")
+@click.pass_context
+def ops_list(ctx: click.Context) -> None:
+    """Every operation the leader holds (the newest finished ones too), with its progress."""
+    c = _client(ctx)
+    c.show(c.call("GET", "/v1/admin/ops"), render_ops)
+
+
+@command(ops_group, "show")
+@click.argument("op_id", metavar="ID")
+@click.option("--moves", default=100, show_default=True, help="How many of its moves to show.")
+@click.pass_context
+def ops_show(ctx: click.Context, op_id: str, moves: int) -> None:
+    """One operation: who asked and why, its state, how its moves ended so far."""
+    c = _client(ctx)
+    c.show(
+        c.call("GET", "/v1/admin/ops/{op_id}", path={"op_id": op_id}, params={"moves": str(moves)}), render_op
+    )
+
+
+def _ops_verb(ctx: click.Context, op_id: str, verb: str, reason: str | None) -> None:
+    c = _client(ctx)
+    body = {"reason": reason} if reason else {}
+    c.show(
+        c.call("POST", "/v1/admin/ops/{op_id}/{verb}", path={"op_id": op_id, "verb": verb}, body=body),
+        lambda p: render_ops([p]),
+    )
+
+
+@command(ops_group, "pause")
+@click.argument("op_id", metavar="ID")
+@click.option("--reason", default=None, help="Why (shown with the state).")
+@click.pass_context
+def ops_pause(ctx: click.Context, op_id: str, reason: str | None) -> None:
+    """Pause an operation: moves already started finish, no new one starts."""
+    _ops_verb(ctx, op_id, "pause", reason)
+
+
+@command(ops_group, "resume")
+@click.argument("op_id", metavar="ID")
+@click.pass_context
+def ops_resume(ctx: click.Context, op_id: str) -> None:
+    """Resume a paused operation."""
+    _ops_verb(ctx, op_id, "resume", None)
+
+
+@command(ops_group, "cancel")
+@click.argument("op_id", metavar="ID")
+@click.option("--reason", default=None, help="Why (shown with the state).")
+@click.pass_context
+def ops_cancel(ctx: click.Context, op_id: str, reason: str | None) -> None:
+    """Cancel an operation: moves already started finish (a move cannot be taken back half made), the rest
+    are not made."""
+    _ops_verb(ctx, op_id, "cancel", reason)

@@ -32,6 +32,7 @@ from trimtab.controller.healing import Healer
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.namespace_admin import NamespaceAdmin
 from trimtab.controller.namespace_api import add_namespace_routes
+from trimtab.controller.operations import OperationsJob, operation_detail
 from trimtab.controller.placement.admin import PlacementAdmin
 from trimtab.controller.placement.api import add_placement_routes
 from trimtab.controller.status import StatusReport
@@ -52,6 +53,7 @@ class ControllerApi:
     prom: CollectorRegistry
     placement: PlacementAdmin
     namespaces: NamespaceAdmin
+    operations: OperationsJob
 
 
 _DRY_RUN = (
@@ -123,6 +125,7 @@ def create_app(ctl: ControllerApi, *, auth: Authenticator | None = None) -> Fast
     install_error_handlers(app)
     _views(app, ctl)
     _admin(app, ctl)
+    _operations(app, ctl)
     add_placement_routes(app, lambda: ctl.placement)
     add_namespace_routes(app, lambda: ctl.namespaces)
     # The probes read ``ctl`` late: the OpenAPI spec is rendered from an app built without one.
@@ -251,6 +254,66 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         return msgspec.to_builtins(await ctl.admin.set_shedding_paused(req.paused, req.by))
 
     app.include_router(router)
+
+
+class OperationVerb(BaseModel):
+    reason: str | None = Field(
+        None, max_length=1024, description="Why (kept as the operation's state_reason)"
+    )
+
+
+def _operations(app: FastAPI, ctl: ControllerApi) -> None:
+    """The leader's operations (docs/operations.md, "Operations"): views with a read token, verbs with an
+    admin token; a follower answers 307 to the leader (only the leader holds them)."""
+    leader_only: dict[int | str, dict[str, Any]] = {
+        307: {"description": "Not the leader: the same request at the leader's address"},
+        503: {
+            "model": ErrorBody,
+            "description": "No leader right now, or it has not read the operations yet",
+        },
+    }
+    view = APIRouter(dependencies=[READ])
+
+    @view.get(
+        "/v1/admin/ops",
+        responses=leader_only,
+        summary="Every operation the leader holds: [{id, kind, state, reason, progress: {done, total}}]",
+    )
+    async def ops_list() -> Any:
+        ctl.leadership.require_leader()
+        return [op.summary() for op in ctl.operations.list()]
+
+    @view.get(
+        "/v1/admin/ops/{op_id}",
+        responses={**leader_only, 404: {"model": ErrorBody, "description": "No such operation"}},
+        summary="One operation: its summary, who asked, its state's reason, outcomes and moves",
+    )
+    async def ops_show(op_id: str, moves: int = Query(100, ge=0, le=100_000)) -> Any:
+        ctl.leadership.require_leader()
+        return operation_detail(ctl.operations.get(op_id), moves)
+
+    write = APIRouter(dependencies=[ADMIN])
+
+    @write.post(
+        "/v1/admin/ops/{op_id}/{verb}",
+        responses={
+            **leader_only,
+            400: {"model": ErrorBody, "description": "Not a verb (pause, resume, cancel)"},
+            404: {"model": ErrorBody, "description": "No such operation"},
+            409: {"model": ErrorBody, "description": "The verb does not apply: the operation has finished"},
+        },
+        summary="Pause, resume or cancel an operation (persisted: a new leader keeps it so)",
+        description="pause: moves already started finish, no new one starts. resume: carries on. cancel: moves "
+        "already started finish (a move cannot be taken back half made), the rest are not made. Answers the "
+        "operation's summary.",
+    )
+    async def ops_verb(op_id: str, verb: str, req: OperationVerb | None = None) -> Any:
+        ctl.leadership.require_leader()
+        why = (req.reason if req is not None else None) or "operator"
+        return (await ctl.operations.verb(op_id, verb, why=why)).summary()
+
+    app.include_router(view)
+    app.include_router(write)
 
 
 async def _move(ctl: ControllerApi, response: Response, bundle: str, dst: str | None, dry_run: bool) -> Any:

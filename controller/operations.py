@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
 import structlog
 
 from trimtab.balance import operations as ops
@@ -247,3 +248,22 @@ def _active(op: ops.Operation) -> bool:
     return any(
         m.open and (m.started_version is not None or op.state is ops.OpState.CANCELLED) for m in op.moves
     )
+
+
+def operation_detail(op: ops.Operation, moves: int = 100) -> dict[str, Any]:
+    """``admin ops show``: the summary, who asked and when, why it is in its state, how its moves ended so
+    far, and its first ``moves`` moves."""
+    outcomes: dict[str, int] = {}
+    for m in op.moves:
+        key = m.outcome.value if m.outcome is not None else ("started" if m.started_version else "waiting")
+        outcomes[key] = outcomes.get(key, 0) + 1
+    return {
+        **op.summary(),
+        "requested_by": op.requested_by,
+        "created_ms": op.created_ms,
+        "updated_ms": op.updated_ms,
+        "state_reason": op.state_reason,
+        "outcomes": outcomes,
+        "moves": [msgspec.to_builtins(m) for m in op.moves[:moves]],
+        "moves_shown": min(moves, len(op.moves)),
+    }

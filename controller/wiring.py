@@ -208,6 +208,7 @@ def build_controller(
         prom,
         placement_admin,
         namespace_admin,
+        operations,
     )
     return Controller(
         s,
