@@ -118,20 +118,27 @@ class Agent:
         return self.drainer.draining or self._drain_task is not None
 
     # ------------------------------------------------------------------ an operator's drain
-    def start_drain(self) -> Mapping[str, Any]:
+    async def start_drain(self, *, mark_only: bool = False) -> Mapping[str, Any]:
         """Start draining without exiting (``POST /v1/admin/drain``): the drain runs as a background task
-        and this returns at once with the drain's status. 409 if draining already (by a signal or an
-        earlier request), retryable 503 while starting or stopping."""
+        and this returns at once with the drain's status. ``mark_only``: only mark the broker draining in
+        its registration -- the leader moves its bundles, as an operation it persists and resumes after a
+        failover (docs/operations.md, "Operations"). 409 if draining already (by a signal or an earlier
+        request), retryable 503 while starting or stopping."""
         if self.draining:
             raise RequestError(409, f"{self.me} is draining already (restart the agent to undo a drain)")
         if not self.ready or self.stop_event.is_set():
             raise RequestError(503, f"{self.me} is not ready (starting or stopping)", retryable=True)
         owned = len(self.drainer.owned())
-        info: dict[str, Any] = {"by": "admin", "owned_at_start": owned, "result": None}
+        by = "leader_operation" if mark_only else "admin"
+        info: dict[str, Any] = {"by": by, "owned_at_start": owned, "result": None}
         self._drain = info
         self._drain_started = self._monotonic()
-        self._drain_task = asyncio.create_task(self._admin_drain(info), name="drain")
-        log.info("admin_drain_requested", owned=owned)
+        if mark_only:
+            await self.drainer.mark()
+            info["result"] = "marked: the leader moves the bundles"
+        else:
+            self._drain_task = asyncio.create_task(self._admin_drain(info), name="drain")
+        log.info("admin_drain_requested", owned=owned, by=by)
         return {"broker": self.me, **self.drain_status()}
 
     async def _admin_drain(self, info: dict[str, Any]) -> None:

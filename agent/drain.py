@@ -84,6 +84,15 @@ class Drainer:
         self.poll_s = poll_s
         self.draining = False
 
+    async def mark(self) -> None:
+        """Draining from now on: published in the registration, so that nothing new is assigned here.
+        The drain itself marks first; a drain the leader runs as an operation only marks (the leader moves
+        the bundles)."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.registry.update, self.identity.info(draining=True))
+
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
 
@@ -120,10 +129,7 @@ class Drainer:
         """Transfer every owned bundle away and wait until they are owned elsewhere and closed here.
 
         Returns "" when done, else why it stopped early (``force_exit`` set, or the drain timeout)."""
-        self.draining = True
-        self.metrics.draining.set(1)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.registry.update, self.identity.info(draining=True))
+        await self.mark()
         deadline = self._monotonic() + self.timeout_s
         requested: dict[str, int] = {}  # bundle -> version we asked to release
         owned = len(self.owned())

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -309,12 +309,17 @@ def _settle(move: Move, cur: Record | None) -> Outcome | None:
     return Outcome.MOVED if cur.owner() == move.dst else Outcome.SUPERSEDED
 
 
-def _at_start(move: Move, cur: Record | None) -> Outcome | None:
-    """Whether a move that has not started has nothing to do (and why), or None: it can start."""
+def _at_start(move: Move, cur: Record | None) -> Outcome | Literal["wait"] | None:
+    """Whether a move that has not started has nothing to do (and why), must wait, or (None) can start.
+
+    A bundle on its way *to* the move's source waits until it got there: a drain planned while a lookup
+    was assigning the bundle to the broker being drained moves it once it arrived."""
     if cur is None or cur.state is State.DELETED:
         return Outcome.GONE
     if move.dst is not None and cur.owner() == move.dst and cur.state is State.OWNED:
         return Outcome.ALREADY_THERE
+    if cur.state is State.ASSIGNING and cur.dst == move.src:
+        return "wait"
     if not intents.owned_by(cur, move.src):
         return Outcome.MOVED_ON
     return None
@@ -428,6 +433,8 @@ class _Pass:
         m = self.mv(i)[j]
         cur = self.get(m.bundle)
         done = _at_start(m, cur)
+        if done == "wait":
+            return "arriving"
         if done is not None:
             self.end(i, j, done)
             return None

@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 
 from trimtab.balance.assign import BrokerInfo
+from trimtab.balance.heal import plan_destinations
+from trimtab.balance.operations import OpKind
 from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.http import PeerHttp
@@ -28,6 +30,8 @@ from trimtab.cluster.zk import BrokerRegistry, zk_call
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.operations import OperationsJob
+from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.stores import ControllerSwitches, Switches
 from trimtab.controller.writes import ChannelWrites
@@ -69,6 +73,8 @@ class Admin:
         clock: Callable[[], float] = time.time,
         forward_timeout_s: float = 30.0,
         peers: PeerHttp | None = None,
+        operations: OperationsJob | None = None,
+        destinations: Destinations | None = None,
     ) -> None:
         """``peers``: how to call the agents (their CA, this controller's token); default plain HTTP
         without a token."""
@@ -84,6 +90,10 @@ class Admin:
         self.clock = clock
         self.forward_timeout_s = forward_timeout_s
         self.peers = peers if peers is not None else PeerHttp()
+        # A drain runs as the leader's operation when both are given (the controller); else it is
+        # forwarded whole to the agent (its moves then made by the agent itself).
+        self.operations = operations
+        self.destinations = destinations if operations is not None else None
 
     def plan_move(self, bundle: str, dst: str | None) -> MovePlan:
         """Every check of a transfer (``dst`` set) or unload but leadership, from this controller's replica:
@@ -169,11 +179,12 @@ class Admin:
             await self._require_agent_field(info, "/v1/admin/split", "dry_run", what)
         return await self._forward(info, "/v1/admin/split", request, "split", what, dry_run)
 
-    async def drain(self, broker: str, *, dry_run: bool = False) -> Any:
-        """Forward a drain to ``broker``'s agent: it moves every bundle it owns away and stays up,
-        registered as draining (nothing new is assigned to it; a restart undoes it). 404 if ``broker`` is
-        not live, 409 if it is draining already. A dry run (any controller) returns where the agent would
-        move each bundle now, and moves nothing. Returns the agent's JSON answer, or raises its refusal."""
+    async def drain(self, broker: str, *, dry_run: bool = False, requested_by: str = "admin") -> Any:
+        """Drain ``broker``: its agent marks it draining (nothing new is assigned to it; a restart undoes
+        it), and the leader moves every bundle it owns away as a persisted operation -- resumed by the next
+        leader if this one dies (docs/operations.md, "Operations"). 404 if ``broker`` is not live, 409 if it
+        is draining already. A dry run (any controller) returns where the agent would move each bundle now,
+        and moves nothing. Returns the operation's summary with the agent's answer, or raises the refusal."""
         if not dry_run:
             self.leadership.require_leader()
         info = self.registry.brokers.get(broker)
@@ -182,10 +193,39 @@ class Admin:
         if info.draining:
             raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
         what = f"{broker}'s agent to drain it"
-        answer = await self._forward(info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run)
-        if not dry_run:
-            self.journal.record("drain", key=broker, broker=broker, reason="admin")
-        return answer
+        if dry_run or self.operations is None:
+            answer = await self._forward(
+                info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run
+            )
+            if not dry_run:
+                self.journal.record("drain", key=broker, broker=broker, reason="admin")
+            return answer
+        answer = await self._forward(info, "/v1/admin/drain", {"mark_only": True}, "drain", what, False)
+        op = await self.operations.submit(
+            OpKind.DRAIN,
+            self._drain_moves(broker),
+            reason=f"drain {broker}",
+            requested_by=requested_by,
+        )
+        self.journal.record("drain", key=broker, broker=broker, reason="admin", operation=op.id)
+        return {"broker": broker, "operation": op.summary(), "agent": answer}
+
+    def _drain_moves(self, broker: str) -> list[tuple[str, str, str | None]]:
+        """Every bundle ``broker`` owns or is being given, with a destination the placement rules allow
+        (spread by spare capacity, as a healing plan is; None -- an unload -- where no broker is allowed)."""
+        assert self.destinations is not None
+        mine = sorted(
+            b for b, r in self.table.items() if r.dst == broker and r.state in (State.OWNED, State.ASSIGNING)
+        )
+        loads = self.destinations.loads.snapshot()
+        candidates = {
+            b: (loads[b].weighted_max_ema if b in loads else 0.5)
+            for b, i in self.destinations.live().items()
+            if b != broker and not i.draining
+        }
+        allowed, placed = self.destinations.plan_rules()
+        dests = plan_destinations(mine, candidates, None, allowed, placed)
+        return [(b, broker, dests[b]) for b in mine]
 
     async def _forward(
         self, info: BrokerInfo, path: str, body: dict[str, Any], op: str, what: str, dry_run: bool

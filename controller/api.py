@@ -236,13 +236,14 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
             404: {"model": ErrorBody, "description": "The broker is not live"},
             409: {"model": ErrorBody, "description": "The broker is draining already"},
         },
-        summary="Drain a broker: move every bundle it owns elsewhere (forwarded to its agent)",
+        summary="Drain a broker: move every bundle it owns elsewhere (an operation of the leader's)",
         description="The broker's agent marks itself draining in its registration (nothing new is assigned "
-        "to it), transfers every bundle it owns to brokers placement allows (a plain unload when none is), "
-        "and stays up and registered as draining: its /v1/status shows the progress. Undrain is not "
-        "supported: restart the agent (it registers again not draining). 202 when the drain started; 404 "
-        "if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry run "
-        "is forwarded by any controller.",
+        "to it) and stays up; the leader moves every bundle it owns to brokers placement allows (a plain "
+        "unload when none is) as an operation stored in ZooKeeper -- resumed by the next leader if this one "
+        "dies; /v1/admin/ops/{id} shows its progress. Answers {broker, operation, agent}. Undrain is not "
+        "supported yet: restart the agent (it registers again not draining). 202 when the drain started; "
+        "404 if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry "
+        "run is forwarded by any controller to the broker's agent.",
     )
     async def drain(req: DrainRequest, response: Response) -> Any:
         if req.dry_run:

@@ -184,7 +184,8 @@ class ControllerMetrics:
             operation_waits=Counter(
                 "trimtab_operation_waits_total",
                 "Moves of operations that could have started in a pass but did not, by reason "
-                "(throttled_cluster, throttled_broker, throttled_namespace, safe_mode).",
+                "(throttled_cluster, throttled_broker, throttled_namespace, arriving -- the bundle is still on its way to "
+                "the broker it is to leave --, safe_mode).",
                 ["reason"],
                 registry=r,
             ),

@@ -179,6 +179,8 @@ def build_controller(
         placement,
         clock=clock,
         peers=PeerHttp.from_settings(s.http, auth.own_token),
+        operations=operations,
+        destinations=destinations,
     )
     liveness = Liveness()
     status = StatusReport(leadership, channel, registry, loads, shedding, healer, journal, s.shedding)

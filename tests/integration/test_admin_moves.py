@@ -6,9 +6,9 @@ ports, one event loop, no subprocesses. Synchronisation is by waiting on conditi
 * Dry runs of transfer, unload and split publish nothing and say what would be published; each refusal is
   exactly the real call's (404 unknown, 409 not owned, 400 bad destination, 409 placement); a follower
   answers a dry run itself and redirects the real call to the leader.
-* Drain: the controller forwards to the broker's agent, which moves every bundle it owns to another
-  agent and keeps running, registered as draining; a dry run moves nothing and says where each bundle
-  would go; a second drain is refused.
+* Drain: the broker's agent marks itself draining and keeps running, registered as draining; the leader
+  moves every bundle it owns to another agent as an operation, which ends ``done`` (``/v1/admin/ops``); a
+  dry run moves nothing and says where each bundle would go; a second drain is refused.
 """
 
 from __future__ import annotations
@@ -351,17 +351,25 @@ def test_drain_moves_every_bundle_off_the_agent_which_keeps_running_as_draining(
                         http, "/v1/admin/drain", {"broker": "127.0.0.1:1"}, 404
                     )
 
-                    # The drain: accepted at once; the agent moves everything to b and stays up.
+                    # The drain: accepted at once; the agent marks itself draining and the leader moves
+                    # everything to b as an operation; the agent stays up.
                     r = await http.post("/v1/admin/drain", json={"broker": me})
                     assert r.status_code == 202, r.text
-                    want = {"broker": me, "dry_run": False, "draining": True, "by": "admin"}
-                    assert r.json().items() >= {**want, "owned_at_start": len(owned)}.items(), r.text
+                    want = {"broker": me, "dry_run": False, "draining": True, "by": "leader_operation"}
+                    answer = r.json()
+                    assert answer["agent"].items() >= {**want, "owned_at_start": len(owned)}.items(), r.text
+                    op = answer["operation"]
+                    assert (op["kind"], op["progress"]) == ("drain", {"done": 0, "total": len(owned)}), op
                     await until(
-                        lambda: a.agent.drain_status().get("result") is not None, 30, "the drain to end"
+                        lambda: (ops := ctl.operations.ops.get(op["id"])) is not None and ops.state.terminal,
+                        30,
+                        "the drain operation to end",
                     )
-                    assert a.agent.drain_status()["result"] == "complete"
+                    shown = (await http.get(f"/v1/admin/ops/{op['id']}")).json()
+                    assert (shown["state"], shown["outcomes"]) == ("done", {"moved": len(owned)}), shown
+                    assert [o["id"] for o in (await http.get("/v1/admin/ops")).json()] == [op["id"]]
                     assert all(owned_by(b, x, peer) for x in owned)
-                    assert not sim.serving and not sim.fenced
+                    await until(lambda: not sim.serving and not sim.fenced, what="a closed them all")
 
                     # Still running, still registered -- as draining; nothing new comes here.
                     assert a.agent.ready and a.registry.registered
@@ -374,7 +382,7 @@ def test_drain_moves_every_bundle_off_the_agent_which_keeps_running_as_draining(
                     assert await assign(a, later) == peer
                     async with httpx.AsyncClient(base_url=a.identity.http_url, timeout=30) as agent_http:
                         st = (await agent_http.get("/v1/status")).json()
-                    done = {"draining": True, "by": "admin", "result": "complete", "owned": 0, "in_flight": 0}
+                    done = {"draining": True, "by": "leader_operation", "owned": 0, "in_flight": 0}
                     assert st["draining"] is True and st["drain"].items() >= done.items(), st
 
                     # A second drain, and its dry run, are refused.

@@ -201,3 +201,13 @@ def test_a_stored_operation_naming_a_bundle_twice_is_refused() -> None:
     twice = op.__class__(**{**{f: getattr(op, f) for f in op.__struct_fields__}, "moves": op.moves * 2})
     got = ops.decode(ops.encode(twice))
     assert isinstance(got, ops.Undecodable) and "two moves" in got.reason
+
+
+def test_a_bundle_still_on_its_way_to_the_broker_being_drained_waits_for_it() -> None:
+    arriving = make(State.ASSIGNING, dst=A, version=3, ts=T0, writer="lookup")
+    table = {B1: arriving}
+    adv = step(drain(B1), table)
+    assert adv.publish == [] and adv.waiting == {"arriving": 1} and adv.ops[0].moves[0].open
+    table[B1] = intents.take(arriving, A, now_ms=T0)
+    adv = step(adv.ops[0], table)
+    assert [(b, r.state, r.version) for b, r in adv.publish] == [(B1, State.RELEASING, 5)]
