@@ -1406,3 +1406,51 @@ def ops_cancel(ctx: click.Context, op_id: str, reason: str | None) -> None:
     """Cancel an operation: moves already started finish (a move cannot be taken back half made), the rest
     are not made."""
     _ops_verb(ctx, op_id, "cancel", reason)
+
+
+@admin.group("settings")
+def settings_group() -> None:
+    """Settings changeable at run time without a restart: the operations' limits (docs/operations.md,
+    "Operations")."""
+
+
+def _live_value(text: str) -> Any:
+    """A value as JSON when it is JSON (``10``, ``2.5``, ``null``), else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@command(settings_group, "show")
+@click.pass_context
+def settings_show(ctx: click.Context) -> None:
+    """The keys that may change at run time, the overrides stored, the values in force."""
+    c = _client(ctx)
+    c.show(c.call("GET", "/v1/admin/settings"))
+
+
+@command(settings_group, "set")
+@click.argument("pairs", nargs=-1, required=True, metavar="KEY=VALUE...")
+@click.option("--by", default="admin", show_default=True, help="Who asks (stored with the override).")
+@click.pass_context
+def settings_set(ctx: click.Context, pairs: tuple[str, ...], by: str) -> None:
+    """Override live settings, e.g. ``operations.max_in_flight=50``; the leader's next pass uses them."""
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE")
+        changes[key] = _live_value(value)
+    c = _client(ctx)
+    c.show(c.call("PUT", "/v1/admin/settings", body={"set": changes, "by": by}))
+
+
+@command(settings_group, "reset")
+@click.argument("keys", nargs=-1, required=True, metavar="KEY...")
+@click.option("--by", default="admin", show_default=True, help="Who asks (stored with the override).")
+@click.pass_context
+def settings_reset(ctx: click.Context, keys: tuple[str, ...], by: str) -> None:
+    """Drop overrides: those keys go back to their configured value."""
+    c = _client(ctx)
+    c.show(c.call("PUT", "/v1/admin/settings", body={"reset": list(keys), "by": by}))

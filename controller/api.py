@@ -11,6 +11,7 @@ the agent's own, as it gave it); the app's one error handler (:mod:`trimtab.clus
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from trimtab.cluster.zk import BrokerRegistry
 from trimtab.controller.admin import Admin
 from trimtab.controller.healing import Healer
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.live_settings import LiveSettings
 from trimtab.controller.namespace_admin import NamespaceAdmin
 from trimtab.controller.namespace_api import add_namespace_routes
 from trimtab.controller.operations import OperationsJob, operation_detail
@@ -54,6 +56,7 @@ class ControllerApi:
     placement: PlacementAdmin
     namespaces: NamespaceAdmin
     operations: OperationsJob
+    live: LiveSettings
 
 
 _DRY_RUN = (
@@ -313,8 +316,41 @@ def _operations(app: FastAPI, ctl: ControllerApi) -> None:
         why = (req.reason if req is not None else None) or "operator"
         return (await ctl.operations.verb(op_id, verb, why=why)).summary()
 
+    @view.get(
+        "/v1/admin/settings",
+        summary="The settings changeable at run time: which keys, the overrides, the values in force",
+    )
+    async def live_settings() -> Any:
+        return ctl.live.view()
+
+    @write.put(
+        "/v1/admin/settings",
+        responses={
+            **leader_only,
+            400: {
+                "model": ErrorBody,
+                "description": "A key that is not live, or a value that does not validate",
+            },
+        },
+        summary="Change live settings (stored in ZooKeeper; every controller applies them, no restart)",
+        description="set: key -> value (e.g. operations.max_in_flight); reset: keys back to the configured "
+        "value. Validated as a whole: nothing changes unless every value is valid. The leader's next "
+        "operations pass uses them. Answers the live settings in force.",
+    )
+    async def change_live_settings(req: LiveSettingsChange) -> Any:
+        ctl.leadership.require_leader()
+        return await asyncio.to_thread(ctl.live.change, req.set, req.reset, by=req.by)
+
     app.include_router(view)
     app.include_router(write)
+
+
+class LiveSettingsChange(BaseModel):
+    set: dict[str, Any] = Field(
+        default_factory=dict, description="key -> value, e.g. operations.max_in_flight"
+    )
+    reset: list[str] = Field(default_factory=list, description="keys back to their configured value")
+    by: str = Field("admin", max_length=256, description="Who asked (logged, stored)")
 
 
 async def _move(ctl: ControllerApi, response: Response, bundle: str, dst: str | None, dry_run: bool) -> Any:

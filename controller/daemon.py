@@ -42,6 +42,7 @@ from trimtab.config.settings import Settings
 from trimtab.controller import schedules
 from trimtab.controller.healing import HealingJob
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.live_settings import LiveSettings
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
 from trimtab.controller.operations import OperationsJob
@@ -67,6 +68,7 @@ class Controller:
         shedding: SheddingJob,
         standbys: StandbyJob,
         operations: OperationsJob,
+        live: LiveSettings,
         switch_store: Switches,
         metrics: ControllerMetrics,
         liveness: Liveness,
@@ -86,6 +88,7 @@ class Controller:
         self.shedding = shedding
         self.standbys = standbys
         self.operations = operations
+        self.live = live
         self.switch_store = switch_store
         self.events = replica.events
         self.metrics = metrics
@@ -178,6 +181,7 @@ class Controller:
         # Standby sets are advice: warm-up does not wait for them (a leader that has not read them yet
         # rewrites them all, harmlessly).
         await self.replica.start()
+        await asyncio.to_thread(self.live.start)  # every controller follows the live overrides
         if not await self.replica.caught_up(self.stop_event, mono=self.mono):
             return False
         self.liveness.ready = True

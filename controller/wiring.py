@@ -33,6 +33,7 @@ from trimtab.controller.election import LeaderElection
 from trimtab.controller.healing import Healer, HealingJob
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.live_settings import LiveSettings
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
 from trimtab.controller.namespace_admin import NamespaceAdmin
@@ -157,8 +158,9 @@ def build_controller(
         view_ready=lambda: replica.standby_view.ready,
     )
     switch_store = Switches(zk.client, paths)
+    live = LiveSettings(s, zk.client, paths, clock=clock)
     operations = OperationsJob(
-        lambda: s.operations,
+        live.operations,
         ZkOperations(zk.client, paths),
         table,
         leadership,
@@ -211,6 +213,7 @@ def build_controller(
         placement_admin,
         namespace_admin,
         operations,
+        live,
     )
     return Controller(
         s,
@@ -223,6 +226,7 @@ def build_controller(
         shedding=shedding,
         standbys=standbys,
         operations=operations,
+        live=live,
         switch_store=switch_store,
         metrics=metrics,
         liveness=liveness,

@@ -211,3 +211,27 @@ def test_a_bundle_still_on_its_way_to_the_broker_being_drained_waits_for_it() ->
     table[B1] = intents.take(arriving, A, now_ms=T0)
     adv = step(adv.ops[0], table)
     assert [(b, r.state, r.version) for b, r in adv.publish] == [(B1, State.RELEASING, 5)]
+
+
+def test_ten_thousand_moves_of_one_namespace_do_not_starve_ten_of_another() -> None:
+    """Helix #3021: one resource's 10 000 changes starved another's. Here namespaces take turns for the
+    budget: the first pass with room for 100 moves starts all 10 of the small namespace."""
+
+    def bundles(ns: str, n: int) -> list[str]:
+        step_ = 0x100000000 // n
+        return [f"t/{ns}/0x{i * step_:08x}_0x{min((i + 1) * step_, 0xFFFFFFFF):08x}" for i in range(n)]
+
+    big, small = bundles("big", 10_000), bundles("small", 10)
+    table = {b: owned(A) for b in big + small}
+    ops_ = [
+        ops.new("big", ops.OpKind.SHED, [(b, A, B) for b in big], reason="r", requested_by="x", now_ms=T0),
+        ops.new(
+            "small", ops.OpKind.DRAIN, [(b, A, C) for b in small], reason="r", requested_by="x", now_ms=T0
+        ),
+    ]
+    adv = ops.advance(
+        ops_, table.get, ops.Budget(cluster=100), writer="leader", now_ms=T0, republish_after_ms=1000
+    )
+    started = {b for b, _ in adv.publish}
+    assert set(small) <= started and len(started) == 100
+    assert adv.waiting == {"throttled_cluster": 10_000 - 90}
