@@ -562,6 +562,14 @@ def render_status(p: Mapping[str, Any]) -> str:
                 + (f", last: {fmt(last.get('result'))} ({fmt(last.get('reason'))})" if last else ""),
             ),
             (
+                "operations",
+                ", ".join(
+                    f"{fmt(o['id'])} {fmt(o['state'])} {o['progress']['done']}/{o['progress']['total']}"
+                    for o in (p.get("operations") or {}).get("operations", [])
+                )
+                or "none running",
+            ),
+            (
                 "healing",
                 (f"PAUSED ({fmt(heal.get('paused'))}), " if heal.get("paused") else "")
                 + (f"{len(failed)} failed: {', '.join(map(fmt, failed))}" if failed else "no failed brokers")

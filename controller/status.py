@@ -1,6 +1,6 @@
 """``/v1/status``: one page an operator reads first -- who leads, safe mode, the channel, every live
 broker with its load and bundle count, the load spread against the target, shedding and healing state,
-and the latest decisions."""
+the running operations with their progress (leader only: only it holds them), and the latest decisions."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from trimtab.config.settings import SheddingSettings
 from trimtab.controller.healing import Healer
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.shedding import SheddingJob
 
 
@@ -30,6 +31,7 @@ class StatusReport:
         healer: Healer,
         journal: DecisionJournal,
         settings: SheddingSettings,
+        operations: OperationsJob | None = None,
     ) -> None:
         self.leadership = leadership
         self.channel = channel
@@ -39,6 +41,7 @@ class StatusReport:
         self.healer = healer
         self.journal = journal
         self.settings = settings
+        self.operations = operations
 
     def brokers(self) -> dict[str, dict[str, Any]]:
         loads = self.loads.snapshot()
@@ -88,5 +91,8 @@ class StatusReport:
                 "last": {"result": last.result, "reason": last.reason} if last else None,
             },
             "healing": self.healer.status(),
+            "operations": self.operations.status()
+            if self.operations is not None and lead.is_leader
+            else None,
             "recent": self.journal.recent(20),
         }

@@ -185,7 +185,9 @@ def build_controller(
         destinations=destinations,
     )
     liveness = Liveness()
-    status = StatusReport(leadership, channel, registry, loads, shedding, healer, journal, s.shedding)
+    status = StatusReport(
+        leadership, channel, registry, loads, shedding, healer, journal, s.shedding, operations
+    )
     placement_admin = PlacementAdmin(
         PlacementStore(zk.client, paths), leadership, table, registry, writes, journal, metrics, clock=clock
     )
