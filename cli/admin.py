@@ -1462,3 +1462,52 @@ def settings_reset(ctx: click.Context, keys: tuple[str, ...], by: str) -> None:
     """Drop overrides: those keys go back to their configured value."""
     c = _client(ctx)
     c.show(c.call("PUT", "/v1/admin/settings", body={"reset": list(keys), "by": by}))
+
+
+def render_explain(p: Mapping[str, Any]) -> str:
+    cluster = p.get("cluster", p)
+    lines = []
+    if "bundle" in p:
+        rec = p.get("record") or {}
+        lines.append(
+            kv(
+                [
+                    ("bundle", p["bundle"]),
+                    ("state", f"{fmt(rec.get('state'))} v{fmt(rec.get('version'))}" if rec else "no record"),
+                    ("owner", p.get("owner")),
+                    ("placement", p.get("placement")),
+                    ("could go to", ", ".join(p.get("candidates") or []) or "nowhere"),
+                ]
+            )
+        )
+        why = p.get("why_not_moved") or []
+        lines.append(
+            table(
+                ["why it did not move", "detail"],
+                ([fmt(r["reason"]), fmt(r["detail"])] for r in why),
+                empty="",
+            )
+            if why
+            else "nothing holds it here: it moves when the balance calls for it"
+        )
+    state = "balanced" if cluster.get("balanced") else "not balanced"
+    lines.append(f"cluster: {state} (std {fmt(cluster.get('std'))}, target {fmt(cluster.get('target_std'))})")
+    lines.append(
+        table(
+            ["reason", "detail"],
+            ([fmt(r["reason"]), fmt(r["detail"])] for r in cluster["reasons"]),
+            empty="no reasons",
+        )
+    )
+    return "\n".join(lines)
+
+
+@command(admin, "explain")
+@click.argument("bundle", required=False)
+@click.pass_context
+def explain_cmd(ctx: click.Context, bundle: str | None) -> None:
+    """Why the cluster is not balanced; with BUNDLE, why that bundle is on its broker and did not move --
+    from the leader's last decisions."""
+    c = _client(ctx)
+    params = {"bundle": bundle} if bundle else None
+    c.show(c.call("GET", "/v1/admin/explain", params=params), render_explain)

@@ -317,6 +317,18 @@ def _operations(app: FastAPI, ctl: ControllerApi) -> None:
         return (await ctl.operations.verb(op_id, verb, why=why)).summary()
 
     @view.get(
+        "/v1/admin/explain",
+        responses={**leader_only, 400: {"model": ErrorBody, "description": "Not a bundle name"}},
+        summary="Why the cluster is not balanced (or, with ?bundle=, why that bundle is where it is and "
+        "did not move), from the leader's last decisions: reasons as stable words with a sentence each",
+    )
+    async def explain(bundle: str | None = None) -> Any:
+        if bundle is None:
+            return ctl.status.explain()
+        require_bundle(bundle)
+        return ctl.status.explain_bundle(bundle)
+
+    @view.get(
         "/v1/admin/settings",
         summary="The settings changeable at run time: which keys, the overrides, the values in force",
     )

@@ -186,7 +186,17 @@ def build_controller(
     )
     liveness = Liveness()
     status = StatusReport(
-        leadership, channel, registry, loads, shedding, healer, journal, s.shedding, operations
+        leadership,
+        channel,
+        registry,
+        loads,
+        shedding,
+        healer,
+        journal,
+        s.shedding,
+        operations,
+        placement,
+        clock=clock,
     )
     placement_admin = PlacementAdmin(
         PlacementStore(zk.client, paths), leadership, table, registry, writes, journal, metrics, clock=clock
