@@ -55,6 +55,8 @@ class Lifecycle(Protocol):
 
     async def start_drain(self, *, mark_only: bool = False) -> Mapping[str, Any]: ...
 
+    async def undrain(self) -> Mapping[str, Any]: ...
+
     def drain_plan(self) -> Mapping[str, Any]: ...
 
 
@@ -380,6 +382,14 @@ def _admin_routes(api: AgentApi) -> APIRouter:
             response.status_code = 200
             return api.node.drain_plan()
         return {"dry_run": False, **(await api.node.start_drain(mark_only=req.mark_only))}
+
+    @router.post(
+        "/v1/admin/undrain",
+        responses={409: {"model": ErrorBody, "description": "Not draining, or draining by itself"}},
+        summary="End a drain the leader ran (maintenance over): the broker takes bundles again",
+    )
+    async def undrain() -> Any:
+        return await api.node.undrain()
 
     return router
 

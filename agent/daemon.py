@@ -141,6 +141,21 @@ class Agent:
         log.info("admin_drain_requested", owned=owned, by=by)
         return {"broker": self.me, **self.drain_status()}
 
+    async def undrain(self) -> Mapping[str, Any]:
+        """End a drain the leader ran (maintenance over): the broker takes bundles again. 409 while the
+        agent drains by itself (a signal, or a drain it moves) -- that one ends only with a restart."""
+        led = (self._drain or {}).get("by") == "leader_operation"
+        if not self.draining:
+            raise RequestError(409, f"{self.me} is not draining")
+        if self._drain_task is not None or not led or self.stop_event.is_set():
+            raise RequestError(
+                409, f"{self.me} drains by itself (a signal or its own drain): restart it to undo"
+            )
+        await self.drainer.unmark()
+        self._drain = None
+        log.info("admin_undrain")
+        return {"broker": self.me, **self.drain_status()}
+
     async def _admin_drain(self, info: dict[str, Any]) -> None:
         try:
             why = await self.drainer.drain(self.force_exit)

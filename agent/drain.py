@@ -93,6 +93,12 @@ class Drainer:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.registry.update, self.identity.info(draining=True))
 
+    async def unmark(self) -> None:
+        """Not draining any more (a maintenance the leader ran is over): registered to take bundles again."""
+        self.draining = False
+        self.metrics.draining.set(0)
+        await asyncio.to_thread(self.registry.update, self.identity.info(draining=False))
+
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
 

@@ -103,6 +103,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     updated_ms: int
     state: OpState = OpState.PENDING
     state_reason: Annotated[str, msgspec.Meta(max_length=1024)] | None = None  # why paused, failed, cancelled
+    deadline_ms: int | None = None  # maintenance: failed if moves are left at this time
     moves: tuple[Move, ...] = ()
 
     def progress(self) -> tuple[int, int]:
@@ -168,6 +169,7 @@ def new(
     reason: str,
     requested_by: str,
     now_ms: int,
+    deadline_ms: int | None = None,
 ) -> Operation:
     """A pending operation of ``moves`` = (bundle, src, dst or None); a bundle appears once."""
     seen: set[str] = set()
@@ -184,6 +186,7 @@ def new(
         requested_by=requested_by,
         created_ms=now_ms,
         updated_ms=now_ms,
+        deadline_ms=deadline_ms,
         moves=tuple(out),
     )
 
@@ -398,9 +401,21 @@ class _Pass:
             if op.state is OpState.CANCELLED:
                 for j in unstarted:
                     self.end(i, j, Outcome.CANCELLED)
-            elif op.state in (OpState.PENDING, OpState.RUNNING):
+            elif op.state in (OpState.PENDING, OpState.RUNNING) and not (
+                op.deadline_ms is not None and self.now > op.deadline_ms
+            ):  # past its deadline it starts nothing more: it fails (finish)
                 for j in unstarted:
                     queues.setdefault(_namespace(op.moves[j].bundle), []).append((i, j))
+        # Maintenance has a deadline: its moves take the budget first, then namespaces take turns.
+        first = [(i, j) for q in queues.values() for i, j in q if self.ops[i].kind is OpKind.MAINTENANCE]
+        for i, j in sorted(first):
+            why = self._try(i, j, budget)
+            if why is not None:
+                self.waiting[why] += 1
+        if first:
+            urgent = set(first)
+            queues = {ns: [x for x in q if x not in urgent] for ns, q in queues.items()}
+            queues = {ns: q for ns, q in queues.items() if q}
         pending = [q for _, q in sorted(queues.items())]
         cursor = [0] * len(pending)
         blocked: set[int] = set()  # namespaces at their own limit: nothing more starts there this pass
@@ -457,8 +472,18 @@ class _Pass:
                 state = OpState.RUNNING
             if state in (OpState.PENDING, OpState.RUNNING) and all(not m.open for m in moves):
                 state = OpState.DONE
+            why = op.state_reason
+            if (
+                state in (OpState.PENDING, OpState.RUNNING, OpState.PAUSED)
+                and op.deadline_ms is not None
+                and self.now > op.deadline_ms
+            ):
+                left = sum(1 for m in moves if m.open)
+                state, why = OpState.FAILED, f"deadline passed with {left} of {len(moves)} moves left"
             if moves != op.moves or state is not op.state:
-                out[i] = msgspec.structs.replace(op, moves=moves, state=state, updated_ms=self.now)
+                out[i] = msgspec.structs.replace(
+                    op, moves=moves, state=state, state_reason=why, updated_ms=self.now
+                )
         return Advance(out, self.publish, self.waiting, self.outcomes)
 
 

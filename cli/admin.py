@@ -1511,3 +1511,40 @@ def explain_cmd(ctx: click.Context, bundle: str | None) -> None:
     c = _client(ctx)
     params = {"bundle": bundle} if bundle else None
     c.show(c.call("GET", "/v1/admin/explain", params=params), render_explain)
+
+
+@admin.group("maintenance")
+def maintenance_group() -> None:
+    """Planned maintenance of a broker: drained before a deadline, out of service until ended -- not a
+    failure (docs/operations.md, "Maintenance")."""
+
+
+@command(maintenance_group, "list")
+@click.pass_context
+def maintenance_list(ctx: click.Context) -> None:
+    """Brokers in maintenance, with their operation and deadline."""
+    c = _client(ctx)
+    c.show(c.call("GET", "/v1/admin/maintenance"))
+
+
+@command(maintenance_group, "start")
+@click.argument("broker")
+@click.option("--deadline", "deadline_s", type=float, required=True, help="Seconds to drain it in.")
+@click.option("--reason", default="", help="Why (kept with the operation).")
+@click.option("--by", default="admin", show_default=True, help="Who asks.")
+@click.pass_context
+def maintenance_start(ctx: click.Context, broker: str, deadline_s: float, reason: str, by: str) -> None:
+    """Drain BROKER before the deadline and keep it out of service until `maintenance end`."""
+    c = _client(ctx)
+    body = {"broker": broker, "deadline_s": deadline_s, "reason": reason, "by": by}
+    c.show(c.call("POST", "/v1/admin/maintenance", body=body))
+
+
+@command(maintenance_group, "end")
+@click.argument("broker")
+@click.option("--by", default="admin", show_default=True, help="Who asks.")
+@click.pass_context
+def maintenance_end(ctx: click.Context, broker: str, by: str) -> None:
+    """Return BROKER to service: it takes bundles again, as balance requires."""
+    c = _client(ctx)
+    c.show(c.call("POST", "/v1/admin/maintenance/{broker}/end", path={"broker": broker}, params={"by": by}))

@@ -661,6 +661,12 @@ class OperationSettings(Section):
         description="A move whose record has not reached the channel this long after it was published is "
         "proposed again, with the same version (at most one of the two can apply).",
     )
+    maintenance_max_per_domain: int = Field(
+        1,
+        ge=1,
+        description="Brokers of one failure domain in maintenance at once (`trimtab admin maintenance start`); "
+        "one more is refused with the reason. Brokers without a failure domain each count as their own.",
+    )
     keep_finished: int = Field(
         200,
         ge=0,

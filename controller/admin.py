@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.heal import plan_destinations
+from trimtab.balance.maintenance import budget_refusal, deadline_refusal
 from trimtab.balance.operations import OpKind
 from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
@@ -27,8 +29,10 @@ from trimtab.cluster.http import PeerHttp
 from trimtab.cluster.openapi import declares
 from trimtab.cluster.placement.view import LivePlacement
 from trimtab.cluster.zk import BrokerRegistry, zk_call
+from trimtab.config.settings import OperationSettings
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.maintenance_store import InMaintenance, MaintenanceStore
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.destinations import Destinations
@@ -75,6 +79,8 @@ class Admin:
         peers: PeerHttp | None = None,
         operations: OperationsJob | None = None,
         destinations: Destinations | None = None,
+        maintenance: MaintenanceStore | None = None,
+        operation_settings: Callable[[], OperationSettings] | None = None,
     ) -> None:
         """``peers``: how to call the agents (their CA, this controller's token); default plain HTTP
         without a token."""
@@ -94,6 +100,8 @@ class Admin:
         # forwarded whole to the agent (its moves then made by the agent itself).
         self.operations = operations
         self.destinations = destinations if operations is not None else None
+        self.maintenance = maintenance
+        self.operation_settings = operation_settings or OperationSettings
 
     def plan_move(self, bundle: str, dst: str | None) -> MovePlan:
         """Every check of a transfer (``dst`` set) or unload but leadership, from this controller's replica:
@@ -209,6 +217,89 @@ class Admin:
         )
         self.journal.record("drain", key=broker, broker=broker, reason="admin", operation=op.id)
         return {"broker": broker, "operation": op.summary(), "agent": answer}
+
+    async def maintenance_start(
+        self, broker: str, *, deadline_s: float, reason: str, requested_by: str
+    ) -> dict[str, Any]:
+        """Maintenance of ``broker``: drained before ``deadline_s`` (an operation whose moves take the budget
+        first; failed with the reason if moves are left then) and kept out of service until
+        :meth:`maintenance_end`. Refused: 400 a deadline that is not positive, 404 not live, 409 already in
+        maintenance or draining, or its failure domain's budget used up."""
+        self.leadership.require_leader()
+        if self.operations is None or self.maintenance is None:
+            raise RequestError(503, "maintenance needs the leader's operations")
+        bad = deadline_refusal(deadline_s)
+        if bad is not None:
+            raise RequestError(400, bad)
+        info = self.registry.brokers.get(broker)
+        if info is None:
+            raise RequestError(404, f"{broker} is not a live broker")
+        current = await asyncio.to_thread(self.maintenance.read)
+        if broker in current:
+            raise RequestError(409, f"{broker} is in maintenance already")
+        if info.draining:
+            raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
+        domains = {b: i.failure_domain for b, i in self.registry.brokers.items()}
+        over = budget_refusal(broker, domains, current, self.operation_settings().maintenance_max_per_domain)
+        if over is not None:
+            raise RequestError(409, over)
+        answer = await self._forward(
+            info, "/v1/admin/drain", {"mark_only": True}, "maintenance", f"{broker}'s agent", False
+        )
+        now = int(self.clock() * 1000)
+        deadline_ms = now + int(deadline_s * 1000)
+        op = await self.operations.submit(
+            OpKind.MAINTENANCE,
+            self._drain_moves(broker),
+            reason=reason or f"maintenance of {broker}",
+            requested_by=requested_by,
+            deadline_ms=deadline_ms,
+        )
+        entry = InMaintenance(
+            operation=op.id,
+            reason=op.reason,
+            requested_by=requested_by,
+            started_ms=now,
+            deadline_ms=deadline_ms,
+        )
+        await asyncio.to_thread(self.maintenance.start, broker, entry)
+        self.journal.record(
+            "maintenance", key=broker, broker=broker, action="start", operation=op.id, deadline_s=deadline_s
+        )
+        return {"broker": broker, "operation": op.summary(), "deadline_ms": deadline_ms, "agent": answer}
+
+    async def maintenance_end(self, broker: str, *, requested_by: str) -> dict[str, Any]:
+        """Back in service: its drain (if still running) cancelled, its agent takes bundles again, and
+        balance brings load back as it requires. 404 if it is not in maintenance."""
+        self.leadership.require_leader()
+        if self.operations is None or self.maintenance is None:
+            raise RequestError(503, "maintenance needs the leader's operations")
+        current = await asyncio.to_thread(self.maintenance.read)
+        if broker not in current:
+            raise RequestError(404, f"{broker} is not in maintenance")
+        entry = current[broker]
+        if entry is not None and entry.operation in self.operations.ops:
+            op = self.operations.ops[entry.operation]
+            if not op.state.terminal:
+                await self.operations.verb(op.id, "cancel", why=f"maintenance of {broker} ended")
+        info = self.registry.brokers.get(broker)
+        agent: Any = None
+        if info is not None and info.draining:
+            agent = await self._forward(
+                info, "/v1/admin/undrain", {}, "maintenance", f"{broker}'s agent", False
+            )
+        await asyncio.to_thread(self.maintenance.end, broker)
+        self.journal.record("maintenance", key=broker, broker=broker, action="end", by=requested_by)
+        return {"broker": broker, "in_maintenance": False, "agent": agent}
+
+    async def maintenance_list(self) -> dict[str, Any]:
+        current = await asyncio.to_thread(self.maintenance.read) if self.maintenance is not None else {}
+        return {
+            "brokers": {
+                b: (msgspec.to_builtins(e) if e is not None else {"unreadable": True})
+                for b, e in current.items()
+            }
+        }
 
     def _drain_moves(self, broker: str) -> list[tuple[str, str, str | None]]:
         """Every bundle ``broker`` owns or is being given, with a destination the placement rules allow

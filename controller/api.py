@@ -316,6 +316,37 @@ def _operations(app: FastAPI, ctl: ControllerApi) -> None:
         why = (req.reason if req is not None else None) or "operator"
         return (await ctl.operations.verb(op_id, verb, why=why)).summary()
 
+    @view.get("/v1/admin/maintenance", summary="Brokers in maintenance, with their operation and deadline")
+    async def maintenance_list() -> Any:
+        return await ctl.admin.maintenance_list()
+
+    @write.post(
+        "/v1/admin/maintenance",
+        status_code=202,
+        responses={
+            **leader_only,
+            400: {"model": ErrorBody, "description": "A deadline that is not a positive number of seconds"},
+            404: {"model": ErrorBody, "description": "The broker is not live"},
+            409: {
+                "model": ErrorBody,
+                "description": "In maintenance or draining already, or its failure domain's budget is used up",
+            },
+        },
+        summary="Put a broker in maintenance: drained before the deadline, kept out of service until ended",
+    )
+    async def maintenance_start(req: MaintenanceStart) -> Any:
+        return await ctl.admin.maintenance_start(
+            req.broker, deadline_s=req.deadline_s, reason=req.reason, requested_by=req.by
+        )
+
+    @write.post(
+        "/v1/admin/maintenance/{broker}/end",
+        responses={**leader_only, 404: {"model": ErrorBody, "description": "Not in maintenance"}},
+        summary="End a broker's maintenance: it takes bundles again, as balance requires",
+    )
+    async def maintenance_end(broker: str, by: str = Query("admin", max_length=256)) -> Any:
+        return await ctl.admin.maintenance_end(broker, requested_by=by)
+
     @view.get(
         "/v1/admin/explain",
         responses={**leader_only, 400: {"model": ErrorBody, "description": "Not a bundle name"}},
@@ -355,6 +386,15 @@ def _operations(app: FastAPI, ctl: ControllerApi) -> None:
 
     app.include_router(view)
     app.include_router(write)
+
+
+class MaintenanceStart(BaseModel):
+    broker: str = Field(description="The broker id (as registered)")
+    deadline_s: float = Field(
+        description="Seconds from now by which it must be drained (Kubernetes' grace period, say)"
+    )
+    reason: str = Field("", max_length=1024, description="Why (kept with the operation)")
+    by: str = Field("admin", max_length=256, description="Who asked")
 
 
 class LiveSettingsChange(BaseModel):

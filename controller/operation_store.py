@@ -58,6 +58,7 @@ class Header(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     updated_ms: int
     state: OpState
     state_reason: str | None = None
+    deadline_ms: int | None = None
     chunks: int = 0
     moves: int = 0
 
@@ -79,6 +80,7 @@ def header_of(op: Operation) -> Header:
         updated_ms=op.updated_ms,
         state=op.state,
         state_reason=op.state_reason,
+        deadline_ms=op.deadline_ms,
         chunks=(n + CHUNK_MOVES - 1) // CHUNK_MOVES,
         moves=n,
     )
@@ -111,6 +113,7 @@ def assemble(header_bytes: bytes, chunk_bytes: Sequence[bytes]) -> Operation | U
         updated_ms=h.updated_ms,
         state=h.state,
         state_reason=h.state_reason,
+        deadline_ms=h.deadline_ms,
         moves=tuple(moves),
     )
     # Revalidate the whole (patterns, lengths, one move per bundle) exactly as a single value is.

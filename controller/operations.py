@@ -187,11 +187,18 @@ class OperationsJob:
         *,
         reason: str,
         requested_by: str,
+        deadline_ms: int | None = None,
     ) -> ops.Operation:
         """Store a new operation (pending); the next pass starts it."""
         self._require_loaded()
         op = ops.new(
-            self.new_id(kind.value), kind, moves, reason=reason, requested_by=requested_by, now_ms=self._now()
+            self.new_id(kind.value),
+            kind,
+            moves,
+            reason=reason,
+            requested_by=requested_by,
+            now_ms=self._now(),
+            deadline_ms=deadline_ms,
         )
         await asyncio.to_thread(self.store.create, op)
         self.ops[op.id] = op

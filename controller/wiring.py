@@ -34,6 +34,7 @@ from trimtab.controller.healing import Healer, HealingJob
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
 from trimtab.controller.live_settings import LiveSettings
+from trimtab.controller.maintenance_store import ZkMaintenance
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
 from trimtab.controller.namespace_admin import NamespaceAdmin
@@ -183,6 +184,8 @@ def build_controller(
         peers=PeerHttp.from_settings(s.http, auth.own_token),
         operations=operations,
         destinations=destinations,
+        maintenance=ZkMaintenance(zk.client, paths),
+        operation_settings=live.operations,
     )
     liveness = Liveness()
     status = StatusReport(
