@@ -127,8 +127,18 @@ def build_controller(
     )
     table = channel.table
     monitor = MonitorJob(table, leadership, destinations, writes, journal, metrics, heal_cfg, clock=clock)
+    maintenance = ZkMaintenance(zk.client, paths)
     healing = HealingJob(
-        healer, table, leadership, destinations, loads, writes, journal, metrics, clock=clock
+        healer,
+        table,
+        leadership,
+        destinations,
+        loads,
+        writes,
+        journal,
+        metrics,
+        clock=clock,
+        in_maintenance=lambda: list(maintenance.read()),
     )
     shedding = SheddingJob(
         s.shedding,
@@ -184,7 +194,7 @@ def build_controller(
         peers=PeerHttp.from_settings(s.http, auth.own_token),
         operations=operations,
         destinations=destinations,
-        maintenance=ZkMaintenance(zk.client, paths),
+        maintenance=maintenance,
         operation_settings=live.operations,
     )
     liveness = Liveness()
