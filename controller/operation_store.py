@@ -25,7 +25,7 @@ from typing import Protocol
 import msgspec
 import structlog
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from trimtab.balance.operations import (
     MAX_BYTES,
@@ -38,12 +38,17 @@ from trimtab.balance.operations import (
     encode,
 )
 from trimtab.cluster.zk import ZkPaths
-from trimtab.errors import RequestError
+from trimtab.errors import RequestError, ZooKeeperError
 
 log = structlog.get_logger("trimtab.controller")
 
 #: Moves per chunk znode: ~200 bytes each, so ~100 KB per znode, far below ZooKeeper's limit.
 CHUNK_MOVES = 500
+
+
+class OperationConflict(ZooKeeperError):
+    """Another controller wrote the operation since this one read it (a leader deposed mid-pass, or its
+    successor): read every operation again before deciding anything more."""
 
 
 class Header(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -139,6 +144,9 @@ class ZkOperations:
         self.zk = zk
         self.dir = f"{paths.admin}/operations"
         self.unreadable = 0
+        # znode -> the version this store last read or wrote: every write is conditional on it, so a leader
+        # deposed mid-pass cannot overwrite the progress its successor stored (it gets OperationConflict).
+        self._versions: dict[str, int] = {}
 
     def _path(self, op_id: str, seq: int | None = None) -> str:
         return f"{self.dir}/{op_id}" if seq is None else f"{self.dir}/{op_id}/{seq:06d}"
@@ -160,11 +168,17 @@ class ZkOperations:
 
     def read(self, op_id: str) -> Operation | Undecodable | None:
         try:
-            header, _ = self.zk.get(self._path(op_id))
+            header, stat = self.zk.get(self._path(op_id))
+            versions = {self._path(op_id): stat.version}
             names = sorted(self.zk.get_children(self._path(op_id)))
-            chunks = [self.zk.get(f"{self._path(op_id)}/{n}")[0] for n in names]
+            chunks = []
+            for n in names:
+                data, cstat = self.zk.get(f"{self._path(op_id)}/{n}")
+                chunks.append(data)
+                versions[f"{self._path(op_id)}/{n}"] = cstat.version
         except NoNodeError:
             return None  # deleted meanwhile
+        self._versions.update(versions)
         if names != [f"{i:06d}" for i in range(len(names))]:
             return Undecodable(f"unexpected chunk names {names[:5]}")
         # A znode may hold no data at all (null, which kazoo returns as None): unreadable like any other.
@@ -187,6 +201,9 @@ class ZkOperations:
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
             raise errors[0]
+        self._versions[self._path(op.id)] = 0
+        for seq in range(len(chunks_of(op.moves))):
+            self._versions[self._path(op.id, seq)] = 0
 
     def write(self, op: Operation, before: Operation | None) -> None:
         """Write what changed since ``before`` (the operation as last read or written): the changed chunks
@@ -194,9 +211,19 @@ class ZkOperations:
         old = chunks_of(before.moves) if before is not None else []
         for seq, chunk in enumerate(chunks_of(op.moves)):
             if seq >= len(old) or old[seq] != chunk:
-                self.zk.set(self._path(op.id, seq), _ENC.encode(list(chunk)))
+                self._set(self._path(op.id, seq), _ENC.encode(list(chunk)))
         if before is None or header_of(before) != header_of(op):
-            self.zk.set(self._path(op.id), _ENC.encode(header_of(op)))
+            self._set(self._path(op.id), _ENC.encode(header_of(op)))
+
+    def _set(self, path: str, data: bytes) -> None:
+        try:
+            stat = self.zk.set(path, data, version=self._versions.get(path, -1))
+        except BadVersionError:
+            self._versions.pop(path, None)
+            raise OperationConflict(
+                f"{path} was written by another controller since this one read it"
+            ) from None
+        self._versions[path] = stat.version
 
     def delete(self, op_id: str) -> None:
         with contextlib.suppress(NoNodeError):

@@ -32,7 +32,7 @@ from trimtab.config.settings import OperationSettings
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
-from trimtab.controller.operation_store import OperationStore
+from trimtab.controller.operation_store import OperationConflict, OperationStore
 from trimtab.controller.writes import ChannelWrites
 from trimtab.errors import RequestError
 
@@ -137,7 +137,16 @@ class OperationsJob:
 
     async def _store(self, op: ops.Operation) -> None:
         before = self.ops.get(op.id)
-        await asyncio.to_thread(self.store.write, op, before)
+        try:
+            await asyncio.to_thread(self.store.write, op, before)
+        except OperationConflict as e:
+            # Another controller wrote it since we read it: what we hold is stale. Read everything again
+            # (this pass publishes nothing: the caller's exception ends it); the next pass decides afresh.
+            log.warning(
+                "operation_conflict", operation=op.id, error=str(e), action="reloading every operation"
+            )
+            await asyncio.to_thread(self.load)
+            raise
         self.ops[op.id] = op
         if before is None or before.state is not op.state:
             self._decision(op)

@@ -8,7 +8,7 @@ from kazoo.client import KazooClient
 
 from trimtab.balance import operations as ops
 from trimtab.cluster.zk import ZkPaths
-from trimtab.controller.operation_store import CHUNK_MOVES, MemoryOperations, ZkOperations
+from trimtab.controller.operation_store import CHUNK_MOVES, MemoryOperations, OperationConflict, ZkOperations
 from trimtab.errors import RequestError
 
 T0 = 1_800_000_000_000
@@ -84,3 +84,23 @@ def test_hostile_znodes_are_skipped_with_a_reason(zk: KazooClient) -> None:
     zk.create(f"{base}/Not-An-Id!/000000", zk.get(f"{base}/good/000000")[0])
     assert store.list() == [good]
     assert store.unreadable == 2 * len(HOSTILE) + 3
+
+
+def test_a_deposed_leader_cannot_overwrite_what_its_successor_stored(zk: KazooClient) -> None:
+    """Every write is conditional on the version this store last read: the old leader's late write of a
+    pass is refused (OperationConflict), and so is the new leader's if the old one wrote first -- whoever
+    loses reads again before deciding anything more."""
+    paths = ZkPaths("/trimtab/ops-fenced")
+    old, new = ZkOperations(zk, paths), ZkOperations(zk, paths)
+    op = drain("drain-2", 3)
+    old.create(op)
+    [seen] = new.list()  # the new leader loads
+    ahead = ops.pause(seen, why="new leader", now_ms=T0 + 1)
+    new.write(ahead, seen)
+    stale = ops.cancel(op, why="old leader, late", now_ms=T0 + 2)
+    with pytest.raises(OperationConflict):
+        old.write(stale, op)
+    assert new.list() == [ahead]
+    [again] = old.list()  # the loser reads again: now it can write
+    old.write(ops.resume(again, now_ms=T0 + 3), again)
+    assert new.list()[0].state is ops.OpState.PENDING
