@@ -584,6 +584,15 @@ class SplitSettings(Section):
         "them (as in Pulsar's extensible load manager). [loadBalancerAutoUnloadSplitBundlesEnabled]",
     )
     flow_or_qps_diff_threshold_pct: Pct = Field(10.0, description="[flowOrQpsDifferenceThresholdPercentage]")
+    hot_topic_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Hot-topic isolation: when a bundle over a split limit has one topic carrying at least this "
+        "share of its message rate or throughput, the split cuts just around that topic's hash, so the topic "
+        "gets a bundle of its own (whatever split.algorithm says). Splitting by range cannot help a bundle "
+        "whose load is one topic (Pulsar #3419). None: off.",
+    )
 
 
 class HealingSettings(Section):
