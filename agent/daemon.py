@@ -141,6 +141,14 @@ class Agent:
         log.info("admin_drain_requested", owned=owned, by=by)
         return {"broker": self.me, **self.drain_status()}
 
+    def _in_maintenance(self) -> bool:
+        """Whether the controller's maintenance record names this broker (``admin/maintenance/<me>``)."""
+        try:
+            return self.registry.zk.exists(f"{self.registry.paths.admin}/maintenance/{self.me}") is not None
+        except Exception as e:  # ZooKeeper unreadable: start as configured; the leader marks it again
+            log.warning("maintenance_check_failed", error=str(e))
+            return False
+
     async def undrain(self) -> Mapping[str, Any]:
         """End a drain the leader ran (maintenance over): the broker takes bundles again. 409 while the
         agent drains by itself (a signal, or a drain it moves) -- that one ends only with a restart."""
@@ -264,8 +272,16 @@ class Agent:
             log.info("stale_records", bundles=stale)
         await self.leases.confirm()
         self.leases.start_heartbeat()
+        # In maintenance (an operator's `maintenance start`, not ended yet): it stays out of service across
+        # a restart -- the usual step of an upgrade -- so it registers as draining, as the leader left it.
+        in_maintenance = await asyncio.to_thread(self._in_maintenance)
+        if in_maintenance:
+            self.drainer.draining = True
+            self.metrics.draining.set(1)
+            self._drain = {"by": "leader_operation", "owned_at_start": 0, "result": "in maintenance"}
+            log.info("in_maintenance", action="registering as draining until the operator ends it")
         await asyncio.to_thread(
-            self.registry.register, self.identity.info(draining=False), self.register_wait_s
+            self.registry.register, self.identity.info(draining=in_maintenance), self.register_wait_s
         )
         await self._set_barrier()
         # Registered again in a new session (the registry's worker): the barrier at once, on that thread,

@@ -95,9 +95,9 @@ class Drainer:
 
     async def unmark(self) -> None:
         """Not draining any more (a maintenance the leader ran is over): registered to take bundles again."""
-        self.draining = False
-        self.metrics.draining.set(0)
         await asyncio.to_thread(self.registry.update, self.identity.info(draining=False))
+        self.draining = False  # only once registered so: a failed update can be retried
+        self.metrics.draining.set(0)
 
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}

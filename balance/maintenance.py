@@ -8,6 +8,7 @@ a script) from taking a whole rack out at once, and says so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 
@@ -31,7 +32,13 @@ def budget_refusal(
     return None
 
 
+#: The longest maintenance deadline accepted: a week.
+MAX_DEADLINE_S = 7 * 24 * 3600.0
+
+
 def deadline_refusal(deadline_s: float) -> str | None:
+    if not (math.isfinite(deadline_s) and deadline_s <= MAX_DEADLINE_S):
+        return f"the deadline must be a number of seconds up to {MAX_DEADLINE_S:g}, not {deadline_s:g}"
     if not deadline_s > 0:
         return f"the deadline must be a positive number of seconds, not {deadline_s:g}"
     return None

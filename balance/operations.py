@@ -104,6 +104,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     state: OpState = OpState.PENDING
     state_reason: Annotated[str, msgspec.Meta(max_length=1024)] | None = None  # why paused, failed, cancelled
     deadline_ms: int | None = None  # maintenance: failed if moves are left at this time
+    target: Annotated[str, msgspec.Meta(max_length=512)] | None = None  # the broker a drain empties
     moves: tuple[Move, ...] = ()
 
     def progress(self) -> tuple[int, int]:
@@ -139,7 +140,10 @@ class Undecodable(msgspec.Struct, frozen=True):
 
 _DECODER = msgspec.json.Decoder(Operation)
 _ENCODER = msgspec.json.Encoder()
-MAX_BYTES = 4 * 1024 * 1024  # an operation of ~20 000 moves; ZooKeeper's default jute.maxbuffer is 1 MiB-ish
+#: Moves of one operation at most (a drain of a broker with more is refused at submission): ~11 MB of moves,
+#: stored in chunks (controller/operation_store.py).
+MAX_MOVES = 50_000
+MAX_BYTES = 16 * 1024 * 1024
 
 
 def encode(op: Operation) -> bytes:
@@ -158,6 +162,10 @@ def decode(value: bytes) -> Operation | Undecodable:
         return Undecodable(f"schema {op.schema} (this version reads {SCHEMA})")
     if len({m.bundle for m in op.moves}) != len(op.moves):
         return Undecodable("a bundle appears in two moves")
+    if any(m.dst == m.src for m in op.moves):
+        return Undecodable("a move to the broker it starts from")
+    if len(op.moves) > MAX_MOVES:
+        return Undecodable(f"{len(op.moves)} moves, more than {MAX_MOVES}")
     return op
 
 
@@ -170,15 +178,13 @@ def new(
     requested_by: str,
     now_ms: int,
     deadline_ms: int | None = None,
+    target: str | None = None,
 ) -> Operation:
-    """A pending operation of ``moves`` = (bundle, src, dst or None); a bundle appears once."""
-    seen: set[str] = set()
-    out: list[Move] = []
-    for bundle, src, dst in moves:
-        if bundle in seen:
-            raise ValueError(f"bundle {bundle} appears twice in operation {op_id}")
-        seen.add(bundle)
-        out.append(Move(bundle=bundle, src=src, dst=dst))
+    """A pending operation of ``moves`` = (bundle, src, dst or None); a bundle appears once, never moved to
+    where it is; at most :data:`MAX_MOVES` moves (ValueError otherwise)."""
+    out = _moves(op_id, moves, set())
+    if len(out) > MAX_MOVES:
+        raise ValueError(f"operation {op_id} would have {len(out)} moves, more than {MAX_MOVES}")
     return Operation(
         id=op_id,
         kind=kind,
@@ -187,8 +193,34 @@ def new(
         created_ms=now_ms,
         updated_ms=now_ms,
         deadline_ms=deadline_ms,
+        target=target,
         moves=tuple(out),
     )
+
+
+def _moves(op_id: str, moves: Iterable[tuple[str, str, str | None]], seen: set[str]) -> list[Move]:
+    out: list[Move] = []
+    for bundle, src, dst in moves:
+        if bundle in seen:
+            raise ValueError(f"bundle {bundle} appears twice in operation {op_id}")
+        if dst == src:
+            raise ValueError(f"operation {op_id} would move {bundle} to {dst}, where it is")
+        seen.add(bundle)
+        out.append(Move(bundle=bundle, src=src, dst=dst))
+    return out
+
+
+def extend(op: Operation, moves: Iterable[tuple[str, str, str | None]], *, now_ms: int) -> Operation:
+    """``op`` with more moves (a drain's bundles that arrived at its broker after it was planned); a
+    finished operation is not extended."""
+    if op.state.terminal:
+        return op
+    more = _moves(op.id, moves, {m.bundle for m in op.moves})
+    if not more:
+        return op
+    if len(op.moves) + len(more) > MAX_MOVES:
+        raise ValueError(f"operation {op.id} would have more than {MAX_MOVES} moves")
+    return msgspec.structs.replace(op, moves=op.moves + tuple(more), updated_ms=now_ms)
 
 
 # ---------------------------------------------------------------------------------------------- the verbs
@@ -301,7 +333,11 @@ class Advance:
 def _settle(move: Move, cur: Record | None) -> Outcome | None:
     """A started move's outcome from the bundle's record now, or None while it is still on its way."""
     assert move.started_version is not None
-    if cur is None or cur.version < move.started_version:
+    if cur is None:
+        # Tombstoned once settled (a Free record after an unload, a Deleted one after a split): versions
+        # start again from here, so nothing may be proposed for this move any more.
+        return Outcome.MOVED if move.dst is None else Outcome.GONE
+    if cur.version < move.started_version:
         return None  # our record has not arrived (yet)
     if cur.state.in_flight:
         return None
@@ -321,8 +357,8 @@ def _at_start(move: Move, cur: Record | None) -> Outcome | Literal["wait"] | Non
         return Outcome.GONE
     if move.dst is not None and cur.owner() == move.dst and cur.state is State.OWNED:
         return Outcome.ALREADY_THERE
-    if cur.state is State.ASSIGNING and cur.dst == move.src:
-        return "wait"
+    if cur.state in (State.ASSIGNING, State.RELEASING) and cur.dst == move.src:
+        return "wait"  # on its way to the broker it is to leave: moved once it got there
     if not intents.owned_by(cur, move.src):
         return Outcome.MOVED_ON
     return None
@@ -336,6 +372,7 @@ def advance(
     writer: str,
     now_ms: int,
     republish_after_ms: int,
+    usable: Callable[[str], bool] = lambda broker: True,
 ) -> Advance:
     """One pass: settle started moves, propose again what never arrived, and start new moves of running
     (or pending) operations while the budget allows -- taking them round-robin across namespaces, so that
@@ -343,7 +380,7 @@ def advance(
 
     Pure: the caller persists every changed operation *before* publishing (so that a leader killed between
     the two finds the started version and proposes the same record, never a second move)."""
-    p = _Pass(list(ops), table_get, writer, now_ms)
+    p = _Pass(list(ops), table_get, writer, now_ms, usable)
     p.settle_started(republish_after_ms, budget)
     p.start_new(budget)
     return p.finish()
@@ -351,9 +388,15 @@ def advance(
 
 class _Pass:
     def __init__(
-        self, ops: list[Operation], table_get: Callable[[str], Record | None], writer: str, now_ms: int
+        self,
+        ops: list[Operation],
+        table_get: Callable[[str], Record | None],
+        writer: str,
+        now_ms: int,
+        usable: Callable[[str], bool],
     ) -> None:
         self.ops = ops
+        self.usable = usable
         self.get = table_get
         self.writer = writer
         self.now = now_ms
@@ -390,7 +433,13 @@ class _Pass:
                         self.end(i, j, Outcome.MOVED_ON)  # not through the channel: a table from elsewhere
                     elif m.started_ms is None or self.now - m.started_ms >= republish_after_ms:
                         # Never arrived: the same record again (the same version: at most one applies).
-                        rec = intents.release(cur, src=m.src, dst=m.dst, writer=self.writer, now_ms=self.now)
+                        try:
+                            rec = intents.release(
+                                cur, src=m.src, dst=m.dst, writer=self.writer, now_ms=self.now
+                            )
+                        except intents.IntentRefused:
+                            self.end(i, j, Outcome.MOVED_ON)
+                            continue
                         self.publish.append((m.bundle, rec))
                         self.mv(i)[j] = msgspec.structs.replace(m, started_ms=self.now)
 
@@ -453,11 +502,19 @@ class _Pass:
         if done is not None:
             self.end(i, j, done)
             return None
+        if m.dst is not None and not self.usable(m.dst):
+            # Its planned destination died, drains or is in maintenance since the plan: unloaded instead (the
+            # next lookup places it by the rules in force), not sent where it cannot stay.
+            m = msgspec.structs.replace(m, dst=None)
         why = budget.take(m)
         if why is not None:
             return why
         assert cur is not None
-        rec = intents.release(cur, src=m.src, dst=m.dst, writer=self.writer, now_ms=self.now)
+        try:
+            rec = intents.release(cur, src=m.src, dst=m.dst, writer=self.writer, now_ms=self.now)
+        except intents.IntentRefused:
+            self.end(i, j, Outcome.MOVED_ON)
+            return None
         self.publish.append((m.bundle, rec))
         self.mv(i)[j] = msgspec.structs.replace(m, started_version=rec.version, started_ms=self.now)
         return None

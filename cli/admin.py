@@ -1323,7 +1323,7 @@ def namespaces_delete(ctx: click.Context, namespace: dict[str, str], dry_run: bo
 
 @admin.group("ops")
 def ops_group() -> None:
-    """Operations: drains, transfers, shedding moves and maintenance the leader carries out, persisted and
+    """Operations: drains and maintenance the leader carries out, persisted and
     resumed by a new leader (docs/operations.md, "Operations")."""
 
 

@@ -643,7 +643,7 @@ class HealingSettings(Section):
 
 
 class OperationSettings(Section):
-    """The leader's operations (docs/operations.md): drains, transfers, shedding moves and maintenance, each a
+    """The leader's operations (docs/operations.md): drains and maintenance (shedding moves and operators' transfers still publish directly), each a
     record in ZooKeeper that a new leader resumes."""
 
     interval_s: Seconds = Field(1.0, description="How often the leader advances the running operations.")
@@ -665,8 +665,11 @@ class OperationSettings(Section):
         description="Bundles of one namespace in flight above which no operation starts another move in it "
         "(none: no limit of its own). Namespaces share the cluster's budget round-robin whatever this is.",
     )
-    republish_after_s: Seconds = Field(
+    republish_after_s: float = Field(
         10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
         description="A move whose record has not reached the channel this long after it was published is "
         "proposed again, with the same version (at most one of the two can apply).",
     )

@@ -243,8 +243,8 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         description="The broker's agent marks itself draining in its registration (nothing new is assigned "
         "to it) and stays up; the leader moves every bundle it owns to brokers placement allows (a plain "
         "unload when none is) as an operation stored in ZooKeeper -- resumed by the next leader if this one "
-        "dies; /v1/admin/ops/{id} shows its progress. Answers {broker, operation, agent}. Undrain is not "
-        "supported yet: restart the agent (it registers again not draining). 202 when the drain started; "
+        "dies; /v1/admin/ops/{id} shows its progress. Answers {broker, operation, agent}. To take it back "
+        "into service, use maintenance (start, then end) instead, or restart the agent. 202 when the drain started; "
         "404 if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry "
         "run is forwarded by any controller to the broker's agent.",
     )
@@ -391,7 +391,7 @@ def _operations(app: FastAPI, ctl: ControllerApi) -> None:
 class MaintenanceStart(BaseModel):
     broker: str = Field(description="The broker id (as registered)")
     deadline_s: float = Field(
-        description="Seconds from now by which it must be drained (Kubernetes' grace period, say)"
+        allow_inf_nan=False, description="Seconds from now by which it must be drained (at most a week)"
     )
     reason: str = Field("", max_length=1024, description="Why (kept with the operation)")
     by: str = Field("admin", max_length=256, description="Who asked")

@@ -11,7 +11,7 @@ each kind of decision is its own job (Pulsar's ``UnloadScheduler`` is the model)
   entries tombstoned;
 * :class:`~trimtab.controller.shedding.SheddingJob` -- TransferShedder or ThresholdShedder, every cycle
   ending in a metric, a log line and an event;
-* :class:`~trimtab.controller.operations.OperationsJob` -- the persisted operations (drains, transfers,
+* :class:`~trimtab.controller.operations.OperationsJob` -- the persisted operations (drains,
   maintenance) advanced within their limits, resumed by a new leader where the last one stopped.
 
 This class keeps what is common to them: the start-up order, the leadership change (a new term resets the

@@ -129,6 +129,11 @@ class LiveSettings:
         when it does not validate. Blocking (kazoo)."""
         if self.zk is None:
             raise RequestError(503, "live settings need ZooKeeper")
+        unknown = sorted(set(reset) - LIVE_KEYS)
+        if unknown:
+            raise RequestError(
+                400, f"not settable at run time: {', '.join(unknown)} (live: {', '.join(sorted(LIVE_KEYS))})"
+            )
         for _ in range(5):
             try:
                 data, stat = self.zk.get(self.path)

@@ -24,6 +24,7 @@ class InMaintenance(msgspec.Struct, frozen=True, kw_only=True):
     requested_by: str
     started_ms: int
     deadline_ms: int
+    failure_domain: str | None = None  # when it went in: the budget counts it there while it is down
 
 
 _DEC = msgspec.json.Decoder(InMaintenance)

@@ -44,6 +44,11 @@ log = structlog.get_logger("trimtab.controller")
 
 #: Moves per chunk znode: ~200 bytes each, so ~100 KB per znode, far below ZooKeeper's limit.
 CHUNK_MOVES = 500
+#: One stored part at most (a chunk of started moves is ~120 KB).
+PART_MAX_BYTES = 512 * 1024
+#: One ZooKeeper request at most: a transaction larger than the server's jute.maxbuffer (~1 MiB by
+#: default) is refused, so a large operation is created in several.
+TX_MAX_BYTES = 512 * 1024
 
 
 class OperationConflict(ZooKeeperError):
@@ -64,6 +69,7 @@ class Header(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     state: OpState
     state_reason: str | None = None
     deadline_ms: int | None = None
+    target: str | None = None
     chunks: int = 0
     moves: int = 0
 
@@ -86,6 +92,7 @@ def header_of(op: Operation) -> Header:
         state=op.state,
         state_reason=op.state_reason,
         deadline_ms=op.deadline_ms,
+        target=op.target,
         chunks=(n + CHUNK_MOVES - 1) // CHUNK_MOVES,
         moves=n,
     )
@@ -97,8 +104,10 @@ def chunks_of(moves: Sequence[Move]) -> list[tuple[Move, ...]]:
 
 def assemble(header_bytes: bytes, chunk_bytes: Sequence[bytes]) -> Operation | Undecodable:
     """An operation from its stored parts, or why not (pure: the store's decoding, tested on its own)."""
-    if len(header_bytes) > MAX_BYTES or any(len(c) > MAX_BYTES for c in chunk_bytes):
+    if len(header_bytes) > PART_MAX_BYTES or any(len(c) > PART_MAX_BYTES for c in chunk_bytes):
         return Undecodable("a stored part is larger than any this version writes")
+    if len(header_bytes) + sum(len(c) for c in chunk_bytes) > MAX_BYTES:
+        return Undecodable("the stored parts are larger than any operation this version writes")
     try:
         h = _HEADER.decode(header_bytes)
         moves = [m for c in chunk_bytes for m in _MOVES.decode(c)]
@@ -119,6 +128,7 @@ def assemble(header_bytes: bytes, chunk_bytes: Sequence[bytes]) -> Operation | U
         state=h.state,
         state_reason=h.state_reason,
         deadline_ms=h.deadline_ms,
+        target=h.target,
         moves=tuple(moves),
     )
     # Revalidate the whole (patterns, lengths, one move per bundle) exactly as a single value is.
@@ -191,16 +201,29 @@ class ZkOperations:
         """Store a new operation whole, in one transaction (refused if its id exists)."""
         with contextlib.suppress(NodeExistsError):
             self.zk.ensure_path(self.dir)
-        tx = self.zk.transaction()
-        tx.create(self._path(op.id), _ENC.encode(header_of(op)))
-        for seq, chunk in enumerate(chunks_of(op.moves)):
-            tx.create(self._path(op.id, seq), _ENC.encode(list(chunk)))
-        results = tx.commit()
-        if any(isinstance(r, NodeExistsError) for r in results):
-            raise RequestError(409, f"operation {op.id} exists already")
-        errors = [r for r in results if isinstance(r, Exception)]
-        if errors:
-            raise errors[0]
+        # The header and as many chunks as fit in one request, then the rest in more: a reader that meets
+        # the operation between two of them finds fewer chunks than its header names and skips it as
+        # unreadable for that read (only the leader, which is writing it, reads them for work).
+        parts = [(self._path(op.id, seq), _ENC.encode(list(c))) for seq, c in enumerate(chunks_of(op.moves))]
+        batch: list[tuple[str, bytes]] = [(self._path(op.id), _ENC.encode(header_of(op)))]
+        first = True
+        for item in [*parts, None]:
+            if item is None or (
+                len(batch) > 1 and sum(len(d) for _, d in batch) + len(item[1]) > TX_MAX_BYTES
+            ):
+                tx = self.zk.transaction()
+                for path, data in batch:
+                    tx.create(path, data)
+                results = tx.commit()
+                if first and any(isinstance(r, NodeExistsError) for r in results):
+                    raise RequestError(409, f"operation {op.id} exists already")
+                errors = [r for r in results if isinstance(r, Exception)]
+                if errors:
+                    raise errors[0]
+                first = False
+                batch = []
+            if item is not None:
+                batch.append(item)
         self._versions[self._path(op.id)] = 0
         for seq in range(len(chunks_of(op.moves))):
             self._versions[self._path(op.id, seq)] = 0
@@ -218,7 +241,7 @@ class ZkOperations:
     def _set(self, path: str, data: bytes) -> None:
         try:
             stat = self.zk.set(path, data, version=self._versions.get(path, -1))
-        except BadVersionError:
+        except (BadVersionError, NoNodeError):
             self._versions.pop(path, None)
             raise OperationConflict(
                 f"{path} was written by another controller since this one read it"

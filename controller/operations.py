@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
 import structlog
 
 from trimtab.balance import operations as ops
+from trimtab.channel.records import State
 from trimtab.channel.table import TableView
 from trimtab.config.settings import OperationSettings
 from trimtab.controller.journal import DecisionJournal
@@ -54,8 +55,13 @@ class OperationsJob:
         *,
         clock: Callable[[], float] = time.time,
         new_id: Callable[[str], str] | None = None,
+        planner: Callable[[str, list[str]], Mapping[str, str | None]] | None = None,
+        usable: Callable[[str], bool] | None = None,
     ) -> None:
-        """``settings`` is read on every pass: limits changed at run time apply from the next one."""
+        """``settings`` is read on every pass: limits changed at run time apply from the next one.
+        ``planner(broker, bundles)``: destinations for bundles that reached a broker being drained after its
+        drain was planned (added to the drain); ``usable(broker)``: whether a planned destination may still
+        take bundles (live, not draining, not in maintenance) -- a move to one that may not is an unload."""
         self.settings = settings
         self.store = store
         self.table = table
@@ -65,9 +71,14 @@ class OperationsJob:
         self.metrics = metrics
         self.clock = clock
         self.new_id = new_id or (lambda kind: f"{kind}-{int(clock() * 1000):x}-{secrets.token_hex(3)}")
+        self.planner = planner
+        self.usable = usable
         self.ops: dict[str, ops.Operation] = {}
         self.loaded = False
         self.last_waits: dict[str, int] = {}
+        # One writer at a time: a pass, a new operation and an operator's verb each read and write the
+        # operations whole; without it a verb answered during a pass was overwritten by the pass's copy.
+        self._lock = asyncio.Lock()
 
     def _now(self) -> int:
         return int(self.clock() * 1000)
@@ -86,10 +97,45 @@ class OperationsJob:
 
     # ------------------------------------------------------------------ one pass
     async def run_once(self) -> ops.Advance | None:
+        async with self._lock:
+            try:
+                return await self._pass()
+            except OperationConflict:
+                return None  # read again (in _store); the next pass decides afresh
+
+    def _drain_arrivals(self, op: ops.Operation) -> ops.Operation:
+        """A drain's broker may be given bundles after the drain was planned (an assignment in flight, a
+        lookup at an agent that had not seen the draining flag, a split of one of its bundles): they join
+        the drain, so that it ends only once nothing is left on the broker."""
+        if (
+            op.target is None
+            or self.planner is None
+            or op.kind not in (ops.OpKind.DRAIN, ops.OpKind.MAINTENANCE)
+        ):
+            return op
+        planned = {m.bundle for m in op.moves}
+        new = sorted(
+            b
+            for b, r in self.table.items()
+            if b not in planned
+            and r.dst == op.target
+            and r.state in (State.OWNED, State.ASSIGNING, State.RELEASING)
+        )
+        if not new:
+            return op
+        dests = self.planner(op.target, new)
+        try:
+            return ops.extend(op, [(b, op.target, dests.get(b)) for b in new], now_ms=self._now())
+        except ValueError as e:
+            log.warning("operation_not_extended", operation=op.id, error=str(e))
+            return op
+
+    async def _pass(self) -> ops.Advance | None:
         if not self.loaded:
             return None
         active = [op for op in self.ops.values() if _active(op)]
         if not active:
+            self.last_waits = {}
             return None
         if self.leadership.safe_mode() is not None:
             waiting = sum(1 for op in active for m in op.moves if m.open)
@@ -103,6 +149,8 @@ class OperationsJob:
             per_broker=s.max_in_flight_per_broker,
             per_namespace=s.max_in_flight_per_namespace,
         )
+        before = active
+        active = [self._drain_arrivals(op) if not op.state.terminal else op for op in active]
         adv = ops.advance(
             active,
             self.table.get,
@@ -110,8 +158,9 @@ class OperationsJob:
             writer=self.leadership.writer(),
             now_ms=self._now(),
             republish_after_ms=int(s.republish_after_s * 1000),
+            usable=self.usable or (lambda broker: True),
         )
-        changed = adv.changed(active)
+        changed = adv.changed(before)
         if not changed and not adv.publish:
             self._count(adv)
             return adv
@@ -197,8 +246,24 @@ class OperationsJob:
         reason: str,
         requested_by: str,
         deadline_ms: int | None = None,
+        target: str | None = None,
     ) -> ops.Operation:
         """Store a new operation (pending); the next pass starts it."""
+        async with self._lock:
+            return await self._submit(
+                kind, moves, reason=reason, requested_by=requested_by, deadline_ms=deadline_ms, target=target
+            )
+
+    async def _submit(
+        self,
+        kind: ops.OpKind,
+        moves: Iterable[tuple[str, str, str | None]],
+        *,
+        reason: str,
+        requested_by: str,
+        deadline_ms: int | None,
+        target: str | None,
+    ) -> ops.Operation:
         self._require_loaded()
         op = ops.new(
             self.new_id(kind.value),
@@ -208,6 +273,7 @@ class OperationsJob:
             requested_by=requested_by,
             now_ms=self._now(),
             deadline_ms=deadline_ms,
+            target=target,
         )
         await asyncio.to_thread(self.store.create, op)
         self.ops[op.id] = op
@@ -216,16 +282,22 @@ class OperationsJob:
         return op
 
     def get(self, op_id: str) -> ops.Operation:
+        self._require_loaded()
         op = self.ops.get(op_id)
         if op is None:
             raise RequestError(404, f"no operation {op_id!r} (admin ops list shows them)")
         return op
 
     def list(self) -> list[ops.Operation]:
+        self._require_loaded()
         return sorted(self.ops.values(), key=lambda o: o.created_ms)
 
     async def verb(self, op_id: str, verb: str, *, why: str = "operator") -> ops.Operation:
         """pause, resume or cancel; refused with 409 and the reason when it does not apply."""
+        async with self._lock:
+            return await self._verb(op_id, verb, why=why)
+
+    async def _verb(self, op_id: str, verb: str, *, why: str) -> ops.Operation:
         self._require_loaded()
         op = self.get(op_id)
         now = self._now()
@@ -250,7 +322,11 @@ class OperationsJob:
 
     def status(self) -> dict[str, Any]:
         return {
-            "operations": [op.summary() for op in self.list() if not op.state.terminal],
+            "operations": [
+                op.summary()
+                for op in sorted(self.ops.values(), key=lambda o: o.created_ms)
+                if not op.state.terminal
+            ],
             "finished": sum(1 for op in self.ops.values() if op.state.terminal),
             "waiting": dict(self.last_waits),
         }
@@ -259,8 +335,8 @@ class OperationsJob:
 def _active(op: ops.Operation) -> bool:
     """Still something to do: moves to start, or started moves whose outcome is not known yet (a paused,
     cancelled or failed operation's started moves are still followed to their end)."""
-    if not op.state.terminal and op.state is not ops.OpState.PAUSED:
-        return True
+    if not op.state.terminal and (op.state is not ops.OpState.PAUSED or op.deadline_ms is not None):
+        return True  # a paused operation with a deadline still fails at it
     return any(
         m.open and (m.started_version is not None or op.state is ops.OpState.CANCELLED) for m in op.moves
     )

@@ -26,7 +26,7 @@ from trimtab.cluster.replica import Replica
 from trimtab.cluster.wiring import check_security
 from trimtab.cluster.zk import NamespaceStore
 from trimtab.config.settings import Settings
-from trimtab.controller.admin import Admin
+from trimtab.controller.admin import Admin, plan_drain
 from trimtab.controller.api import ControllerApi, create_app
 from trimtab.controller.daemon import Controller
 from trimtab.controller.election import LeaderElection
@@ -179,6 +179,8 @@ def build_controller(
         journal,
         metrics,
         clock=clock,
+        planner=lambda broker, bundles: plan_drain(destinations, broker, bundles),
+        usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
     )
     admin = Admin(
         table,

@@ -235,3 +235,49 @@ def test_ten_thousand_moves_of_one_namespace_do_not_starve_ten_of_another() -> N
     started = {b for b, _ in adv.publish}
     assert set(small) <= started and len(started) == 100
     assert adv.waiting == {"throttled_cluster": 10_000 - 90}
+
+
+def test_a_settled_record_tombstoned_before_the_next_pass_ends_the_move_and_never_restarts_it() -> None:
+    """Review finding: after a tombstone versions start again from 1, so a move whose record vanished must
+    end, not wait (it would hold its budget forever) nor be proposed again (a second move)."""
+    table = {B1: owned(A)}
+    op = step(drain(B1, dst=None), table).ops[0]  # an unload, started at v4
+    del table[B1]  # Free, then tombstoned by the monitor, before the operation looked again
+    adv = step(op, table, now=T0 + 60_000)
+    assert adv.publish == [] and adv.ops[0].moves[0].outcome is ops.Outcome.MOVED
+    table[B1] = owned(A, version=2)  # a lookup gave it back to A: not ours to move again
+    assert step(adv.ops[0], table, now=T0 + 120_000).publish == []
+
+
+def test_a_move_to_where_the_bundle_is_is_refused_when_built_and_when_read() -> None:
+    with pytest.raises(ValueError, match="where it is"):
+        ops.new("op-3", ops.OpKind.SHED, [(B1, A, A)], reason="r", requested_by="x", now_ms=T0)
+    good = drain(B1)
+    bad = ops.encode(good).replace(f'"dst":"{B}"'.encode(), f'"dst":"{A}"'.encode())
+    got = ops.decode(bad)
+    assert isinstance(got, ops.Undecodable) and "starts from" in got.reason
+
+
+def test_a_destination_no_longer_usable_is_an_unload_instead() -> None:
+    table = {B1: owned(A)}
+    adv = ops.advance(
+        [drain(B1)],
+        table.get,
+        ops.Budget(),
+        writer="l",
+        now_ms=T0,
+        republish_after_ms=1,
+        usable=lambda b: b != B,
+    )
+    [(_, rec)] = adv.publish
+    assert (rec.state, rec.src, rec.dst) == (State.RELEASING, A, None)
+
+
+def test_a_drain_grows_with_the_bundles_that_reach_its_broker_later() -> None:
+    op = drain(B1)
+    more = ops.extend(op, [(B2, A, C)], now_ms=T0 + 5)
+    assert [m.bundle for m in more.moves] == [B1, B2] and more.updated_ms == T0 + 5
+    with pytest.raises(ValueError, match="twice"):
+        ops.extend(op, [(B1, A, C)], now_ms=T0)
+    done = ops.cancel(op, why="x", now_ms=T0)
+    assert ops.extend(done, [(B2, A, C)], now_ms=T0) is done

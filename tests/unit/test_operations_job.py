@@ -216,3 +216,52 @@ def test_nothing_is_done_before_the_store_was_read() -> None:
     with pytest.raises(RequestError) as e:
         asyncio.run(job.submit(ops.OpKind.DRAIN, [], reason="r", requested_by="x"))
     assert e.value.status == 503
+
+
+def test_a_verb_during_a_pass_is_not_overwritten_by_the_pass() -> None:
+    """Review finding: a cancel answered while a pass waited for leadership was overwritten by the pass's
+    own copy (RUNNING), and the next pass moved more bundles. Now a verb waits for the pass to end."""
+
+    class SlowLeadership(Leadership):
+        gate: asyncio.Event
+
+        async def confirm(self) -> bool:
+            await self.gate.wait()
+            return True
+
+    async def main() -> None:
+        c = Cluster(6, OperationSettings(max_in_flight=2))
+        c.leadership = SlowLeadership()
+        c.leadership.gate = asyncio.Event()
+        c.job = c.leader()
+        op = await c.job.submit(
+            ops.OpKind.DRAIN, [(bundle(i), A, B) for i in range(6)], reason="r", requested_by="x"
+        )
+        first = asyncio.ensure_future(c.job.run_once())
+        await asyncio.sleep(0)  # the pass is waiting on leadership
+        cancel = asyncio.ensure_future(c.job.verb(op.id, "cancel"))
+        await asyncio.sleep(0)
+        c.leadership.gate.set()
+        await first
+        assert (await cancel).state is ops.OpState.CANCELLED
+        c.brokers_finish()
+        await c.job.run_once()
+        assert len(c.writes.published) == 2  # the first pass's two, nothing after the cancel
+        final = c.job.get(op.id)
+        assert final.state is ops.OpState.CANCELLED and c.store.list()[0].state is ops.OpState.CANCELLED
+
+    asyncio.run(main())
+
+
+def test_bundles_that_reach_a_drained_broker_later_join_its_drain() -> None:
+    c = Cluster(2)
+    c.job.planner = lambda broker, bundles: dict.fromkeys(bundles, B)
+    op = asyncio.run(
+        c.job.submit(ops.OpKind.DRAIN, [(bundle(0), A, B)], reason="r", requested_by="x", target=A)
+    )
+    asyncio.run(c.job.run_once())  # bundle(1) is A's too, but not in the plan: it joins
+    grown = c.job.get(op.id)
+    assert [m.bundle for m in grown.moves] == [bundle(0), bundle(1)]
+    c.brokers_finish()
+    asyncio.run(c.job.run_once())
+    assert c.job.get(op.id).state is ops.OpState.DONE and c.table[bundle(1)].dst == B
