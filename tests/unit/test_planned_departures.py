@@ -30,7 +30,7 @@ def round_with(planned: set[str], live_n: int = 4) -> tuple[str | None, int]:
     healer.load()
     live = {f"l{i}:1": 0.2 for i in range(live_n)}
     healer.bookkeeping(set(live), items, NOW - 1000)
-    out, info = healer.round(live, table.get, items, lambda b, ex: "l0:1", NOW, planned=planned)
+    out, _info = healer.round(live, table.get, items, lambda b, ex: "l0:1", NOW, planned=planned)
     return healer.paused_reason, len(out)
 
 
