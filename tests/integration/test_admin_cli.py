@@ -24,7 +24,6 @@ so only the tests move bundles; each test works in its own namespace.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import socket
 import threading
@@ -40,8 +39,9 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
+from tests.support.topics import topic_in
 from tests.support.waiting import wait_for
-from trimtab.channel.bundles import parse_bundle, topic_hash
+from trimtab.channel.bundles import parse_bundle
 from trimtab.cli.main import main
 from trimtab.devkit.localcluster import LocalCluster, Node
 
@@ -673,16 +673,6 @@ def test_the_exit_codes_are_documented() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- operations
-def topic_in(bundle: str) -> str:
-    """A topic whose hash falls in ``bundle`` (a lookup of it assigns exactly that bundle)."""
-    ns, rng = parse_bundle(bundle)
-    for i in itertools.count():
-        topic = f"persistent://{ns}/t-{i}"
-        if rng.contains(topic_hash(topic)):
-            return topic
-    raise AssertionError("unreachable")
-
-
 def test_a_drain_whose_leader_is_killed_half_way_is_finished_by_the_next_leader(admin: Admin) -> None:
     """Issue 32's promise: kill -9 of the leader in the middle of a ~500-bundle drain; the new leader
     finishes it, no bundle is moved twice (each one's channel version went up by exactly one move's three

@@ -85,8 +85,8 @@ class Cluster:
         self.metrics = ControllerMetrics.create(CollectorRegistry())
         self.job = self.leader()
 
-    def leader(self) -> OperationsJob:
-        """A new leader's job over the same store (what a failover gives)."""
+    def leader(self, load: bool = True) -> OperationsJob:
+        """A new leader's job over the same store (what a failover gives); ``load``: it has read them."""
         job = OperationsJob(
             lambda: self.settings,
             self.store,
@@ -97,7 +97,8 @@ class Cluster:
             self.metrics,
             clock=lambda: self.now,
         )
-        job.load()
+        if load:
+            job.load()
         return job
 
     def brokers_finish(self) -> None:
@@ -203,15 +204,7 @@ def test_only_the_newest_finished_operations_are_kept() -> None:
 
 def test_nothing_is_done_before_the_store_was_read() -> None:
     c = Cluster(1)
-    job = OperationsJob(
-        lambda: c.settings,
-        c.store,
-        c.table,  # type: ignore[arg-type]
-        c.leadership,  # type: ignore[arg-type]
-        c.writes,  # type: ignore[arg-type]
-        c.journal,  # type: ignore[arg-type]
-        c.metrics,
-    )
+    job = c.leader(load=False)
     assert asyncio.run(job.run_once()) is None
     with pytest.raises(RequestError) as e:
         asyncio.run(job.submit(ops.OpKind.DRAIN, [], reason="r", requested_by="x"))
