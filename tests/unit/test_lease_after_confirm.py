@@ -20,11 +20,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from tests.unit.test_reconciler_yields import InstantBroker
+from tests.unit.test_reconciler_yields import InstantBroker, build_reconciler
 from trimtab.agent.adapters.base import Lease
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.agent.reconciler import Reconciler
 from trimtab.channel.records import Record, State, make
 
 ME, OTHER = "me:1", "other:2"
@@ -79,18 +78,7 @@ def acquired_after_the_record_moved_on(move_on: bool) -> list[str]:
         guard = LeaseGuard(session, lease_s=20.0, margin_s=2.0, metrics=metrics)
         channel = Channel({BUNDLE: make(State.OWNED, dst=ME, version=23, ts=0, writer=ME)})
         broker = Broker()
-        rec = Reconciler(
-            ME,
-            channel,  # type: ignore[arg-type]
-            broker,  # type: ignore[arg-type]
-            url_of=lambda b: None,
-            apply_split=lambda *a: None,
-            metrics=metrics,
-            on_served_change=lambda b, s: None,
-            leases=guard,
-            in_flight_timeout_s=30.0,
-            workers=1,
-        )
+        rec = build_reconciler(channel, broker, workers=1, guard=guard)
         rec.mark(BUNDLE)  # our broker lost the lease: acquire again, the record is still ours
         rec.start()
         try:
