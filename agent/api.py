@@ -53,7 +53,9 @@ class Lifecycle(Protocol):
 
     def status(self) -> Mapping[str, Any]: ...
 
-    def start_drain(self) -> Mapping[str, Any]: ...
+    async def start_drain(self, *, mark_only: bool = False) -> Mapping[str, Any]: ...
+
+    async def undrain(self) -> Mapping[str, Any]: ...
 
     def drain_plan(self) -> Mapping[str, Any]: ...
 
@@ -145,6 +147,11 @@ class DrainRequest(BaseModel):
     dry_run: bool = Field(
         False,
         description="Answer where each owned bundle would go now (200); nothing moves and nothing is marked.",
+    )
+    mark_only: bool = Field(
+        False,
+        description="Only mark the broker draining: the leader moves its bundles, as an operation it "
+        "persists (what the controller's drain asks).",
     )
 
 
@@ -374,7 +381,15 @@ def _admin_routes(api: AgentApi) -> APIRouter:
         if req.dry_run:
             response.status_code = 200
             return api.node.drain_plan()
-        return {"dry_run": False, **api.node.start_drain()}
+        return {"dry_run": False, **(await api.node.start_drain(mark_only=req.mark_only))}
+
+    @router.post(
+        "/v1/admin/undrain",
+        responses={409: {"model": ErrorBody, "description": "Not draining, or draining by itself"}},
+        summary="End a drain the leader ran (maintenance over): the broker takes bundles again",
+    )
+    async def undrain() -> Any:
+        return await api.node.undrain()
 
     return router
 

@@ -118,20 +118,50 @@ class Agent:
         return self.drainer.draining or self._drain_task is not None
 
     # ------------------------------------------------------------------ an operator's drain
-    def start_drain(self) -> Mapping[str, Any]:
+    async def start_drain(self, *, mark_only: bool = False) -> Mapping[str, Any]:
         """Start draining without exiting (``POST /v1/admin/drain``): the drain runs as a background task
-        and this returns at once with the drain's status. 409 if draining already (by a signal or an
-        earlier request), retryable 503 while starting or stopping."""
+        and this returns at once with the drain's status. ``mark_only``: only mark the broker draining in
+        its registration -- the leader moves its bundles, as an operation it persists and resumes after a
+        failover (docs/operations.md, "Operations"). 409 if draining already (by a signal or an earlier
+        request), retryable 503 while starting or stopping."""
         if self.draining:
             raise RequestError(409, f"{self.me} is draining already (restart the agent to undo a drain)")
         if not self.ready or self.stop_event.is_set():
             raise RequestError(503, f"{self.me} is not ready (starting or stopping)", retryable=True)
         owned = len(self.drainer.owned())
-        info: dict[str, Any] = {"by": "admin", "owned_at_start": owned, "result": None}
+        by = "leader_operation" if mark_only else "admin"
+        info: dict[str, Any] = {"by": by, "owned_at_start": owned, "result": None}
         self._drain = info
         self._drain_started = self._monotonic()
-        self._drain_task = asyncio.create_task(self._admin_drain(info), name="drain")
-        log.info("admin_drain_requested", owned=owned)
+        if mark_only:
+            await self.drainer.mark()
+            info["result"] = "marked: the leader moves the bundles"
+        else:
+            self._drain_task = asyncio.create_task(self._admin_drain(info), name="drain")
+        log.info("admin_drain_requested", owned=owned, by=by)
+        return {"broker": self.me, **self.drain_status()}
+
+    def _in_maintenance(self) -> bool:
+        """Whether the controller's maintenance record names this broker (``admin/maintenance/<me>``)."""
+        try:
+            return self.registry.zk.exists(f"{self.registry.paths.admin}/maintenance/{self.me}") is not None
+        except Exception as e:  # ZooKeeper unreadable: start as configured; the leader marks it again
+            log.warning("maintenance_check_failed", error=str(e))
+            return False
+
+    async def undrain(self) -> Mapping[str, Any]:
+        """End a drain the leader ran (maintenance over): the broker takes bundles again. 409 while the
+        agent drains by itself (a signal, or a drain it moves) -- that one ends only with a restart."""
+        led = (self._drain or {}).get("by") == "leader_operation"
+        if not self.draining:
+            raise RequestError(409, f"{self.me} is not draining")
+        if self._drain_task is not None or not led or self.stop_event.is_set():
+            raise RequestError(
+                409, f"{self.me} drains by itself (a signal or its own drain): restart it to undo"
+            )
+        await self.drainer.unmark()
+        self._drain = None
+        log.info("admin_undrain")
         return {"broker": self.me, **self.drain_status()}
 
     async def _admin_drain(self, info: dict[str, Any]) -> None:
@@ -242,8 +272,16 @@ class Agent:
             log.info("stale_records", bundles=stale)
         await self.leases.confirm()
         self.leases.start_heartbeat()
+        # In maintenance (an operator's `maintenance start`, not ended yet): it stays out of service across
+        # a restart -- the usual step of an upgrade -- so it registers as draining, as the leader left it.
+        in_maintenance = await asyncio.to_thread(self._in_maintenance)
+        if in_maintenance:
+            self.drainer.draining = True
+            self.metrics.draining.set(1)
+            self._drain = {"by": "leader_operation", "owned_at_start": 0, "result": "in maintenance"}
+            log.info("in_maintenance", action="registering as draining until the operator ends it")
         await asyncio.to_thread(
-            self.registry.register, self.identity.info(draining=False), self.register_wait_s
+            self.registry.register, self.identity.info(draining=in_maintenance), self.register_wait_s
         )
         await self._set_barrier()
         # Registered again in a new session (the registry's worker): the barrier at once, on that thread,

@@ -84,6 +84,21 @@ class Drainer:
         self.poll_s = poll_s
         self.draining = False
 
+    async def mark(self) -> None:
+        """Draining from now on: published in the registration, so that nothing new is assigned here.
+        The drain itself marks first; a drain the leader runs as an operation only marks (the leader moves
+        the bundles)."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.registry.update, self.identity.info(draining=True))
+
+    async def unmark(self) -> None:
+        """Not draining any more (a maintenance the leader ran is over): registered to take bundles again."""
+        await asyncio.to_thread(self.registry.update, self.identity.info(draining=False))
+        self.draining = False  # only once registered so: a failed update can be retried
+        self.metrics.draining.set(0)
+
     def owned(self) -> set[str]:
         return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
 
@@ -120,10 +135,7 @@ class Drainer:
         """Transfer every owned bundle away and wait until they are owned elsewhere and closed here.
 
         Returns "" when done, else why it stopped early (``force_exit`` set, or the drain timeout)."""
-        self.draining = True
-        self.metrics.draining.set(1)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.registry.update, self.identity.info(draining=True))
+        await self.mark()
         deadline = self._monotonic() + self.timeout_s
         requested: dict[str, int] = {}  # bundle -> version we asked to release
         owned = len(self.owned())

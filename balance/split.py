@@ -28,6 +28,7 @@ class SplitLimits:
     max_splits_per_cycle: int = 10
     algorithm: str = "range_equally_divide"
     flow_or_qps_diff_threshold_pct: float = 10.0
+    hot_topic_share: float | None = None
 
     @classmethod
     def from_settings(cls, s: Settings) -> SplitLimits:
@@ -42,6 +43,7 @@ class SplitLimits:
             max_splits_per_cycle=sp.max_splits_per_cycle,
             algorithm=sp.algorithm,
             flow_or_qps_diff_threshold_pct=sp.flow_or_qps_diff_threshold_pct,
+            hot_topic_share=sp.hot_topic_share,
         )
 
 
@@ -64,11 +66,38 @@ def over_limit(s: BundleStats, lim: SplitLimits) -> str | None:
     return None
 
 
+def hot_topic(s: BundleStats, share: float) -> int | None:
+    """The hash of the topic carrying at least ``share`` of ``s``'s message rate or throughput, if one does
+    (the largest such), else None."""
+    if not s.topic_loads or len(s.topic_loads) < 2:
+        return None
+    rate = sum(r for r, _ in s.topic_loads.values())
+    tput = sum(t for _, t in s.topic_loads.values())
+    best = max(
+        s.topic_loads.items(),
+        key=lambda kv: (max(kv[1][0] / rate if rate else 0, kv[1][1] / tput if tput else 0), -kv[0]),
+    )
+    h, (r, t) = best
+    return h if (rate and r / rate >= share) or (tput and t / tput >= share) else None
+
+
+def around(rng: BundleRange, h: int) -> list[int]:
+    """Boundaries that give hash ``h`` a child range of its own: [h, h + 1), clipped to ``rng``."""
+    return [c for c in (h, h + 1) if rng.lower < c < rng.upper]
+
+
 def children_for(
     s: BundleStats, lim: SplitLimits, algorithm: str | None = None, positions: tuple[int, ...] = ()
 ) -> tuple[BundleRange, ...]:
-    """The child ranges of ``s.bundle`` under an algorithm; empty when it cannot be split that way."""
+    """The child ranges of ``s.bundle`` under an algorithm; empty when it cannot be split that way. With
+    ``lim.hot_topic_share`` set and no explicit algorithm, a dominant topic is cut out on its own first."""
     _, rng = parse_bundle(s.bundle)
+    if algorithm is None and lim.hot_topic_share is not None:
+        h = hot_topic(s, lim.hot_topic_share)
+        if h is not None and rng.contains(h):
+            cuts = around(rng, h)
+            if cuts:
+                return tuple(split_range(rng, cuts))
     cuts = split_boundaries(
         algorithm or lim.algorithm,
         rng,

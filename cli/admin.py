@@ -562,6 +562,14 @@ def render_status(p: Mapping[str, Any]) -> str:
                 + (f", last: {fmt(last.get('result'))} ({fmt(last.get('reason'))})" if last else ""),
             ),
             (
+                "operations",
+                ", ".join(
+                    f"{fmt(o['id'])} {fmt(o['state'])} {o['progress']['done']}/{o['progress']['total']}"
+                    for o in (p.get("operations") or {}).get("operations", [])
+                )
+                or "none running",
+            ),
+            (
                 "healing",
                 (f"PAUSED ({fmt(heal.get('paused'))}), " if heal.get("paused") else "")
                 + (f"{len(failed)} failed: {', '.join(map(fmt, failed))}" if failed else "no failed brokers")
@@ -1311,3 +1319,232 @@ def namespaces_delete(ctx: click.Context, namespace: dict[str, str], dry_run: bo
         path=namespace,
         render=render_namespace_deleted,
     )
+
+
+@admin.group("ops")
+def ops_group() -> None:
+    """Operations: drains and maintenance the leader carries out, persisted and
+    resumed by a new leader (docs/operations.md, "Operations")."""
+
+
+def render_ops(p: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            fmt(o["id"]),
+            fmt(o["kind"]),
+            fmt(o["state"]),
+            f"{o['progress']['done']}/{o['progress']['total']}",
+            fmt(o["reason"]),
+        ]
+        for o in p
+    ]
+    return table(["id", "kind", "state", "progress", "reason"], rows, empty="no operations")
+
+
+def render_op(p: Mapping[str, Any]) -> str:
+    progress = f"{p['progress']['done']}/{p['progress']['total']}"
+    pairs: list[tuple[str, Any]] = [
+        ("id", p["id"]),
+        ("kind", p["kind"]),
+        ("state", p["state"] + (f" ({p['state_reason']})" if p.get("state_reason") else "")),
+        ("progress", progress),
+        ("reason", p["reason"]),
+        ("requested by", p["requested_by"]),
+        ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(p["outcomes"].items())) or "none yet"),
+    ]
+    moves = [
+        [fmt(m["bundle"]), fmt(m["src"]), fmt(m.get("dst") or "(unload)"), fmt(m.get("outcome") or "")]
+        for m in p["moves"]
+    ]
+    shown = f"\nfirst {p['moves_shown']} of {p['progress']['total']} moves" if moves else ""
+    return kv(pairs) + "\n\n" + table(["bundle", "from", "to", "outcome"], moves, empty="no moves") + shown
+
+
+@command(ops_group, "list")
+@click.pass_context
+def ops_list(ctx: click.Context) -> None:
+    """Every operation the leader holds (the newest finished ones too), with its progress."""
+    c = _client(ctx)
+    c.show(c.call("GET", "/v1/admin/ops"), render_ops)
+
+
+@command(ops_group, "show")
+@click.argument("op_id", metavar="ID")
+@click.option("--moves", default=100, show_default=True, help="How many of its moves to show.")
+@click.pass_context
+def ops_show(ctx: click.Context, op_id: str, moves: int) -> None:
+    """One operation: who asked and why, its state, how its moves ended so far."""
+    c = _client(ctx)
+    c.show(
+        c.call("GET", "/v1/admin/ops/{op_id}", path={"op_id": op_id}, params={"moves": str(moves)}), render_op
+    )
+
+
+def _ops_verb(ctx: click.Context, op_id: str, verb: str, reason: str | None) -> None:
+    c = _client(ctx)
+    body = {"reason": reason} if reason else {}
+    c.show(
+        c.call("POST", "/v1/admin/ops/{op_id}/{verb}", path={"op_id": op_id, "verb": verb}, body=body),
+        lambda p: render_ops([p]),
+    )
+
+
+@command(ops_group, "pause")
+@click.argument("op_id", metavar="ID")
+@click.option("--reason", default=None, help="Why (shown with the state).")
+@click.pass_context
+def ops_pause(ctx: click.Context, op_id: str, reason: str | None) -> None:
+    """Pause an operation: moves already started finish, no new one starts."""
+    _ops_verb(ctx, op_id, "pause", reason)
+
+
+@command(ops_group, "resume")
+@click.argument("op_id", metavar="ID")
+@click.pass_context
+def ops_resume(ctx: click.Context, op_id: str) -> None:
+    """Resume a paused operation."""
+    _ops_verb(ctx, op_id, "resume", None)
+
+
+@command(ops_group, "cancel")
+@click.argument("op_id", metavar="ID")
+@click.option("--reason", default=None, help="Why (shown with the state).")
+@click.pass_context
+def ops_cancel(ctx: click.Context, op_id: str, reason: str | None) -> None:
+    """Cancel an operation: moves already started finish (a move cannot be taken back half made), the rest
+    are not made."""
+    _ops_verb(ctx, op_id, "cancel", reason)
+
+
+@admin.group("settings")
+def settings_group() -> None:
+    """Settings changeable at run time without a restart: the operations' limits (docs/operations.md,
+    "Operations")."""
+
+
+def _live_value(text: str) -> Any:
+    """A value as JSON when it is JSON (``10``, ``2.5``, ``null``), else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@command(settings_group, "show")
+@click.pass_context
+def settings_show(ctx: click.Context) -> None:
+    """The keys that may change at run time, the overrides stored, the values in force."""
+    c = _client(ctx)
+    c.show(c.call("GET", "/v1/admin/settings"))
+
+
+@command(settings_group, "set")
+@click.argument("pairs", nargs=-1, required=True, metavar="KEY=VALUE...")
+@click.option("--by", default="admin", show_default=True, help="Who asks (stored with the override).")
+@click.pass_context
+def settings_set(ctx: click.Context, pairs: tuple[str, ...], by: str) -> None:
+    """Override live settings, e.g. ``operations.max_in_flight=50``; the leader's next pass uses them."""
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE")
+        changes[key] = _live_value(value)
+    c = _client(ctx)
+    c.show(c.call("PUT", "/v1/admin/settings", body={"set": changes, "by": by}))
+
+
+@command(settings_group, "reset")
+@click.argument("keys", nargs=-1, required=True, metavar="KEY...")
+@click.option("--by", default="admin", show_default=True, help="Who asks (stored with the override).")
+@click.pass_context
+def settings_reset(ctx: click.Context, keys: tuple[str, ...], by: str) -> None:
+    """Drop overrides: those keys go back to their configured value."""
+    c = _client(ctx)
+    c.show(c.call("PUT", "/v1/admin/settings", body={"reset": list(keys), "by": by}))
+
+
+def render_explain(p: Mapping[str, Any]) -> str:
+    cluster = p.get("cluster", p)
+    lines = []
+    if "bundle" in p:
+        rec = p.get("record") or {}
+        lines.append(
+            kv(
+                [
+                    ("bundle", p["bundle"]),
+                    ("state", f"{fmt(rec.get('state'))} v{fmt(rec.get('version'))}" if rec else "no record"),
+                    ("owner", p.get("owner")),
+                    ("placement", p.get("placement")),
+                    ("could go to", ", ".join(p.get("candidates") or []) or "nowhere"),
+                ]
+            )
+        )
+        why = p.get("why_not_moved") or []
+        lines.append(
+            table(
+                ["why it did not move", "detail"],
+                ([fmt(r["reason"]), fmt(r["detail"])] for r in why),
+                empty="",
+            )
+            if why
+            else "nothing holds it here: it moves when the balance calls for it"
+        )
+    state = "balanced" if cluster.get("balanced") else "not balanced"
+    lines.append(f"cluster: {state} (std {fmt(cluster.get('std'))}, target {fmt(cluster.get('target_std'))})")
+    lines.append(
+        table(
+            ["reason", "detail"],
+            ([fmt(r["reason"]), fmt(r["detail"])] for r in cluster["reasons"]),
+            empty="no reasons",
+        )
+    )
+    return "\n".join(lines)
+
+
+@command(admin, "explain")
+@click.argument("bundle", required=False)
+@click.pass_context
+def explain_cmd(ctx: click.Context, bundle: str | None) -> None:
+    """Why the cluster is not balanced; with BUNDLE, why that bundle is on its broker and did not move --
+    from the leader's last decisions."""
+    c = _client(ctx)
+    params = {"bundle": bundle} if bundle else None
+    c.show(c.call("GET", "/v1/admin/explain", params=params), render_explain)
+
+
+@admin.group("maintenance")
+def maintenance_group() -> None:
+    """Planned maintenance of a broker: drained before a deadline, out of service until ended -- not a
+    failure (docs/operations.md, "Maintenance")."""
+
+
+@command(maintenance_group, "list")
+@click.pass_context
+def maintenance_list(ctx: click.Context) -> None:
+    """Brokers in maintenance, with their operation and deadline."""
+    c = _client(ctx)
+    c.show(c.call("GET", "/v1/admin/maintenance"))
+
+
+@command(maintenance_group, "start")
+@click.argument("broker")
+@click.option("--deadline", "deadline_s", type=float, required=True, help="Seconds to drain it in.")
+@click.option("--reason", default="", help="Why (kept with the operation).")
+@click.option("--by", default="admin", show_default=True, help="Who asks.")
+@click.pass_context
+def maintenance_start(ctx: click.Context, broker: str, deadline_s: float, reason: str, by: str) -> None:
+    """Drain BROKER before the deadline and keep it out of service until `maintenance end`."""
+    c = _client(ctx)
+    body = {"broker": broker, "deadline_s": deadline_s, "reason": reason, "by": by}
+    c.show(c.call("POST", "/v1/admin/maintenance", body=body))
+
+
+@command(maintenance_group, "end")
+@click.argument("broker")
+@click.option("--by", default="admin", show_default=True, help="Who asks.")
+@click.pass_context
+def maintenance_end(ctx: click.Context, broker: str, by: str) -> None:
+    """Return BROKER to service: it takes bundles again, as balance requires."""
+    c = _client(ctx)
+    c.show(c.call("POST", "/v1/admin/maintenance/{broker}/end", path={"broker": broker}, params={"by": by}))

@@ -584,6 +584,15 @@ class SplitSettings(Section):
         "them (as in Pulsar's extensible load manager). [loadBalancerAutoUnloadSplitBundlesEnabled]",
     )
     flow_or_qps_diff_threshold_pct: Pct = Field(10.0, description="[flowOrQpsDifferenceThresholdPercentage]")
+    hot_topic_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Hot-topic isolation: when a bundle over a split limit has one topic carrying at least this "
+        "share of its message rate or throughput, the split cuts just around that topic's hash, so the topic "
+        "gets a bundle of its own (whatever split.algorithm says). Splitting by range cannot help a bundle "
+        "whose load is one topic (Pulsar #3419). None: off.",
+    )
 
 
 class HealingSettings(Section):
@@ -630,6 +639,52 @@ class HealingSettings(Section):
         180.0,
         ge=0,
         description="After the leader's ZooKeeper session comes back, wait this long before destructive work. [MAX_CLEAN_UP_DELAY_TIME_IN_SECS]",
+    )
+
+
+class OperationSettings(Section):
+    """The leader's operations (docs/operations.md): drains and maintenance (shedding moves and operators' transfers still publish directly), each a
+    record in ZooKeeper that a new leader resumes."""
+
+    interval_s: Seconds = Field(1.0, description="How often the leader advances the running operations.")
+    max_in_flight: int = Field(
+        1000,
+        ge=1,
+        description="Bundles in flight (Releasing, Assigning) cluster-wide, whoever moved them, above which no "
+        "operation starts another move. [max.num.cluster.movements]",
+    )
+    max_in_flight_per_broker: int = Field(
+        200,
+        ge=1,
+        description="Bundles in flight out of or into one broker above which no operation starts another move "
+        "off or onto it. [num.concurrent.partition.movements.per.broker]",
+    )
+    max_in_flight_per_namespace: int | None = Field(
+        None,
+        ge=1,
+        description="Bundles of one namespace in flight above which no operation starts another move in it "
+        "(none: no limit of its own). Namespaces share the cluster's budget round-robin whatever this is.",
+    )
+    republish_after_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="A move whose record has not reached the channel this long after it was published is "
+        "proposed again, with the same version (at most one of the two can apply).",
+    )
+    maintenance_max_per_domain: int = Field(
+        1,
+        ge=1,
+        description="Brokers of one failure domain in maintenance at once (`trimtab admin maintenance start`); "
+        "one more is refused with the reason. Brokers without a failure domain each count as their own.",
+    )
+    keep_finished: int = Field(
+        200,
+        ge=0,
+        le=10_000,
+        description="Finished operations (done, failed, cancelled) kept in ZooKeeper for `admin ops list`; the "
+        "oldest are deleted beyond this.",
     )
 
 
@@ -754,6 +809,7 @@ class Settings(BaseSettings):
     shedding: SheddingSettings = Field(default_factory=SheddingSettings)
     split: SplitSettings = Field(default_factory=SplitSettings)
     healing: HealingSettings = Field(default_factory=HealingSettings)
+    operations: OperationSettings = Field(default_factory=OperationSettings)
     placement: PlacementSettings = Field(default_factory=PlacementSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     sim: SimulationSettings = Field(default_factory=SimulationSettings)

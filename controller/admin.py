@@ -11,23 +11,32 @@ and nothing published. A dry-run split or drain is computed by the agent that wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 from trimtab.balance.assign import BrokerInfo
+from trimtab.balance.heal import plan_destinations
+from trimtab.balance.maintenance import budget_refusal, deadline_refusal
+from trimtab.balance.operations import Operation, OpKind
 from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.http import PeerHttp
 from trimtab.cluster.openapi import declares
 from trimtab.cluster.placement.view import LivePlacement
 from trimtab.cluster.zk import BrokerRegistry, zk_call
+from trimtab.config.settings import OperationSettings
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.maintenance_store import InMaintenance, MaintenanceStore
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.operations import OperationsJob
+from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.stores import ControllerSwitches, Switches
 from trimtab.controller.writes import ChannelWrites
@@ -69,6 +78,10 @@ class Admin:
         clock: Callable[[], float] = time.time,
         forward_timeout_s: float = 30.0,
         peers: PeerHttp | None = None,
+        operations: OperationsJob | None = None,
+        destinations: Destinations | None = None,
+        maintenance: MaintenanceStore | None = None,
+        operation_settings: Callable[[], OperationSettings] | None = None,
     ) -> None:
         """``peers``: how to call the agents (their CA, this controller's token); default plain HTTP
         without a token."""
@@ -84,6 +97,13 @@ class Admin:
         self.clock = clock
         self.forward_timeout_s = forward_timeout_s
         self.peers = peers if peers is not None else PeerHttp()
+        # A drain runs as the leader's operation when both are given (the controller); else it is
+        # forwarded whole to the agent (its moves then made by the agent itself).
+        self.operations = operations
+        self.destinations = destinations if operations is not None else None
+        self.maintenance = maintenance
+        self._maintenance_lock = asyncio.Lock()
+        self.operation_settings = operation_settings or OperationSettings
 
     def plan_move(self, bundle: str, dst: str | None) -> MovePlan:
         """Every check of a transfer (``dst`` set) or unload but leadership, from this controller's replica:
@@ -169,11 +189,12 @@ class Admin:
             await self._require_agent_field(info, "/v1/admin/split", "dry_run", what)
         return await self._forward(info, "/v1/admin/split", request, "split", what, dry_run)
 
-    async def drain(self, broker: str, *, dry_run: bool = False) -> Any:
-        """Forward a drain to ``broker``'s agent: it moves every bundle it owns away and stays up,
-        registered as draining (nothing new is assigned to it; a restart undoes it). 404 if ``broker`` is
-        not live, 409 if it is draining already. A dry run (any controller) returns where the agent would
-        move each bundle now, and moves nothing. Returns the agent's JSON answer, or raises its refusal."""
+    async def drain(self, broker: str, *, dry_run: bool = False, requested_by: str = "admin") -> Any:
+        """Drain ``broker``: its agent marks it draining (nothing new is assigned to it; a restart undoes
+        it), and the leader moves every bundle it owns away as a persisted operation -- resumed by the next
+        leader if this one dies (docs/operations.md, "Operations"). 404 if ``broker`` is not live, 409 if it
+        is draining already. A dry run (any controller) returns where the agent would move each bundle now,
+        and moves nothing. Returns the operation's summary with the agent's answer, or raises the refusal."""
         if not dry_run:
             self.leadership.require_leader()
         info = self.registry.brokers.get(broker)
@@ -182,10 +203,147 @@ class Admin:
         if info.draining:
             raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
         what = f"{broker}'s agent to drain it"
-        answer = await self._forward(info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run)
-        if not dry_run:
-            self.journal.record("drain", key=broker, broker=broker, reason="admin")
-        return answer
+        if dry_run or self.operations is None:
+            answer = await self._forward(
+                info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run
+            )
+            if not dry_run:
+                self.journal.record("drain", key=broker, broker=broker, reason="admin")
+            return answer
+        # The operation first, the mark last: a step that fails leaves nothing half done behind.
+        op = await self._submit_drain(OpKind.DRAIN, broker, f"drain {broker}", requested_by, None)
+        answer = await self._mark_or_cancel(info, op.id, what)
+        self.journal.record("drain", key=broker, broker=broker, reason="admin", operation=op.id)
+        return {"broker": broker, "operation": op.summary(), "agent": answer}
+
+    async def _submit_drain(
+        self, kind: OpKind, broker: str, reason: str, requested_by: str, deadline_ms: int | None
+    ) -> Operation:
+        assert self.operations is not None
+        try:
+            return await self.operations.submit(
+                kind,
+                self._drain_moves(broker),
+                reason=reason,
+                requested_by=requested_by,
+                deadline_ms=deadline_ms,
+                target=broker,
+            )
+        except ValueError as e:  # more moves than one operation holds
+            raise RequestError(409, str(e)) from None
+
+    async def _mark_or_cancel(self, info: BrokerInfo, op_id: str, what: str) -> Any:
+        """Ask the broker's agent to mark itself draining; if it refuses or cannot be reached, cancel the
+        operation just stored (nothing moves) and raise the refusal."""
+        assert self.operations is not None
+        try:
+            return await self._forward(info, "/v1/admin/drain", {"mark_only": True}, "drain", what, False)
+        except RequestError:
+            with contextlib.suppress(RequestError):
+                await self.operations.verb(
+                    op_id, "cancel", why="its broker's agent refused to mark it draining"
+                )
+            raise
+
+    async def maintenance_start(
+        self, broker: str, *, deadline_s: float, reason: str, requested_by: str
+    ) -> dict[str, Any]:
+        """Maintenance of ``broker``: drained before ``deadline_s`` (an operation whose moves take the budget
+        first; failed with the reason if moves are left then) and kept out of service until
+        :meth:`maintenance_end`. Refused: 400 a deadline that is not positive, 404 not live, 409 already in
+        maintenance or draining, or its failure domain's budget used up."""
+        self.leadership.require_leader()
+        if self.operations is None or self.maintenance is None:
+            raise RequestError(503, "maintenance needs the leader's operations")
+        bad = deadline_refusal(deadline_s)
+        if bad is not None:
+            raise RequestError(400, bad)
+        async with self._maintenance_lock:  # the budget check and the znode, one start at a time
+            info = self.registry.brokers.get(broker)
+            if info is None:
+                raise RequestError(404, f"{broker} is not a live broker")
+            current = await asyncio.to_thread(self.maintenance.read)
+            if broker in current:
+                raise RequestError(409, f"{broker} is in maintenance already")
+            if info.draining:
+                raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
+            # A broker in maintenance counts in the domain it had when it went in, registered or not.
+            domains = {b: i.failure_domain for b, i in self.registry.brokers.items()}
+            domains |= {b: e.failure_domain for b, e in current.items() if e is not None}
+            over = budget_refusal(
+                broker, domains, current, self.operation_settings().maintenance_max_per_domain
+            )
+            if over is not None:
+                raise RequestError(409, over)
+            now = int(self.clock() * 1000)
+            deadline_ms = now + int(deadline_s * 1000)
+            op = await self._submit_drain(
+                OpKind.MAINTENANCE, broker, reason or f"maintenance of {broker}", requested_by, deadline_ms
+            )
+            entry = InMaintenance(
+                operation=op.id,
+                reason=op.reason,
+                requested_by=requested_by,
+                started_ms=now,
+                deadline_ms=deadline_ms,
+                failure_domain=info.failure_domain,
+            )
+            await asyncio.to_thread(self.maintenance.start, broker, entry)
+            try:
+                answer = await self._mark_or_cancel(info, op.id, f"{broker}'s agent")
+            except RequestError:
+                await asyncio.to_thread(self.maintenance.end, broker)
+                raise
+        self.journal.record(
+            "maintenance", key=broker, broker=broker, action="start", operation=op.id, deadline_s=deadline_s
+        )
+        return {"broker": broker, "operation": op.summary(), "deadline_ms": deadline_ms, "agent": answer}
+
+    async def maintenance_end(self, broker: str, *, requested_by: str) -> dict[str, Any]:
+        """Back in service: its drain (if still running) cancelled, its agent takes bundles again, and
+        balance brings load back as it requires. 404 if it is not in maintenance."""
+        self.leadership.require_leader()
+        if self.operations is None or self.maintenance is None:
+            raise RequestError(503, "maintenance needs the leader's operations")
+        async with self._maintenance_lock:
+            current = await asyncio.to_thread(self.maintenance.read)
+            if broker not in current:
+                raise RequestError(404, f"{broker} is not in maintenance")
+            entry = current[broker]
+            self.operations.list()  # 503 until the leader has read the operations
+            if entry is not None and entry.operation in self.operations.ops:
+                op = self.operations.ops[entry.operation]
+                if not op.state.terminal:
+                    await self.operations.verb(op.id, "cancel", why=f"maintenance of {broker} ended")
+            info = self.registry.brokers.get(broker)
+            agent: Any = None
+            if info is not None and info.draining:
+                agent = await self._forward(
+                    info, "/v1/admin/undrain", {}, "maintenance", f"{broker}'s agent", False
+                )
+            await asyncio.to_thread(self.maintenance.end, broker)
+        self.journal.record("maintenance", key=broker, broker=broker, action="end", by=requested_by)
+        return {"broker": broker, "in_maintenance": False, "agent": agent}
+
+    async def maintenance_list(self) -> dict[str, Any]:
+        current = await asyncio.to_thread(self.maintenance.read) if self.maintenance is not None else {}
+        return {
+            "brokers": {
+                b: (msgspec.to_builtins(e) if e is not None else {"unreadable": True})
+                for b, e in current.items()
+            }
+        }
+
+    def _drain_moves(self, broker: str) -> list[tuple[str, str, str | None]]:
+        """Every bundle ``broker`` owns or is being given, with a destination (:func:`plan_drain`)."""
+        assert self.destinations is not None
+        mine = sorted(
+            b
+            for b, r in self.table.items()
+            if r.dst == broker and r.state in (State.OWNED, State.ASSIGNING, State.RELEASING)
+        )
+        dests = plan_drain(self.destinations, broker, mine)
+        return [(b, broker, dests[b]) for b in mine]
 
     async def _forward(
         self, info: BrokerInfo, path: str, body: dict[str, Any], op: str, what: str, dry_run: bool
@@ -250,3 +408,17 @@ class Admin:
         self.metrics.admin.labels("shedding", "ok").inc()
         self.journal.record("shedding_paused" if paused else "shedding_resumed", key="shedding", by=by)
         return sw
+
+
+def plan_drain(destinations: Destinations, broker: str, bundles: list[str]) -> dict[str, str | None]:
+    """Destinations for ``bundles`` leaving ``broker``: live brokers other than it, not draining, that the
+    placement rules allow, spread by spare capacity as a healing plan is; None -- an unload -- where no broker
+    is allowed. (The drain's own plan and the bundles that reach a drained broker later.)"""
+    loads = destinations.loads.snapshot()
+    candidates = {
+        b: (loads[b].weighted_max_ema if b in loads else 0.5)
+        for b, i in destinations.live().items()
+        if b != broker and not i.draining
+    }
+    allowed, placed = destinations.plan_rules()
+    return plan_destinations(bundles, candidates, None, allowed, placed)

@@ -11,6 +11,7 @@ the agent's own, as it gave it); the app's one error handler (:mod:`trimtab.clus
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +31,10 @@ from trimtab.cluster.zk import BrokerRegistry
 from trimtab.controller.admin import Admin
 from trimtab.controller.healing import Healer
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.live_settings import LiveSettings
 from trimtab.controller.namespace_admin import NamespaceAdmin
 from trimtab.controller.namespace_api import add_namespace_routes
+from trimtab.controller.operations import OperationsJob, operation_detail
 from trimtab.controller.placement.admin import PlacementAdmin
 from trimtab.controller.placement.api import add_placement_routes
 from trimtab.controller.status import StatusReport
@@ -52,6 +55,8 @@ class ControllerApi:
     prom: CollectorRegistry
     placement: PlacementAdmin
     namespaces: NamespaceAdmin
+    operations: OperationsJob
+    live: LiveSettings
 
 
 _DRY_RUN = (
@@ -123,6 +128,7 @@ def create_app(ctl: ControllerApi, *, auth: Authenticator | None = None) -> Fast
     install_error_handlers(app)
     _views(app, ctl)
     _admin(app, ctl)
+    _operations(app, ctl)
     add_placement_routes(app, lambda: ctl.placement)
     add_namespace_routes(app, lambda: ctl.namespaces)
     # The probes read ``ctl`` late: the OpenAPI spec is rendered from an app built without one.
@@ -233,13 +239,14 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
             404: {"model": ErrorBody, "description": "The broker is not live"},
             409: {"model": ErrorBody, "description": "The broker is draining already"},
         },
-        summary="Drain a broker: move every bundle it owns elsewhere (forwarded to its agent)",
+        summary="Drain a broker: move every bundle it owns elsewhere (an operation of the leader's)",
         description="The broker's agent marks itself draining in its registration (nothing new is assigned "
-        "to it), transfers every bundle it owns to brokers placement allows (a plain unload when none is), "
-        "and stays up and registered as draining: its /v1/status shows the progress. Undrain is not "
-        "supported: restart the agent (it registers again not draining). 202 when the drain started; 404 "
-        "if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry run "
-        "is forwarded by any controller.",
+        "to it) and stays up; the leader moves every bundle it owns to brokers placement allows (a plain "
+        "unload when none is) as an operation stored in ZooKeeper -- resumed by the next leader if this one "
+        "dies; /v1/admin/ops/{id} shows its progress. Answers {broker, operation, agent}. To take it back "
+        "into service, use maintenance (start, then end) instead, or restart the agent. 202 when the drain started; "
+        "404 if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry "
+        "run is forwarded by any controller to the broker's agent.",
     )
     async def drain(req: DrainRequest, response: Response) -> Any:
         if req.dry_run:
@@ -251,6 +258,151 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         return msgspec.to_builtins(await ctl.admin.set_shedding_paused(req.paused, req.by))
 
     app.include_router(router)
+
+
+class OperationVerb(BaseModel):
+    reason: str | None = Field(
+        None, max_length=1024, description="Why (kept as the operation's state_reason)"
+    )
+
+
+def _operations(app: FastAPI, ctl: ControllerApi) -> None:
+    """The leader's operations (docs/operations.md, "Operations"): views with a read token, verbs with an
+    admin token; a follower answers 307 to the leader (only the leader holds them)."""
+    leader_only: dict[int | str, dict[str, Any]] = {
+        307: {"description": "Not the leader: the same request at the leader's address"},
+        503: {
+            "model": ErrorBody,
+            "description": "No leader right now, or it has not read the operations yet",
+        },
+    }
+    view = APIRouter(dependencies=[READ])
+
+    @view.get(
+        "/v1/admin/ops",
+        responses=leader_only,
+        summary="Every operation the leader holds: [{id, kind, state, reason, progress: {done, total}}]",
+    )
+    async def ops_list() -> Any:
+        ctl.leadership.require_leader()
+        return [op.summary() for op in ctl.operations.list()]
+
+    @view.get(
+        "/v1/admin/ops/{op_id}",
+        responses={**leader_only, 404: {"model": ErrorBody, "description": "No such operation"}},
+        summary="One operation: its summary, who asked, its state's reason, outcomes and moves",
+    )
+    async def ops_show(op_id: str, moves: int = Query(100, ge=0, le=100_000)) -> Any:
+        ctl.leadership.require_leader()
+        return operation_detail(ctl.operations.get(op_id), moves)
+
+    write = APIRouter(dependencies=[ADMIN])
+
+    @write.post(
+        "/v1/admin/ops/{op_id}/{verb}",
+        responses={
+            **leader_only,
+            400: {"model": ErrorBody, "description": "Not a verb (pause, resume, cancel)"},
+            404: {"model": ErrorBody, "description": "No such operation"},
+            409: {"model": ErrorBody, "description": "The verb does not apply: the operation has finished"},
+        },
+        summary="Pause, resume or cancel an operation (persisted: a new leader keeps it so)",
+        description="pause: moves already started finish, no new one starts. resume: carries on. cancel: moves "
+        "already started finish (a move cannot be taken back half made), the rest are not made. Answers the "
+        "operation's summary.",
+    )
+    async def ops_verb(op_id: str, verb: str, req: OperationVerb | None = None) -> Any:
+        ctl.leadership.require_leader()
+        why = (req.reason if req is not None else None) or "operator"
+        return (await ctl.operations.verb(op_id, verb, why=why)).summary()
+
+    @view.get("/v1/admin/maintenance", summary="Brokers in maintenance, with their operation and deadline")
+    async def maintenance_list() -> Any:
+        return await ctl.admin.maintenance_list()
+
+    @write.post(
+        "/v1/admin/maintenance",
+        status_code=202,
+        responses={
+            **leader_only,
+            400: {"model": ErrorBody, "description": "A deadline that is not a positive number of seconds"},
+            404: {"model": ErrorBody, "description": "The broker is not live"},
+            409: {
+                "model": ErrorBody,
+                "description": "In maintenance or draining already, or its failure domain's budget is used up",
+            },
+        },
+        summary="Put a broker in maintenance: drained before the deadline, kept out of service until ended",
+    )
+    async def maintenance_start(req: MaintenanceStart) -> Any:
+        return await ctl.admin.maintenance_start(
+            req.broker, deadline_s=req.deadline_s, reason=req.reason, requested_by=req.by
+        )
+
+    @write.post(
+        "/v1/admin/maintenance/{broker}/end",
+        responses={**leader_only, 404: {"model": ErrorBody, "description": "Not in maintenance"}},
+        summary="End a broker's maintenance: it takes bundles again, as balance requires",
+    )
+    async def maintenance_end(broker: str, by: str = Query("admin", max_length=256)) -> Any:
+        return await ctl.admin.maintenance_end(broker, requested_by=by)
+
+    @view.get(
+        "/v1/admin/explain",
+        responses={**leader_only, 400: {"model": ErrorBody, "description": "Not a bundle name"}},
+        summary="Why the cluster is not balanced (or, with ?bundle=, why that bundle is where it is and "
+        "did not move), from the leader's last decisions: reasons as stable words with a sentence each",
+    )
+    async def explain(bundle: str | None = None) -> Any:
+        if bundle is None:
+            return ctl.status.explain()
+        require_bundle(bundle)
+        return ctl.status.explain_bundle(bundle)
+
+    @view.get(
+        "/v1/admin/settings",
+        summary="The settings changeable at run time: which keys, the overrides, the values in force",
+    )
+    async def live_settings() -> Any:
+        return ctl.live.view()
+
+    @write.put(
+        "/v1/admin/settings",
+        responses={
+            **leader_only,
+            400: {
+                "model": ErrorBody,
+                "description": "A key that is not live, or a value that does not validate",
+            },
+        },
+        summary="Change live settings (stored in ZooKeeper; every controller applies them, no restart)",
+        description="set: key -> value (e.g. operations.max_in_flight); reset: keys back to the configured "
+        "value. Validated as a whole: nothing changes unless every value is valid. The leader's next "
+        "operations pass uses them. Answers the live settings in force.",
+    )
+    async def change_live_settings(req: LiveSettingsChange) -> Any:
+        ctl.leadership.require_leader()
+        return await asyncio.to_thread(ctl.live.change, req.set, req.reset, by=req.by)
+
+    app.include_router(view)
+    app.include_router(write)
+
+
+class MaintenanceStart(BaseModel):
+    broker: str = Field(description="The broker id (as registered)")
+    deadline_s: float = Field(
+        allow_inf_nan=False, description="Seconds from now by which it must be drained (at most a week)"
+    )
+    reason: str = Field("", max_length=1024, description="Why (kept with the operation)")
+    by: str = Field("admin", max_length=256, description="Who asked")
+
+
+class LiveSettingsChange(BaseModel):
+    set: dict[str, Any] = Field(
+        default_factory=dict, description="key -> value, e.g. operations.max_in_flight"
+    )
+    reset: list[str] = Field(default_factory=list, description="keys back to their configured value")
+    by: str = Field("admin", max_length=256, description="Who asked (logged, stored)")
 
 
 async def _move(ctl: ControllerApi, response: Response, bundle: str, dst: str | None, dry_run: bool) -> Any:

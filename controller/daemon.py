@@ -10,7 +10,9 @@ each kind of decision is its own job (Pulsar's ``UnloadScheduler`` is the model)
 * :class:`~trimtab.controller.monitor.MonitorJob` -- stuck in-flight states forced onward, Free/Deleted
   entries tombstoned;
 * :class:`~trimtab.controller.shedding.SheddingJob` -- TransferShedder or ThresholdShedder, every cycle
-  ending in a metric, a log line and an event.
+  ending in a metric, a log line and an event;
+* :class:`~trimtab.controller.operations.OperationsJob` -- the persisted operations (drains,
+  maintenance) advanced within their limits, resumed by a new leader where the last one stopped.
 
 This class keeps what is common to them: the start-up order, the leadership change (a new term resets the
 jobs' per-term state and reads what the previous leader persisted), the loops that run a job only while
@@ -40,8 +42,10 @@ from trimtab.config.settings import Settings
 from trimtab.controller import schedules
 from trimtab.controller.healing import HealingJob
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.live_settings import LiveSettings
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.standbys import StandbyJob
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.snapshots import SnapshotJob
@@ -63,6 +67,8 @@ class Controller:
         healing: HealingJob,
         shedding: SheddingJob,
         standbys: StandbyJob,
+        operations: OperationsJob,
+        live: LiveSettings,
         switch_store: Switches,
         metrics: ControllerMetrics,
         liveness: Liveness,
@@ -81,6 +87,8 @@ class Controller:
         self.healing = healing
         self.shedding = shedding
         self.standbys = standbys
+        self.operations = operations
+        self.live = live
         self.switch_store = switch_store
         self.events = replica.events
         self.metrics = metrics
@@ -121,6 +129,7 @@ class Controller:
         bind_log(term=term)
         self.events.context = {"term": term} if term else {}
         if not leading:
+            self.operations.loaded = False  # read again from ZooKeeper if this controller leads again
             log.info("leadership_released")
             return
         self.metrics.elections.inc()
@@ -139,6 +148,7 @@ class Controller:
         while self.leadership.is_leader and self.leadership.term() == term:
             try:
                 await self.healing.on_lead()
+                await self.operations.on_lead()
                 self.shedding.switches = await asyncio.to_thread(self.switch_store.read)
                 await self.snapshots.on_lead()
             except Exception:
@@ -171,6 +181,7 @@ class Controller:
         # Standby sets are advice: warm-up does not wait for them (a leader that has not read them yet
         # rewrites them all, harmlessly).
         await self.replica.start()
+        await asyncio.to_thread(self.live.start)  # every controller follows the live overrides
         if not await self.replica.caught_up(self.stop_event, mono=self.mono):
             return False
         self.liveness.ready = True
@@ -190,6 +201,7 @@ class Controller:
             (self.monitor, c.channel.monitor_interval_s),
             (self.shedding, c.shedding.interval_s),
             (self.standbys, c.placement.standby_interval_s),
+            (self.operations, c.operations.interval_s),
         ):
             jobs.add(job.name, job.run_once, schedules.periodic(every), gate=self._leader_ready)
         # Healing runs when membership or the channel changes (and at least every second).

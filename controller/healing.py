@@ -128,6 +128,7 @@ class Healer:
         allowed: Callable[[str], Collection[str]] | None = None,
         plan_rules: PlanRules | None = None,
         emit: Callable[[list[Override]], None] | None = None,
+        planned: Collection[str] = (),
     ) -> tuple[list[Override], dict[str, Any]]:
         """The overrides to publish now. ``live`` maps live, non-draining broker -> load EMA; ``allowed``
         (the placement rules) restricts each bundle's destination, in new plans and persisted ones.
@@ -136,12 +137,20 @@ class Healer:
         round, so the plans of two dead brokers spread one anti-affinity group together. ``emit``, when
         given, receives each chunk's overrides as soon as they are decided (to publish them while the round
         goes on); they are returned all the same."""
-        info: dict[str, Any] = {"failed": sorted(self.failed), "due": [], "deferred": 0}
+        info: dict[str, Any] = {
+            "failed": sorted(self.failed),
+            "planned": sorted(set(self.failed) & set(planned)),
+            "due": [],
+            "deferred": 0,
+        }
         self.paused_reason = None
         if self.cfg.grace_s < 0:
             self.paused_reason = "disabled"
         else:
-            guard = mass_failure(len(self.failed), len(live), self.cfg)
+            # Planned departures (maintenance, a drain) are not failures: they never trip the guard, so a
+            # rolling upgrade is not mistaken for an outage. Their bundles are healed all the same.
+            unplanned = [b for b in self.failed if b not in planned]
+            guard = mass_failure(len(unplanned), len(live), self.cfg)
             if guard is not None:
                 self.paused_reason = "mass_failure"
                 info["guard"] = guard
@@ -255,8 +264,13 @@ class HealingJob:
         clock: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
         bookkeeping_every_s: float = 5.0,
+        in_maintenance: Callable[[], Collection[str]] | None = None,
     ) -> None:
+        """``in_maintenance`` (blocking, read only while brokers are failed): brokers an operator took out
+        on purpose, which with the brokers last seen draining never count towards the mass-failure guard."""
         self.healer = healer
+        self.in_maintenance = in_maintenance
+        self.seen_draining: set[str] = set()  # live brokers last seen draining (a departure then is planned)
         self.table = table
         self.leadership = leadership
         self.destinations = destinations
@@ -290,6 +304,11 @@ class HealingJob:
             return []
         now = int(self.clock() * 1000)
         live = self.destinations.live()
+        for b, i in live.items():
+            if i.draining:
+                self.seen_draining.add(b)
+            else:
+                self.seen_draining.discard(b)
         items = self.table.items()
         await self._bookkeeping(set(live), items, now)
         if not self.healer.failed:
@@ -306,6 +325,9 @@ class HealingJob:
         candidates = {
             b: (loads[b].weighted_max_ema if b in loads else 0.5) for b, i in live.items() if not i.draining
         }
+        planned = set(self.seen_draining) - set(live)
+        if self.in_maintenance is not None:
+            planned |= set(await asyncio.to_thread(self.in_maintenance))
         batch = self.writes.override_round()
         try:
             overrides, info = await asyncio.to_thread(
@@ -318,6 +340,7 @@ class HealingJob:
                 self.destinations.allowed,
                 self.destinations.plan_rules,
                 batch.add,
+                frozenset(planned),
             )
         except Exception:
             await batch.finish()  # the chunks published before the failure are acknowledged and counted

@@ -37,6 +37,9 @@ class ControllerMetrics:
     standby_coverage: Gauge
     standby_missing: Gauge
     standby_writes: Counter
+    operations: Gauge
+    operation_moves: Counter
+    operation_waits: Counter
     # The brokers trimtab_broker_load_ratio has a series for: a broker that left loses its series, so the
     # label's values stay bounded by the live brokers and a dead broker's last load raises no alert.
     load_brokers: set[str] = field(default_factory=set)
@@ -162,6 +165,28 @@ class ControllerMetrics:
                 "trimtab_standby_writes_total",
                 "Standby-set records written by the leader, by kind (set, tombstone) and result.",
                 ["kind", "result"],
+                registry=r,
+            ),
+            operations=Gauge(
+                "trimtab_operations",
+                "Operations the leader holds, by kind (shed, transfer, unload, drain, maintenance) and state "
+                "(pending, running, paused, done, failed, cancelled); set by the leader.",
+                ["kind", "state"],
+                registry=r,
+            ),
+            operation_moves=Counter(
+                "trimtab_operation_moves_total",
+                "Moves of operations that ended, by kind and outcome (moved, already_there, moved_on, "
+                "superseded, gone, cancelled).",
+                ["kind", "outcome"],
+                registry=r,
+            ),
+            operation_waits=Counter(
+                "trimtab_operation_waits_total",
+                "Moves of operations that could have started in a pass but did not, by reason "
+                "(throttled_cluster, throttled_broker, throttled_namespace, arriving -- the bundle is still on its way to "
+                "the broker it is to leave --, safe_mode).",
+                ["reason"],
                 registry=r,
             ),
         )

@@ -1,21 +1,26 @@
 """``/v1/status``: one page an operator reads first -- who leads, safe mode, the channel, every live
 broker with its load and bundle count, the load spread against the target, shedding and healing state,
-and the latest decisions."""
+the running operations with their progress (leader only: only it holds them), and the latest decisions."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from trimtab.balance.explain import explain_bundle, explain_cluster
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.client import ChannelClient
 from trimtab.cluster.kvview import KeyValueView
+from trimtab.cluster.placement.view import LivePlacement
 from trimtab.cluster.zk import BrokerRegistry
 from trimtab.config.settings import SheddingSettings
 from trimtab.controller.healing import Healer
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.shedding import SheddingJob
 
 
@@ -30,6 +35,9 @@ class StatusReport:
         healer: Healer,
         journal: DecisionJournal,
         settings: SheddingSettings,
+        operations: OperationsJob | None = None,
+        placement: LivePlacement | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.leadership = leadership
         self.channel = channel
@@ -39,6 +47,9 @@ class StatusReport:
         self.healer = healer
         self.journal = journal
         self.settings = settings
+        self.operations = operations
+        self.placement = placement
+        self.clock = clock
 
     def brokers(self) -> dict[str, dict[str, Any]]:
         loads = self.loads.snapshot()
@@ -88,5 +99,47 @@ class StatusReport:
                 "last": {"result": last.result, "reason": last.reason} if last else None,
             },
             "healing": self.healer.status(),
+            "operations": self.operations.status()
+            if self.operations is not None and lead.is_leader
+            else None,
             "recent": self.journal.recent(20),
         }
+
+    # ------------------------------------------------------------------ explain (the leader's)
+    def explain(self) -> dict[str, Any]:
+        """``trimtab admin explain``: why the cluster is or is not balanced, from the last decisions."""
+        self.leadership.require_leader()
+        return explain_cluster(
+            safe_mode=self.leadership.safe_mode(),
+            shedding_enabled=self.settings.enabled,
+            shedding_paused=self.shedding.switches.shedding_paused,
+            last=self.shedding.last,
+            target_std=self.settings.target_std,
+            healing=self.healer.status(),
+            waiting=self.operations.last_waits if self.operations is not None else {},
+            draining=[b for b, i in self.registry.brokers.items() if i.draining],
+        )
+
+    def explain_bundle(self, bundle: str) -> dict[str, Any]:
+        """``trimtab admin explain BUNDLE``: why it is on its broker and why it did not move."""
+        cluster = self.explain()
+        rec = self.channel.table.get(bundle)
+        owner = rec.owner() if rec is not None else None
+        placement = self.placement.explain(bundle) if self.placement is not None else "no placement rules"
+        candidates = (
+            [c for c in self.placement.candidates(bundle, owner) if c != owner]
+            if self.placement is not None
+            else sorted(b for b in self.registry.brokers if b != owner)
+        )
+        return explain_bundle(
+            bundle,
+            rec,
+            placement=placement,
+            candidates=candidates,
+            last=self.shedding.last,
+            state=self.shedding.state,
+            bundle_grace_ms=int(self.shedding.settings.bundle_grace_s * 1000),
+            now_ms=int(self.clock() * 1000),
+            operations=self.operations.list() if self.operations is not None else [],
+            cluster=cluster,
+        )

@@ -26,16 +26,20 @@ from trimtab.cluster.replica import Replica
 from trimtab.cluster.wiring import check_security
 from trimtab.cluster.zk import NamespaceStore
 from trimtab.config.settings import Settings
-from trimtab.controller.admin import Admin
+from trimtab.controller.admin import Admin, plan_drain
 from trimtab.controller.api import ControllerApi, create_app
 from trimtab.controller.daemon import Controller
 from trimtab.controller.election import LeaderElection
 from trimtab.controller.healing import Healer, HealingJob
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import Leadership
+from trimtab.controller.live_settings import LiveSettings
+from trimtab.controller.maintenance_store import ZkMaintenance
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
 from trimtab.controller.namespace_admin import NamespaceAdmin
+from trimtab.controller.operation_store import ZkOperations
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.admin import PlacementAdmin
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.placement.standbys import StandbyJob
@@ -123,8 +127,18 @@ def build_controller(
     )
     table = channel.table
     monitor = MonitorJob(table, leadership, destinations, writes, journal, metrics, heal_cfg, clock=clock)
+    maintenance = ZkMaintenance(zk.client, paths)
     healing = HealingJob(
-        healer, table, leadership, destinations, loads, writes, journal, metrics, clock=clock
+        healer,
+        table,
+        leadership,
+        destinations,
+        loads,
+        writes,
+        journal,
+        metrics,
+        clock=clock,
+        in_maintenance=lambda: list(maintenance.read()),
     )
     shedding = SheddingJob(
         s.shedding,
@@ -155,6 +169,19 @@ def build_controller(
         view_ready=lambda: replica.standby_view.ready,
     )
     switch_store = Switches(zk.client, paths)
+    live = LiveSettings(s, zk.client, paths, clock=clock)
+    operations = OperationsJob(
+        live.operations,
+        ZkOperations(zk.client, paths),
+        table,
+        leadership,
+        writes,
+        journal,
+        metrics,
+        clock=clock,
+        planner=lambda broker, bundles: plan_drain(destinations, broker, bundles),
+        usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
+    )
     admin = Admin(
         table,
         leadership,
@@ -167,9 +194,25 @@ def build_controller(
         placement,
         clock=clock,
         peers=PeerHttp.from_settings(s.http, auth.own_token),
+        operations=operations,
+        destinations=destinations,
+        maintenance=maintenance,
+        operation_settings=live.operations,
     )
     liveness = Liveness()
-    status = StatusReport(leadership, channel, registry, loads, shedding, healer, journal, s.shedding)
+    status = StatusReport(
+        leadership,
+        channel,
+        registry,
+        loads,
+        shedding,
+        healer,
+        journal,
+        s.shedding,
+        operations,
+        placement,
+        clock=clock,
+    )
     placement_admin = PlacementAdmin(
         PlacementStore(zk.client, paths), leadership, table, registry, writes, journal, metrics, clock=clock
     )
@@ -196,6 +239,8 @@ def build_controller(
         prom,
         placement_admin,
         namespace_admin,
+        operations,
+        live,
     )
     return Controller(
         s,
@@ -207,6 +252,8 @@ def build_controller(
         healing=healing,
         shedding=shedding,
         standbys=standbys,
+        operations=operations,
+        live=live,
         switch_store=switch_store,
         metrics=metrics,
         liveness=liveness,

@@ -178,6 +178,11 @@ def render(
         f"shedding {sh.get('strategy')}{' PAUSED' if sh.get('paused') else ''}: last {last.get('result')}/{last.get('reason')}"
         f"   moves: shed {tally.moves['shed']}, heal {tally.moves['heal']}, admin {tally.moves['admin']}"
         + (f"   failed brokers: {', '.join(heal.get('failed', {}))}" if heal.get("failed") else "")
+        + "".join(
+            f"\noperation {o['id']} ({o['kind']}, {o['state']}): {o['progress']['done']}/{o['progress']['total']}"
+            f" -- {o['reason']}"
+            for o in (status.get("operations") or {}).get("operations", [])
+        )
     )
     with tally._lock:
         recent = "\n".join(_describe(e) for e in tally.recent[:8]) or "(no decisions yet)"

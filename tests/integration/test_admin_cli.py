@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +39,7 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
+from tests.support.topics import topic_in
 from tests.support.waiting import wait_for
 from trimtab.channel.bundles import parse_bundle
 from trimtab.cli.main import main
@@ -51,7 +53,9 @@ SETTINGS: dict[str, Any] = {
     "namespace": {"default_bundles": 4},
     # Only the tests move bundles.
     "shedding": {"enabled": False},
-    "split": {"enabled": False},
+    "split": {"enabled": False, "max_bundles_per_namespace": 1024},
+    # A drain of ~500 bundles takes a dozen passes: time to kill its leader half way.
+    "operations": {"max_in_flight": 40},
 }
 # The CLI's environment variables, unset so the tests see only what they pass.
 CLEAN_ENV: dict[str, str | None] = dict.fromkeys(
@@ -666,3 +670,69 @@ def test_the_exit_codes_are_documented() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "admin-cli.md").read_text()
     for name in ("OK", "REFUSED", "USAGE", "UNAVAILABLE", "UNEXPECTED"):
         assert f"| {getattr(Exit, name)} |" in doc, f"docs/admin-cli.md documents exit code {name}"
+
+
+# ---------------------------------------------------------------------------------------------- operations
+def test_a_drain_whose_leader_is_killed_half_way_is_finished_by_the_next_leader(admin: Admin) -> None:
+    """Issue 32's promise: kill -9 of the leader in the middle of a ~500-bundle drain; the new leader
+    finishes it, no bundle is moved twice (each one's channel version went up by exactly one move's three
+    transitions: Releasing, Assigning, Owned), and the operation shows done with every move made.
+    Last in the module: it kills the module's controller."""
+    ns = "public/cli-ops"
+    created = admin.json("namespaces", "create", ns, "--bundles", "1000")
+    bundles = created["bundles"]
+    agents = [n.http for n in admin.cluster.agents]
+    with ThreadPoolExecutor(16) as pool, httpx.Client(timeout=30) as http:
+        list(
+            pool.map(
+                lambda ib: http.get(f"{agents[ib[0] % 2]}/v1/lookup", params={"topic": topic_in(ib[1])}),
+                enumerate(bundles),
+            )
+        )
+    wait_for(
+        lambda: (
+            all(r["state"] == "owned" for r in admin.json("ownership", "--namespace", ns)["bundles"].values())
+            and len(admin.json("ownership", "--namespace", ns)["bundles"]) == len(bundles)
+        ),
+        60,
+        interval=0.5,
+        message="every bundle of the namespace owned",
+    )
+    before = admin.json("ownership", "--namespace", ns)["bundles"]
+    counts = {b: sum(1 for r in before.values() if r["dst"] == b) for b in admin.brokers}
+    victim = max(counts, key=lambda b: counts[b])
+    mine = {k: r["version"] for k, r in before.items() if r["dst"] == victim}
+    assert len(mine) >= 450, counts
+    old = admin.controller
+    new = admin.cluster.add_controller()
+    started = admin.json("drain", victim)
+    op_id = started["operation"]["id"]
+    assert started["operation"]["progress"] == {"done": 0, "total": len(mine)}
+    wait_for(
+        lambda: admin.json("ops", "show", op_id, "--moves", "0")["progress"]["done"] >= 100,
+        60,
+        interval=0.2,
+        message="a fifth of the drain done",
+    )
+    admin.cluster.kill(old.name)  # SIGKILL, half way
+    shown = wait_for(
+        lambda: (
+            (o := admin.run("--output", "json", "ops", "show", op_id, "--moves", "0", url=new.http)).exit_code
+            == 0
+            and (j := json.loads(o.stdout))["state"] == "done"
+            and j
+        ),
+        120,
+        interval=0.5,
+        message="the new leader finishes the drain",
+    )
+    assert shown["progress"] == {"done": len(mine), "total": len(mine)}
+    assert shown["outcomes"] == {"moved": len(mine)}, shown
+    after = admin.json("ownership", "--namespace", ns, url=new.http)["bundles"]
+    twice = {k: (v, after[k]["version"]) for k, v in mine.items() if after[k]["version"] != v + 3}
+    assert not twice, f"bundles whose version did not go up by exactly one move: {twice}"
+    assert all(after[k]["state"] == "owned" and after[k]["dst"] != victim for k in mine)
+    listed = admin.json("ops", "list", url=new.http)
+    assert {"id": op_id, "kind": "drain", "state": "done"}.items() <= next(
+        o for o in listed if o["id"] == op_id
+    ).items()

@@ -6,9 +6,9 @@ ports, one event loop, no subprocesses. Synchronisation is by waiting on conditi
 * Dry runs of transfer, unload and split publish nothing and say what would be published; each refusal is
   exactly the real call's (404 unknown, 409 not owned, 400 bad destination, 409 placement); a follower
   answers a dry run itself and redirects the real call to the leader.
-* Drain: the controller forwards to the broker's agent, which moves every bundle it owns to another
-  agent and keeps running, registered as draining; a dry run moves nothing and says where each bundle
-  would go; a second drain is refused.
+* Drain: the broker's agent marks itself draining and keeps running, registered as draining; the leader
+  moves every bundle it owns to another agent as an operation, which ends ``done`` (``/v1/admin/ops``); a
+  dry run moves nothing and says where each bundle would go; a second drain is refused.
 """
 
 from __future__ import annotations
@@ -351,17 +351,16 @@ def test_drain_moves_every_bundle_off_the_agent_which_keeps_running_as_draining(
                         http, "/v1/admin/drain", {"broker": "127.0.0.1:1"}, 404
                     )
 
-                    # The drain: accepted at once; the agent moves everything to b and stays up.
+                    # The drain: accepted at once; the agent marks itself draining and the leader moves
+                    # everything to b as an operation; the agent stays up.
                     r = await http.post("/v1/admin/drain", json={"broker": me})
                     assert r.status_code == 202, r.text
-                    want = {"broker": me, "dry_run": False, "draining": True, "by": "admin"}
-                    assert r.json().items() >= {**want, "owned_at_start": len(owned)}.items(), r.text
-                    await until(
-                        lambda: a.agent.drain_status().get("result") is not None, 30, "the drain to end"
-                    )
-                    assert a.agent.drain_status()["result"] == "complete"
+                    want = {"broker": me, "dry_run": False, "draining": True, "by": "leader_operation"}
+                    answer = r.json()
+                    assert answer["agent"].items() >= {**want, "owned_at_start": len(owned)}.items(), r.text
+                    await drain_operation_done(ctl, http, answer["operation"], len(owned))
                     assert all(owned_by(b, x, peer) for x in owned)
-                    assert not sim.serving and not sim.fenced
+                    await until(lambda: not sim.serving and not sim.fenced, what="a closed them all")
 
                     # Still running, still registered -- as draining; nothing new comes here.
                     assert a.agent.ready and a.registry.registered
@@ -374,7 +373,7 @@ def test_drain_moves_every_bundle_off_the_agent_which_keeps_running_as_draining(
                     assert await assign(a, later) == peer
                     async with httpx.AsyncClient(base_url=a.identity.http_url, timeout=30) as agent_http:
                         st = (await agent_http.get("/v1/status")).json()
-                    done = {"draining": True, "by": "admin", "result": "complete", "owned": 0, "in_flight": 0}
+                    done = {"draining": True, "by": "leader_operation", "owned": 0, "in_flight": 0}
                     assert st["draining"] is True and st["drain"].items() >= done.items(), st
 
                     # A second drain, and its dry run, are refused.
@@ -382,6 +381,19 @@ def test_drain_moves_every_bundle_off_the_agent_which_keeps_running_as_draining(
                     assert "draining already" in msg, msg
 
     asyncio.run(scenario())
+
+
+async def drain_operation_done(ctl: Controller, http: httpx.AsyncClient, op: dict[str, Any], n: int) -> None:
+    """The drain's operation ends done with every move made, as the ops API shows it."""
+    assert (op["kind"], op["progress"]) == ("drain", {"done": 0, "total": n}), op
+    await until(
+        lambda: (o := ctl.operations.ops.get(op["id"])) is not None and o.state.terminal,
+        30,
+        "the drain operation to end",
+    )
+    shown = (await http.get(f"/v1/admin/ops/{op['id']}")).json()
+    assert (shown["state"], shown["outcomes"]) == ("done", {"moved": n}), shown
+    assert [o["id"] for o in (await http.get("/v1/admin/ops")).json()] == [op["id"]]
 
 
 def test_the_agent_refuses_a_second_drain_while_the_first_runs(settings: Settings, log: MemoryLog) -> None:
@@ -422,3 +434,75 @@ async def until_async(check: Any, timeout: float = 10.0, what: str = "") -> None
         if loop.time() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
         await asyncio.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------------------------- maintenance
+
+
+def test_maintenance_drains_before_the_deadline_keeps_the_broker_out_and_ends(
+    settings: Settings, log: MemoryLog, zk: KazooClient
+) -> None:
+    """Issue 32 point 4: ``maintenance start`` drains the broker as an operation with a deadline and keeps
+    it out of service; bad requests are refused with the reason and change nothing; ``maintenance end``
+    returns it to service (its agent registers as not draining)."""
+    s = settings
+    owned = layout().bundles[:3]
+    later = layout().bundles[3]
+
+    async def scenario() -> None:
+        async with running_controller(s, log) as ctl, running_agent(s, log) as a:
+            await leading(ctl)
+            me = a.identity.id
+            for x in owned:
+                assert await assign(a, x) == me
+            async with running_agent(s, log) as b:
+                peer = b.identity.id
+                await until(lambda: set(ctl.registry.brokers) == {me, peer}, what="the controller sees both")
+                await until(lambda: set(a.registry.brokers) == {me, peer}, what="a sees b")
+                async with httpx.AsyncClient(base_url=ctl.election.http_url, timeout=30) as http:
+                    for body, status, words in (
+                        ({"broker": me, "deadline_s": 0}, 400, "positive"),
+                        ({"broker": "127.0.0.1:1", "deadline_s": 60}, 404, "not a live broker"),
+                    ):
+                        r = await http.post("/v1/admin/maintenance", json=body)
+                        assert r.status_code == status and words in r.json()["error"], r.text
+                    assert (await http.get("/v1/admin/maintenance")).json() == {"brokers": {}}
+                    r = await http.post(
+                        "/v1/admin/maintenance",
+                        json={"broker": me, "deadline_s": 60, "reason": "kernel upgrade"},
+                    )
+                    assert r.status_code == 202, r.text
+                    op = r.json()["operation"]
+                    assert (op["kind"], op["reason"], op["progress"]["total"]) == (
+                        "maintenance",
+                        "kernel upgrade",
+                        len(owned),
+                    )
+                    await until(
+                        lambda: (o := ctl.operations.ops.get(op["id"])) is not None and o.state.terminal,
+                        30,
+                        "the maintenance drain to end",
+                    )
+                    assert ctl.operations.ops[op["id"]].state.value == "done"
+                    assert all(owned_by(b, x, peer) for x in owned)
+                    listed = (await http.get("/v1/admin/maintenance")).json()["brokers"]
+                    assert listed[me]["operation"] == op["id"] and listed[me]["reason"] == "kernel upgrade"
+                    again = await http.post("/v1/admin/maintenance", json={"broker": me, "deadline_s": 60})
+                    assert again.status_code == 409 and "already" in again.json()["error"], again.text
+                    await until(
+                        lambda: (i := ctl.registry.brokers.get(me)) is not None and i.draining,
+                        what="the controller sees a draining",
+                    )
+                    assert await assign(a, later) == peer  # out of service: nothing new comes to it
+
+                    r = await http.post(f"/v1/admin/maintenance/{me}/end")
+                    assert r.status_code == 200, r.text
+                    await until(
+                        lambda: (reg := registration(zk, s, me)) is not None and not reg.draining,
+                        what="a registered as not draining",
+                    )
+                    assert (await http.get("/v1/admin/maintenance")).json() == {"brokers": {}}
+                    gone = await http.post(f"/v1/admin/maintenance/{me}/end")
+                    assert gone.status_code == 404, gone.text
+
+    asyncio.run(scenario())

@@ -25,7 +25,6 @@ channel topic in this process (:class:`channel.table.TableView`, accepted transi
 from __future__ import annotations
 
 import contextlib
-import itertools
 import signal
 import threading
 import time
@@ -47,9 +46,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.procs import Procs
 from tests.support.timeline import check_single_owner
+from tests.support.topics import topic_in
 from tests.support.victims import agent_owning_most
 from tests.support.waiting import wait_for
-from trimtab.channel.bundles import BundleLayout, parse_bundle, topic_hash
+from trimtab.channel.bundles import BundleLayout, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.kafka import KafkaTransport
 from trimtab.channel.records import Record, State
@@ -88,16 +88,6 @@ def merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 
 def namespace_of(bundle: str) -> str:
     return bundle.rsplit("/", 1)[0]
-
-
-def topic_in(bundle: str, prefix: str = "probe") -> str:
-    """A topic name whose hash falls in ``bundle`` (so a lookup of it assigns exactly that bundle)."""
-    ns, rng = parse_bundle(bundle)
-    for i in itertools.count():
-        topic = f"persistent://{ns}/{prefix}-{i}"
-        if rng.contains(topic_hash(topic)):
-            return topic
-    raise AssertionError("unreachable")
 
 
 def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:

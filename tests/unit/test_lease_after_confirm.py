@@ -20,45 +20,29 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from trimtab.agent.adapters.base import BrokerSample, Lease
+from tests.unit.test_reconciler_yields import InstantBroker, build_reconciler
+from trimtab.agent.adapters.base import Lease
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.agent.reconciler import Reconciler
 from trimtab.channel.records import Record, State, make
 
 ME, OTHER = "me:1", "other:2"
 BUNDLE = "t/ns/0x00000000_0xffffffff"
 
 
-class Broker:
+class Broker(InstantBroker):
     """Records what it was asked; every call completes at once."""
 
     def __init__(self) -> None:
-        self.acquired: list[str] = []
+        super().__init__()
         self.renewed: list[tuple[list[str], float]] = []
         self.during_renew: Any = None  # called inside renew: time passes on a slow broker
-
-    async def acquire(self, bundle: str, lease: Lease) -> None:
-        self.acquired.append(bundle)
 
     async def renew(self, bundles: Sequence[str], lease: Lease) -> list[str]:
         self.renewed.append((list(bundles), lease.seconds))
         if self.during_renew is not None:
             self.during_renew()
         return []
-
-    async def fence(self, bundle: str) -> None: ...
-
-    async def close(self, bundle: str, redirect_url: str | None) -> None: ...
-
-    async def prewarm(self, bundle: str) -> None: ...
-
-    async def split(self, bundle: str, children: list[str]) -> None: ...
-
-    async def sample(self) -> BrokerSample:
-        raise NotImplementedError
-
-    async def aclose(self) -> None: ...
 
 
 class Channel:
@@ -94,18 +78,7 @@ def acquired_after_the_record_moved_on(move_on: bool) -> list[str]:
         guard = LeaseGuard(session, lease_s=20.0, margin_s=2.0, metrics=metrics)
         channel = Channel({BUNDLE: make(State.OWNED, dst=ME, version=23, ts=0, writer=ME)})
         broker = Broker()
-        rec = Reconciler(
-            ME,
-            channel,  # type: ignore[arg-type]
-            broker,  # type: ignore[arg-type]
-            url_of=lambda b: None,
-            apply_split=lambda *a: None,
-            metrics=metrics,
-            on_served_change=lambda b, s: None,
-            leases=guard,
-            in_flight_timeout_s=30.0,
-            workers=1,
-        )
+        rec = build_reconciler(channel, broker, workers=1, guard=guard)
         rec.mark(BUNDLE)  # our broker lost the lease: acquire again, the record is still ours
         rec.start()
         try:

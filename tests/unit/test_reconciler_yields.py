@@ -80,11 +80,16 @@ class Session:
     def confirm(self, timeout_s: float, path: str = "/") -> None: ...
 
 
-def build_reconciler(channel: Channel, broker: InstantBroker, workers: int = 32) -> Reconciler:
-    """A reconciler for ``ME`` over ``channel`` and ``broker``, its ZooKeeper session just confirmed."""
-    metrics = AgentMetrics.create(CollectorRegistry())
-    guard = LeaseGuard(Session(), lease_s=20.0, margin_s=2.0, metrics=metrics)  # type: ignore[arg-type]
-    guard.confirmed_at = time.monotonic()
+def build_reconciler(
+    channel: Any, broker: InstantBroker, workers: int = 32, guard: LeaseGuard | None = None
+) -> Reconciler:
+    """A reconciler for ``ME`` over ``channel`` and ``broker``; its lease guard ``guard``, or one whose
+    ZooKeeper session was just confirmed."""
+    if guard is None:
+        metrics = AgentMetrics.create(CollectorRegistry())
+        guard = LeaseGuard(Session(), lease_s=20.0, margin_s=2.0, metrics=metrics)  # type: ignore[arg-type]
+        guard.confirmed_at = time.monotonic()
+    metrics = guard.metrics
     return Reconciler(
         ME,
         channel,  # type: ignore[arg-type]

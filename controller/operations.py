@@ -1,0 +1,361 @@
+"""The leader's operations job: advances every unfinished operation, one pass per ``operations.interval_s``,
+and carries out the operator's verbs (issue 32).
+
+A pass (the decisions are :func:`trimtab.balance.operations.advance`'s):
+
+1. skip while in safe mode (counted as ``safe_mode``): nothing is started or proposed again;
+2. take the budget left from every bundle in flight in the channel;
+3. confirm leadership, then **persist every changed operation, then publish** -- in that order, so that a
+   leader killed in between leaves the started versions behind, and the next one proposes the same records
+   (at most one of two copies can apply) instead of a second move;
+4. count outcomes and waits, record state changes as decisions (the events topic), forget the oldest
+   finished operations beyond ``operations.keep_finished``.
+
+A new leader reads every operation from ZooKeeper (:meth:`OperationsJob.load`) and carries on where the last
+one stopped; while it leads it is their only writer, so passes work from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgspec
+import structlog
+
+from trimtab.balance import operations as ops
+from trimtab.channel.records import State
+from trimtab.channel.table import TableView
+from trimtab.config.settings import OperationSettings
+from trimtab.controller.journal import DecisionJournal
+from trimtab.controller.leadership import LeaderGates
+from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.operation_store import OperationConflict, OperationStore
+from trimtab.controller.writes import ChannelWrites
+from trimtab.errors import RequestError
+
+log = structlog.get_logger("trimtab.operations")
+
+
+class OperationsJob:
+    name = "operations"
+
+    def __init__(
+        self,
+        settings: Callable[[], OperationSettings],
+        store: OperationStore,
+        table: TableView,
+        leadership: LeaderGates,
+        writes: ChannelWrites,
+        journal: DecisionJournal,
+        metrics: ControllerMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[str], str] | None = None,
+        planner: Callable[[str, list[str]], Mapping[str, str | None]] | None = None,
+        usable: Callable[[str], bool] | None = None,
+    ) -> None:
+        """``settings`` is read on every pass: limits changed at run time apply from the next one.
+        ``planner(broker, bundles)``: destinations for bundles that reached a broker being drained after its
+        drain was planned (added to the drain); ``usable(broker)``: whether a planned destination may still
+        take bundles (live, not draining, not in maintenance) -- a move to one that may not is an unload."""
+        self.settings = settings
+        self.store = store
+        self.table = table
+        self.leadership = leadership
+        self.writes = writes
+        self.journal = journal
+        self.metrics = metrics
+        self.clock = clock
+        self.new_id = new_id or (lambda kind: f"{kind}-{int(clock() * 1000):x}-{secrets.token_hex(3)}")
+        self.planner = planner
+        self.usable = usable
+        self.ops: dict[str, ops.Operation] = {}
+        self.loaded = False
+        self.last_waits: dict[str, int] = {}
+        # One writer at a time: a pass, a new operation and an operator's verb each read and write the
+        # operations whole; without it a verb answered during a pass was overwritten by the pass's copy.
+        self._lock = asyncio.Lock()
+
+    def _now(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ------------------------------------------------------------------ leadership
+    async def on_lead(self) -> None:
+        await asyncio.to_thread(self.load)
+
+    def load(self) -> None:
+        """Read every stored operation (leadership starts: what the last leader left)."""
+        self.ops = {op.id: op for op in self.store.list()}
+        self.loaded = True
+        unfinished = [op.id for op in self.ops.values() if not op.state.terminal]
+        log.info("operations_loaded", operations=len(self.ops), unfinished=len(unfinished))
+        self._gauge()
+
+    # ------------------------------------------------------------------ one pass
+    async def run_once(self) -> ops.Advance | None:
+        async with self._lock:
+            try:
+                return await self._pass()
+            except OperationConflict:
+                return None  # read again (in _store); the next pass decides afresh
+
+    def _drain_arrivals(self, op: ops.Operation) -> ops.Operation:
+        """A drain's broker may be given bundles after the drain was planned (an assignment in flight, a
+        lookup at an agent that had not seen the draining flag, a split of one of its bundles): they join
+        the drain, so that it ends only once nothing is left on the broker."""
+        if (
+            op.target is None
+            or self.planner is None
+            or op.kind not in (ops.OpKind.DRAIN, ops.OpKind.MAINTENANCE)
+        ):
+            return op
+        planned = {m.bundle for m in op.moves}
+        new = sorted(
+            b
+            for b, r in self.table.items()
+            if b not in planned
+            and r.dst == op.target
+            and r.state in (State.OWNED, State.ASSIGNING, State.RELEASING)
+        )
+        if not new:
+            return op
+        dests = self.planner(op.target, new)
+        try:
+            return ops.extend(op, [(b, op.target, dests.get(b)) for b in new], now_ms=self._now())
+        except ValueError as e:
+            log.warning("operation_not_extended", operation=op.id, error=str(e))
+            return op
+
+    async def _pass(self) -> ops.Advance | None:
+        if not self.loaded:
+            return None
+        active = [op for op in self.ops.values() if _active(op)]
+        if not active:
+            self.last_waits = {}
+            return None
+        if self.leadership.safe_mode() is not None:
+            waiting = sum(1 for op in active for m in op.moves if m.open)
+            self.metrics.operation_waits.labels("safe_mode").inc(waiting)
+            self.last_waits = {"safe_mode": waiting}
+            return None
+        s = self.settings()
+        budget = ops.Budget.from_table(
+            self.table.items(),
+            cluster=s.max_in_flight,
+            per_broker=s.max_in_flight_per_broker,
+            per_namespace=s.max_in_flight_per_namespace,
+        )
+        before = active
+        active = [self._drain_arrivals(op) if not op.state.terminal else op for op in active]
+        adv = ops.advance(
+            active,
+            self.table.get,
+            budget,
+            writer=self.leadership.writer(),
+            now_ms=self._now(),
+            republish_after_ms=int(s.republish_after_s * 1000),
+            usable=self.usable or (lambda broker: True),
+        )
+        changed = adv.changed(before)
+        if not changed and not adv.publish:
+            self._count(adv)
+            return adv
+        if not await self.leadership.confirm():
+            return None  # not leading any more: the next leader decides from what is stored
+        for op in changed:
+            await self._store(op)
+        for bundle, rec in adv.publish:
+            try:
+                await self.writes.publish(bundle, rec)
+            except Exception as e:  # proposed again after republish_after_s (same version)
+                log.warning("operation_publish_failed", bundle=bundle, error=str(e))
+        self._count(adv)
+        await self._forget_finished(s.keep_finished)
+        return adv
+
+    def _count(self, adv: ops.Advance) -> None:
+        for (kind, outcome), n in adv.outcomes.items():
+            self.metrics.operation_moves.labels(kind, outcome).inc(n)
+        for reason, n in adv.waiting.items():
+            self.metrics.operation_waits.labels(reason).inc(n)
+        self.last_waits = dict(adv.waiting)
+
+    async def _store(self, op: ops.Operation) -> None:
+        before = self.ops.get(op.id)
+        try:
+            await asyncio.to_thread(self.store.write, op, before)
+        except OperationConflict as e:
+            # Another controller wrote it since we read it: what we hold is stale. Read everything again
+            # (this pass publishes nothing: the caller's exception ends it); the next pass decides afresh.
+            log.warning(
+                "operation_conflict", operation=op.id, error=str(e), action="reloading every operation"
+            )
+            await asyncio.to_thread(self.load)
+            raise
+        self.ops[op.id] = op
+        if before is None or before.state is not op.state:
+            self._decision(op)
+        self._gauge()
+
+    def _decision(self, op: ops.Operation) -> None:
+        done, total = op.progress()
+        self.journal.record(
+            "operation",
+            key=op.id,
+            op_kind=op.kind.value,
+            state=op.state.value,
+            reason=op.reason,
+            state_reason=op.state_reason,
+            done=done,
+            total=total,
+        )
+        log.info(
+            "operation_state",
+            operation=op.id,
+            kind=op.kind.value,
+            state=op.state.value,
+            done=done,
+            total=total,
+        )
+
+    def _gauge(self) -> None:
+        self.metrics.operations.clear()
+        for (kind, state), n in ops.by_state(self.ops.values()).items():
+            self.metrics.operations.labels(kind, state).set(n)
+
+    async def _forget_finished(self, keep: int) -> None:
+        finished = sorted(
+            (op for op in self.ops.values() if op.state.terminal and not _active(op)),
+            key=lambda o: o.updated_ms,
+        )
+        for op in finished[: max(0, len(finished) - keep)]:
+            await asyncio.to_thread(self.store.delete, op.id)
+            del self.ops[op.id]
+        self._gauge()
+
+    # ------------------------------------------------------------------ the operator's verbs
+    async def submit(
+        self,
+        kind: ops.OpKind,
+        moves: Iterable[tuple[str, str, str | None]],
+        *,
+        reason: str,
+        requested_by: str,
+        deadline_ms: int | None = None,
+        target: str | None = None,
+    ) -> ops.Operation:
+        """Store a new operation (pending); the next pass starts it."""
+        async with self._lock:
+            return await self._submit(
+                kind, moves, reason=reason, requested_by=requested_by, deadline_ms=deadline_ms, target=target
+            )
+
+    async def _submit(
+        self,
+        kind: ops.OpKind,
+        moves: Iterable[tuple[str, str, str | None]],
+        *,
+        reason: str,
+        requested_by: str,
+        deadline_ms: int | None,
+        target: str | None,
+    ) -> ops.Operation:
+        self._require_loaded()
+        op = ops.new(
+            self.new_id(kind.value),
+            kind,
+            moves,
+            reason=reason,
+            requested_by=requested_by,
+            now_ms=self._now(),
+            deadline_ms=deadline_ms,
+            target=target,
+        )
+        await asyncio.to_thread(self.store.create, op)
+        self.ops[op.id] = op
+        self._decision(op)
+        self._gauge()
+        return op
+
+    def get(self, op_id: str) -> ops.Operation:
+        self._require_loaded()
+        op = self.ops.get(op_id)
+        if op is None:
+            raise RequestError(404, f"no operation {op_id!r} (admin ops list shows them)")
+        return op
+
+    def list(self) -> list[ops.Operation]:
+        self._require_loaded()
+        return sorted(self.ops.values(), key=lambda o: o.created_ms)
+
+    async def verb(self, op_id: str, verb: str, *, why: str = "operator") -> ops.Operation:
+        """pause, resume or cancel; refused with 409 and the reason when it does not apply."""
+        async with self._lock:
+            return await self._verb(op_id, verb, why=why)
+
+    async def _verb(self, op_id: str, verb: str, *, why: str) -> ops.Operation:
+        self._require_loaded()
+        op = self.get(op_id)
+        now = self._now()
+        try:
+            if verb == "pause":
+                new = ops.pause(op, why=why, now_ms=now)
+            elif verb == "resume":
+                new = ops.resume(op, now_ms=now)
+            elif verb == "cancel":
+                new = ops.cancel(op, why=why, now_ms=now)
+            else:
+                raise RequestError(400, f"unknown verb {verb!r}: pause, resume or cancel")
+        except ops.OperationRefused as e:
+            raise RequestError(409, str(e)) from None
+        if new is not op:
+            await self._store(new)
+        return new
+
+    def _require_loaded(self) -> None:
+        if not self.loaded:
+            raise RequestError(503, "operations are not loaded yet (not leading, or leadership just started)")
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "operations": [
+                op.summary()
+                for op in sorted(self.ops.values(), key=lambda o: o.created_ms)
+                if not op.state.terminal
+            ],
+            "finished": sum(1 for op in self.ops.values() if op.state.terminal),
+            "waiting": dict(self.last_waits),
+        }
+
+
+def _active(op: ops.Operation) -> bool:
+    """Still something to do: moves to start, or started moves whose outcome is not known yet (a paused,
+    cancelled or failed operation's started moves are still followed to their end)."""
+    if not op.state.terminal and (op.state is not ops.OpState.PAUSED or op.deadline_ms is not None):
+        return True  # a paused operation with a deadline still fails at it
+    return any(
+        m.open and (m.started_version is not None or op.state is ops.OpState.CANCELLED) for m in op.moves
+    )
+
+
+def operation_detail(op: ops.Operation, moves: int = 100) -> dict[str, Any]:
+    """``admin ops show``: the summary, who asked and when, why it is in its state, how its moves ended so
+    far, and its first ``moves`` moves."""
+    outcomes: dict[str, int] = {}
+    for m in op.moves:
+        key = m.outcome.value if m.outcome is not None else ("started" if m.started_version else "waiting")
+        outcomes[key] = outcomes.get(key, 0) + 1
+    return {
+        **op.summary(),
+        "requested_by": op.requested_by,
+        "created_ms": op.created_ms,
+        "updated_ms": op.updated_ms,
+        "state_reason": op.state_reason,
+        "outcomes": outcomes,
+        "moves": [msgspec.to_builtins(m) for m in op.moves[:moves]],
+        "moves_shown": min(moves, len(op.moves)),
+    }

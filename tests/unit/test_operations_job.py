@@ -1,0 +1,260 @@
+"""The leader's operations job (controller/operations.py) over the in-memory store: a drain carried out and
+finished, a leader "killed" after it stored a pass and before publishing it (the next one proposes the same
+records, never a second move), safe mode, limits read on every pass, the verbs' refusals, and the
+retention of finished operations."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from trimtab.balance import operations as ops
+from trimtab.channel import intents
+from trimtab.channel.records import Record, State, make
+from trimtab.config.settings import OperationSettings
+from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.operation_store import MemoryOperations
+from trimtab.controller.operations import OperationsJob
+from trimtab.errors import RequestError
+
+T0 = 1_800_000_000.0
+A, B = "a:1", "b:1"
+
+
+def bundle(i: int) -> str:
+    lo = i * 0x1000000
+    return f"t/ns/0x{lo:08x}_0x{lo + 0x1000000:08x}"
+
+
+class Table(dict[str, Record]):
+    pass
+
+
+@dataclass
+class Writes:
+    table: Table
+    published: list[tuple[str, Record]] = field(default_factory=list)
+    fail: bool = False
+
+    async def publish(self, b: str, rec: Record) -> None:
+        self.published.append((b, rec))
+        if self.fail:
+            raise TimeoutError("Kafka did not acknowledge")
+        cur = self.table.get(b)
+        if cur is None or rec.version == cur.version + 1:  # the channel: first valid transition
+            self.table[b] = rec
+
+
+@dataclass
+class Leadership:
+    safe: str | None = None
+
+    def safe_mode(self) -> str | None:
+        return self.safe
+
+    async def confirm(self) -> bool:
+        return True
+
+    def writer(self) -> str:
+        return "leader"
+
+
+@dataclass
+class Journal:
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, kind: str, **fields: Any) -> None:
+        self.events.append({"kind": kind, **fields})
+
+
+class Cluster:
+    def __init__(self, n: int, settings: OperationSettings | None = None) -> None:
+        self.table = Table(
+            {bundle(i): make(State.OWNED, dst=A, version=2, ts=0, writer="x") for i in range(n)}
+        )
+        self.store = MemoryOperations()
+        self.settings = settings or OperationSettings()
+        self.now = T0
+        self.writes = Writes(self.table)
+        self.leadership = Leadership()
+        self.journal = Journal()
+        self.metrics = ControllerMetrics.create(CollectorRegistry())
+        self.job = self.leader()
+
+    def leader(self, load: bool = True) -> OperationsJob:
+        """A new leader's job over the same store (what a failover gives); ``load``: it has read them."""
+        job = OperationsJob(
+            lambda: self.settings,
+            self.store,
+            self.table,  # type: ignore[arg-type]
+            self.leadership,  # type: ignore[arg-type]
+            self.writes,  # type: ignore[arg-type]
+            self.journal,  # type: ignore[arg-type]
+            self.metrics,
+            clock=lambda: self.now,
+        )
+        if load:
+            job.load()
+        return job
+
+    def brokers_finish(self) -> None:
+        """Every transfer in flight carried through by its brokers."""
+        for b, rec in list(self.table.items()):
+            if rec.state is State.RELEASING and rec.src is not None and rec.dst is not None:
+                self.table[b] = intents.take(intents.hand_over(rec, rec.src, now_ms=0), rec.dst, now_ms=0)
+
+    def drain(self, n: int) -> ops.Operation:
+        moves = [(bundle(i), A, B) for i in range(n)]
+        return asyncio.run(self.job.submit(ops.OpKind.DRAIN, moves, reason="drain a", requested_by="ops"))
+
+
+def test_a_drain_runs_to_done_and_says_so() -> None:
+    c = Cluster(5)
+    op = c.drain(5)
+    assert [e["state"] for e in c.journal.events] == ["pending"]
+    asyncio.run(c.job.run_once())
+    assert len(c.writes.published) == 5 and c.job.get(op.id).state is ops.OpState.RUNNING
+    c.brokers_finish()
+    asyncio.run(c.job.run_once())
+    done = c.job.get(op.id)
+    assert done.state is ops.OpState.DONE and done.progress() == (5, 5)
+    assert [e["state"] for e in c.journal.events] == ["pending", "running", "done"]
+    assert c.metrics.operation_moves.labels("drain", "moved")._value.get() == 5
+    assert c.store.list() == [done]
+
+
+def test_a_leader_killed_between_storing_and_publishing_never_moves_a_bundle_twice() -> None:
+    c = Cluster(3, OperationSettings(republish_after_s=10))
+    op = c.drain(3)
+    c.writes.fail = True  # the publishes of this pass are lost: as if the leader died right after storing
+    asyncio.run(c.job.run_once())
+    stored = c.store.list()[0]
+    assert all(m.started_version == 3 for m in stored.moves)  # stored before publishing
+    c.writes.fail = False
+    c.writes.published.clear()
+    c.job = c.leader()  # the next leader
+    asyncio.run(c.job.run_once())
+    assert c.writes.published == []  # not yet: the records may still be on their way
+    c.now += 10
+    asyncio.run(c.job.run_once())
+    assert sorted((b, r.version) for b, r in c.writes.published) == [(bundle(i), 3) for i in range(3)]
+    c.brokers_finish()
+    asyncio.run(c.job.run_once())
+    assert c.job.get(op.id).state is ops.OpState.DONE
+
+
+def test_nothing_starts_in_safe_mode_and_the_wait_is_counted() -> None:
+    c = Cluster(2)
+    c.drain(2)
+    c.leadership.safe = "zookeeper_reconnected"
+    asyncio.run(c.job.run_once())
+    assert c.writes.published == [] and c.job.status()["waiting"] == {"safe_mode": 2}
+    assert c.metrics.operation_waits.labels("safe_mode")._value.get() == 2
+
+
+def test_limits_are_read_on_every_pass() -> None:
+    c = Cluster(10, OperationSettings(max_in_flight=2))
+    c.drain(10)
+    asyncio.run(c.job.run_once())
+    assert len(c.writes.published) == 2
+    assert c.job.status()["waiting"] == {"throttled_cluster": 8}
+    c.settings = OperationSettings(max_in_flight=6)  # changed at run time
+    asyncio.run(c.job.run_once())
+    assert len(c.writes.published) == 6
+
+
+def test_verbs_refuse_what_does_not_apply_and_unknown_ids() -> None:
+    c = Cluster(2)
+    op = c.drain(2)
+    with pytest.raises(RequestError) as e:
+        asyncio.run(c.job.verb("nope", "pause"))
+    assert e.value.status == 404
+    assert asyncio.run(c.job.verb(op.id, "pause")).state is ops.OpState.PAUSED
+    asyncio.run(c.job.run_once())
+    assert c.writes.published == []  # paused: nothing starts
+    assert asyncio.run(c.job.verb(op.id, "cancel")).state is ops.OpState.CANCELLED
+    asyncio.run(c.job.run_once())
+    assert c.job.get(op.id).progress() == (2, 2)
+    with pytest.raises(RequestError) as e:
+        asyncio.run(c.job.verb(op.id, "resume"))
+    assert e.value.status == 409 and "finished" in str(e.value)
+    with pytest.raises(RequestError) as e:
+        asyncio.run(c.job.verb(op.id, "restart"))
+    assert e.value.status == 400
+
+
+def test_only_the_newest_finished_operations_are_kept() -> None:
+    c = Cluster(4, OperationSettings(keep_finished=2))
+    for i in range(4):
+        c.now += 1
+        asyncio.run(
+            c.job.submit(ops.OpKind.TRANSFER, [(bundle(i), A, B)], reason=f"t{i}", requested_by="ops")
+        )
+    asyncio.run(c.job.run_once())
+    c.brokers_finish()
+    c.now += 1
+    asyncio.run(c.job.run_once())
+    assert [op.reason for op in c.job.list()] == ["t2", "t3"]
+    assert len(c.store.list()) == 2
+
+
+def test_nothing_is_done_before_the_store_was_read() -> None:
+    c = Cluster(1)
+    job = c.leader(load=False)
+    assert asyncio.run(job.run_once()) is None
+    with pytest.raises(RequestError) as e:
+        asyncio.run(job.submit(ops.OpKind.DRAIN, [], reason="r", requested_by="x"))
+    assert e.value.status == 503
+
+
+def test_a_verb_during_a_pass_is_not_overwritten_by_the_pass() -> None:
+    """Review finding: a cancel answered while a pass waited for leadership was overwritten by the pass's
+    own copy (RUNNING), and the next pass moved more bundles. Now a verb waits for the pass to end."""
+
+    class SlowLeadership(Leadership):
+        gate: asyncio.Event
+
+        async def confirm(self) -> bool:
+            await self.gate.wait()
+            return True
+
+    async def main() -> None:
+        c = Cluster(6, OperationSettings(max_in_flight=2))
+        c.leadership = SlowLeadership()
+        c.leadership.gate = asyncio.Event()
+        c.job = c.leader()
+        op = await c.job.submit(
+            ops.OpKind.DRAIN, [(bundle(i), A, B) for i in range(6)], reason="r", requested_by="x"
+        )
+        first = asyncio.ensure_future(c.job.run_once())
+        await asyncio.sleep(0)  # the pass is waiting on leadership
+        cancel = asyncio.ensure_future(c.job.verb(op.id, "cancel"))
+        await asyncio.sleep(0)
+        c.leadership.gate.set()
+        await first
+        assert (await cancel).state is ops.OpState.CANCELLED
+        c.brokers_finish()
+        await c.job.run_once()
+        assert len(c.writes.published) == 2  # the first pass's two, nothing after the cancel
+        final = c.job.get(op.id)
+        assert final.state is ops.OpState.CANCELLED and c.store.list()[0].state is ops.OpState.CANCELLED
+
+    asyncio.run(main())
+
+
+def test_bundles_that_reach_a_drained_broker_later_join_its_drain() -> None:
+    c = Cluster(2)
+    c.job.planner = lambda broker, bundles: dict.fromkeys(bundles, B)
+    op = asyncio.run(
+        c.job.submit(ops.OpKind.DRAIN, [(bundle(0), A, B)], reason="r", requested_by="x", target=A)
+    )
+    asyncio.run(c.job.run_once())  # bundle(1) is A's too, but not in the plan: it joins
+    grown = c.job.get(op.id)
+    assert [m.bundle for m in grown.moves] == [bundle(0), bundle(1)]
+    c.brokers_finish()
+    asyncio.run(c.job.run_once())
+    assert c.job.get(op.id).state is ops.OpState.DONE and c.table[bundle(1)].dst == B
