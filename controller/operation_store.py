@@ -38,7 +38,7 @@ from trimtab.balance.operations import (
     encode,
 )
 from trimtab.cluster.zk import ZkPaths
-from trimtab.errors import RequestError, ZooKeeperError
+from trimtab.errors import RequestError, ZkConflict
 
 log = structlog.get_logger("trimtab.controller")
 
@@ -51,7 +51,7 @@ PART_MAX_BYTES = 512 * 1024
 TX_MAX_BYTES = 512 * 1024
 
 
-class OperationConflict(ZooKeeperError):
+class OperationConflict(ZkConflict):
     """Another controller wrote the operation since this one read it (a leader deposed mid-pass, or its
     successor): read every operation again before deciding anything more."""
 

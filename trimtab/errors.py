@@ -30,6 +30,7 @@ The tree (``[module]``: a class defined outside this one, relative to ``trimtab`
     ├── BundleError                 a bundle name, range or split that does not make sense
     ├── DocumentError               [cli.placement_solve] a ``placement solve`` document, naming each bad field
     ├── IntentRefused               [channel.intents] the bundle's record does not allow this write
+    ├── OperationRefused            [balance.operations] an operator's verb the operation's state refuses
     ├── TransportError              Kafka refused or could not be reached
     │   ├── HistoryGap              records were deleted before this node read them
     │   ├── SnapshotTopicError      the snapshot topic is unusable as configured
@@ -38,6 +39,7 @@ The tree (``[module]``: a class defined outside this one, relative to ``trimtab`
     │   ├── ZkUnavailable           no session, or no answer after the command retries (HTTP 503)
     │   ├── ZkAccessDenied          the znodes' ACLs grant another identity (HTTP 500)
     │   ├── ZkConflict              a compare-and-set kept losing to other writers (HTTP 503)
+    │   │   └── OperationConflict   [controller.operation_store] an operation written by another controller
     │   └── ZnodeUnreadable         a znode that does not decode, left as it is (HTTP 500)
     │       └── NamespaceUnreadable a namespace's policy znode: its bundle layout is unknown
     ├── AdapterError                the broker adapter failed (the broker, not trimtab)
