@@ -78,6 +78,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,10 @@ class ChaosConfig:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+#: Clients reconnecting at once after their bundles lost their owner (a pool of lookups in parallel).
+RECONNECT_CLIENTS = 16
+
+
 class LookupClient:
     """Clients that keep reconnecting: topics looked up round-robin on every agent -- and, first, a topic of
     every bundle that has no owner right now, as the clients of a bundle closed by an unload reconnect at
@@ -221,6 +226,25 @@ class LookupClient:
             t for b, r in sorted(records.items()) if r.get("state") == "free" and (t := self.topic_for(b))
         ]
 
+    def _reconnect(self, topics: list[str], agents: Sequence[Node]) -> None:
+        """Look ``topics`` up concurrently (``RECONNECT_CLIENTS`` at a time), spread over the agents."""
+
+        def one(it: tuple[int, str]) -> bool:
+            k, topic = it
+            try:
+                r = httpx.get(f"{agents[k % len(agents)].http}/v1/lookup", params={"topic": topic}, timeout=3)
+                return r.status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        with ThreadPoolExecutor(RECONNECT_CLIENTS, thread_name_prefix="chaos-reconnect") as pool:
+            for ok in pool.map(one, enumerate(topics)):
+                self.reconnects += 1
+                if ok:
+                    self.ok += 1
+                else:
+                    self.failed += 1
+
     def start(self) -> None:
         self._thread.start()
 
@@ -244,12 +268,14 @@ class LookupClient:
                     next_refresh = now + self.refresh_s
                 node = agents[i % len(agents)]
                 if urgent:
-                    topic = urgent.pop()
-                    self.reconnects += 1
-                else:
-                    topic = self.topics[i % len(self.topics)]
-                    if (i + 1) % len(self.topics) == 0:
-                        self.cycles += 1
+                    # The clients of every bundle that lost its owner reconnect at once, in parallel (one
+                    # lookup at a time managed ~11 a second: 1 299 bundles released by a partition took minutes).
+                    self._reconnect(urgent, agents)
+                    urgent = []
+                    continue
+                topic = self.topics[i % len(self.topics)]
+                if (i + 1) % len(self.topics) == 0:
+                    self.cycles += 1
                 i += 1
                 try:
                     r = http.get(f"{node.http}/v1/lookup", params={"topic": topic})
