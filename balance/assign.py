@@ -201,13 +201,13 @@ def select_broker(
 
 def headed_to(records: Iterable[Record]) -> Counter[str]:
     """How many bundles the channel gives each broker right now: those it owns, those on their way to it
-    (``Assigning`` or ``Releasing`` with it as destination), and a splitting parent at its source.
+    (``Assigning`` or ``Releasing`` with it as destination), and a splitting or merging parent at its source.
 
     Compared with a broker's last report (:attr:`BrokerLoadData.bundles`) this says what the report has
     not seen yet: the picks of every drain and assignment since it was sampled."""
     counts: Counter[str] = Counter()
     for rec in records:
-        broker = rec.src if rec.state is State.SPLITTING else rec.dst
+        broker = rec.src if rec.state is State.SPLITTING or rec.state is State.MERGING else rec.dst
         if broker is not None and rec.state is not State.FREE and rec.state is not State.DELETED:
             counts[broker] += 1
     return counts

@@ -9,7 +9,7 @@
 * **Throttling**: at most ``max_in_flight`` bundles in Assigning cluster-wide and
   ``max_in_flight_per_broker`` into one broker; the rest wait for the next round.
 * **Monitor**: in-flight states older than the in-flight timeout while their brokers are alive are
-  stuck and get forced onward; Free/Deleted entries are tombstoned after the tombstone delay. (A split
+  stuck and get forced onward (a split or a merge always forward, to a new source); Free/Deleted entries are tombstoned after the tombstone delay. (A split
   parent stays Deleted that long on purpose: a lookup with an outdated layout that lands on it re-reads
   the layout, whereas a tombstoned parent would look unowned and could be assigned a second time.)
 """
@@ -81,7 +81,7 @@ def dependents(rec: Record) -> frozenset[str]:
         return frozenset({rec.dst}) if rec.dst else frozenset()
     if s is State.RELEASING:
         return frozenset(b for b in (rec.src, rec.dst) if b)
-    if s is State.SPLITTING:
+    if s is State.SPLITTING or s is State.MERGING:
         return frozenset({rec.src}) if rec.src else frozenset()
     return frozenset()  # Free, Deleted: nobody has work left to do (the leader tombstones them later)
 
@@ -94,7 +94,7 @@ def needs_healing(rec: Record, gone: frozenset[str]) -> bool:
         return rec.dst in gone
     if s is State.RELEASING:
         return rec.src in gone or rec.dst in gone
-    if s is State.SPLITTING:
+    if s is State.SPLITTING or s is State.MERGING:
         return rec.src in gone
     return False
 
@@ -200,6 +200,8 @@ def override_for(
             return force(State.FREE, dst=None, src=cur.src), None
         kids: dict[str, str | None] = {k: new_src for k in (cur.children or {})}
         return force(State.SPLITTING, dst=None, src=new_src, children=kids), new_src
+    if s is State.MERGING:
+        return _roll_merge_forward(bundle, cur, gone, choose, force)
     if s is State.RELEASING and cur.src not in gone and cur.dst in gone:
         dst = choose(bundle, gone)  # the source is fenced; someone (maybe the source again) takes it
     elif s is State.RELEASING and cur.src in gone and cur.dst is not None and cur.dst not in gone:
@@ -210,6 +212,26 @@ def override_for(
     if dst is None:
         return force(State.FREE, dst=None, src=src), None
     return force(State.ASSIGNING, dst=dst, src=src if src != dst else None), dst
+
+
+def _roll_merge_forward(
+    bundle: str,
+    cur: Record,
+    gone: frozenset[str],
+    choose: Choose,
+    force: Callable[..., Record],
+) -> tuple[Record | None, str | None] | None:
+    """A merge is only ever pushed forward, to a new source (``Merging{src=new, {X: new}}``), never rolled
+    back by an override: the partner may already have created the merged bundle X, and a parent forced
+    back to a broker would overlap it. The new source finishes the merge if it committed, and aborts it
+    (the parent Owned by itself) if the partner never followed (``balance.roles.plan_merge``). With no
+    broker to take it over, the record stays as it is (no Free: a Free parent could be assigned while X
+    is owned): the failed-broker alert counts it until a broker can."""
+    new_src = choose(bundle, gone)
+    if new_src is None:
+        return None
+    merged: dict[str, str | None] = {k: new_src for k in (cur.children or {})}
+    return force(State.MERGING, dst=None, src=new_src, children=merged), new_src
 
 
 def in_flight_by_broker(items: Iterable[tuple[str, Record]]) -> Counter[str]:

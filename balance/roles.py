@@ -17,7 +17,14 @@ Releasing{src=me, dst=None}        fence, close, publish Free{src=me}           
 Owned{dst=B, src=me}, B != me      close with a redirect to B                     (transfer, phase 2)
 Splitting{src=me, children}        split on the broker, publish children Owned{dst=me, v=1},
                                    update the namespace layout, publish Deleted{src=me}
-Deleted{src=me}, still serving     forget the parent (its topics live on in the children)
+Merging{src=me, {X}}, partner      merge both parents on the broker, publish X Owned{dst=me, v=1},
+merging into X too, or X exists    update the namespace layout, publish Deleted{src=me}
+Merging{src=me, {X}}, partner      nothing yet: the leader has not written the partner's Merging
+Owned{dst=me}, X has no record
+Merging{src=me, {X}}, anything     publish Owned{dst=me, src=me}                   (abort the merge)
+else
+Deleted{src=me}, still serving     forget the parent (its topics live on in the children or the merged
+                                   bundle)
 Owned{dst=me}, not serving         acquire                                        (override, split child)
 anything else while serving        close with a redirect to the new owner, if any (forced override)
 =================================  ====================================================================
@@ -36,10 +43,16 @@ Owned{dst=me}, stale               publish Releasing{src=me, dst=None}: unload, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from trimtab.channel import intents
+from trimtab.channel.bundles import merge_partner, parse_bundle
 from trimtab.channel.records import Record, State
+from trimtab.errors import BundleError
+
+#: A read of the channel table by bundle name (None: Init); a merge's plan needs its partner's record.
+Lookup = Callable[[str], Record | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +89,31 @@ class UpdateLayout:
 
 
 @dataclass(frozen=True, slots=True)
+class MergeOnBroker:
+    """Serve both parents as the one merged bundle (idempotent: the partner's plan asks for it too)."""
+
+    parents: tuple[str, str]  # bundle names, lower range first
+    merged: str  # bundle name
+
+
+@dataclass(frozen=True, slots=True)
+class PublishMerged:
+    """Owned{dst=owner, v=1} for the merged bundle if it has no channel entry yet (idempotent on retry, and
+    whichever parent gets there first publishes it)."""
+
+    merged: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateLayoutMerge:
+    """Replace the two parents by the merged bundle in the namespace layout (idempotent)."""
+
+    parents: tuple[str, str]
+    merged: str
+
+
+@dataclass(frozen=True, slots=True)
 class Forget:
     """Drop a split parent from the local served set without disconnecting (its topics live on in the
     children)."""
@@ -86,7 +124,19 @@ class Publish:
     record: Record | None  # None = tombstone
 
 
-Step = Acquire | Fence | Close | SplitOnBroker | PublishChildren | UpdateLayout | Forget | Publish
+Step = (
+    Acquire
+    | Fence
+    | Close
+    | SplitOnBroker
+    | PublishChildren
+    | UpdateLayout
+    | MergeOnBroker
+    | PublishMerged
+    | UpdateLayoutMerge
+    | Forget
+    | Publish
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +154,12 @@ def plan(
     fenced: bool,
     now_ms: int,
     stale: bool = False,
+    lookup: Lookup | None = None,
 ) -> Plan | None:
     """The steps this broker owes ``bundle`` in state ``cur``; None when there is nothing to do. ``stale``:
-    ``cur`` was accepted before this broker's current ZooKeeper session (see the module docstring)."""
+    ``cur`` was accepted before this broker's current ZooKeeper session (see the module docstring).
+    ``lookup`` reads other bundles' records: a merge is decided by its partner's (see :func:`plan_merge`);
+    without it a merging bundle waits."""
     if cur is None:
         return Plan("forced_close", (Close(None),)) if serving or fenced else None
     s = cur.state
@@ -137,6 +190,9 @@ def plan(
             ),
         )
 
+    if s is State.MERGING and cur.src == me:
+        return plan_merge(me, bundle, cur, lookup, now_ms=now_ms) if lookup is not None else None
+
     if s is State.DELETED and cur.src == me:
         # The parent stays Deleted (not tombstoned) until the leader's tombstone delay: a lookup with an
         # outdated layout that lands on it re-reads the layout, whereas a tombstoned parent would look
@@ -159,6 +215,53 @@ def plan(
         )
         return Plan(kind, (Close(redirect),))
     return None
+
+
+def plan_merge(me: str, bundle: str, cur: Record, lookup: Lookup, *, now_ms: int) -> Plan | None:
+    """The steps of ``Merging{src=me, {X}}``, decided by the partner's record and the merged bundle X's.
+
+    Each parent has its own key, so the merge commits through what both keys say, read the same way by
+    both parents' plans:
+
+    * X has a record: the merge is committed (the leader starts a merge only while X has none, and only
+      a merge's ``PublishMerged`` creates it before the layout names X). Carry on, whatever the partner.
+    * the partner is ``Merging`` into X too (any source: a leader's override may have moved it): carry on.
+      Neither parent can be rolled back from here: a parent leaves ``Merging`` only by its own plan or by
+      an override, and overrides of a merge always roll it forward (``balance.heal``).
+    * the partner is still ``Owned{dst=me}``: the leader has not written its half yet; wait.
+    * anything else (split, moved, unloaded, deleted by a split, no record, owned by another broker after
+      an override): the partner will never merge into X and X has not been created, so abort: the bundle
+      is ``Owned`` by me again.
+    """
+    merged = next(iter(cur.children or {}), "")
+    try:
+        partner = merge_partner(bundle, merged)
+    except BundleError:
+        return None  # not an accepted record: the channel refuses such a shape
+    namespace = parse_bundle(bundle)[0]
+    merged_name = f"{namespace}/{merged}"
+    mate = lookup(partner)
+    if lookup(merged_name) is None and not merging_into(mate, merged):
+        if mate is not None and mate.state is State.OWNED and mate.dst == me:
+            return None
+        return Plan("abort_merge", (Publish(intents.abort_merge(cur, me, now_ms=now_ms)),))
+    parents = (bundle, partner) if parse_bundle(bundle)[1] < parse_bundle(partner)[1] else (partner, bundle)
+    return Plan(
+        "merge",
+        (
+            MergeOnBroker(parents, merged_name),
+            PublishMerged(merged_name, me),
+            UpdateLayoutMerge(parents, merged_name),
+            Publish(intents.retire_merged(cur, me, now_ms=now_ms)),
+        ),
+    )
+
+
+def merging_into(rec: Record | None, merged: str) -> bool:
+    """Whether ``rec`` is a parent's ``Merging`` record into the range ``merged`` (``0x..._0x...``)."""
+    return (
+        rec is not None and rec.state is State.MERGING and rec.children is not None and merged in rec.children
+    )
 
 
 def needs_attention(me: str, rec: Record | None) -> bool:

@@ -5,8 +5,8 @@ node must map a topic to the same bundle, so it never changes. Bundles are conti
 hash space. Like Pulsar, a range is half-open ``[lower, upper)`` except that the last bundle of a namespace
 (``upper == 0xffffffff``) also holds ``0xffffffff`` itself, so the full space is covered with no gap.
 
-Everything here is pure: the split algorithms are plain functions of a range and the load figures they
-are given, so the agent, the controller, the simulator and the tests all run the same code.
+Everything here is pure: the split algorithms and the merge rules are plain functions of ranges and the
+load figures they are given, so the agent, the controller, the simulator and the tests all run the same code.
 """
 
 from __future__ import annotations
@@ -195,6 +195,22 @@ class BundleLayout:
         inner = {c.lower for c in children[1:]}
         return BundleLayout(self.namespace, tuple(sorted(set(self.boundaries) | inner)))
 
+    def with_merge(self, merged: BundleRange, inner: int) -> BundleLayout:
+        """The layout after the two bundles meeting at ``inner`` were replaced by ``merged``; idempotent if
+        already applied. Refused when ``merged`` is not exactly two bundles of this layout (or one, once
+        merged): a parent split since the merge was decided would otherwise vanish from the layout."""
+        if not merged.lower < inner < merged.upper:
+            raise BundleError(f"0x{inner:08x} is not strictly inside {merged}")
+        b = self.boundaries
+        if merged.lower not in b or merged.upper not in b:
+            raise BundleError(f"{merged} does not start and end at bundle boundaries of {self.namespace}")
+        inside = [x for x in b if merged.lower < x < merged.upper]
+        if inside not in ([], [inner]):
+            raise BundleError(
+                f"{merged} is not two adjacent bundles of {self.namespace} meeting at 0x{inner:08x}"
+            )
+        return BundleLayout(self.namespace, tuple(x for x in b if x != inner))
+
 
 # --------------------------------------------------------------------------------------------- splitting
 
@@ -208,6 +224,46 @@ def check_partition(parent: BundleRange, children: Sequence[BundleRange]) -> Non
     for a, b in itertools.pairwise(children):
         if a.upper != b.lower:
             raise BundleError(f"children {a} and {b} leave a gap or overlap")
+
+
+# ---------------------------------------------------------------------------------------------- merging
+
+
+def adjacent(a: BundleRange, b: BundleRange) -> bool:
+    """Whether ``a`` and ``b`` touch end to start, in either order (two bundles a merge may join)."""
+    return a.upper == b.lower or b.upper == a.lower
+
+
+def merged_range(a: BundleRange, b: BundleRange) -> BundleRange:
+    """The one range that ``a`` and ``b`` cover together; they must be adjacent (no gap, no overlap)."""
+    if not adjacent(a, b):
+        raise BundleError(f"{a} and {b} are not adjacent: only neighbouring bundles merge")
+    return BundleRange(min(a.lower, b.lower), max(a.upper, b.upper))
+
+
+def check_merge(rng: BundleRange, merged: BundleRange) -> None:
+    """Raise unless ``merged`` can be the union of ``rng`` and one neighbour: it strictly contains ``rng``
+    and shares exactly one of its edges. The channel checks this much for each merging record; that the
+    rest of ``merged`` is one bundle, itself merging, is for the writers (validity is per key)."""
+    if not (merged.lower <= rng.lower and rng.upper <= merged.upper) or merged == rng:
+        raise BundleError(f"merged range {merged} does not strictly contain {rng}")
+    if (merged.lower == rng.lower) == (merged.upper == rng.upper):
+        raise BundleError(f"merged range {merged} does not share exactly one edge with {rng}")
+
+
+def merge_remainder(rng: BundleRange, merged: BundleRange) -> BundleRange:
+    """The partner's range: ``merged`` without ``rng`` (see :func:`check_merge`)."""
+    check_merge(rng, merged)
+    if merged.lower == rng.lower:
+        return BundleRange(rng.upper, merged.upper)
+    return BundleRange(merged.lower, rng.lower)
+
+
+def merge_partner(bundle: str, merged: str) -> str:
+    """The full name of the bundle ``bundle`` merges with into the range ``merged`` (``0x..._0x...``): the
+    rest of the merged range, in the same namespace. Raises BundleError for a range it cannot merge into."""
+    namespace, rng = parse_bundle(bundle)
+    return bundle_name(namespace, merge_remainder(rng, BundleRange.parse(merged)))
 
 
 def split_range(parent: BundleRange, boundaries: Iterable[int]) -> list[BundleRange]:

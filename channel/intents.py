@@ -2,9 +2,9 @@
 
 Every writer -- an agent's lookup, its reconciler, a split or a drain; the leader's shedding, admin moves
 and healing; the simulator's stand-ins for them -- says what it wants (assign this bundle, release it,
-split it...) and hands over the bundle's current record (None: Init). The intent checks that it applies
-to that record -- the owner check lives here and nowhere else -- and returns the next record: version
-current + 1 (1 from Init), the writer and the time given. When it does not apply it raises
+split or merge it...) and hands over the bundle's current record (None: Init). The intent checks that it
+applies to that record -- the owner check lives here and nowhere else -- and returns the next record:
+version current + 1 (1 from Init), the writer and the time given. When it does not apply it raises
 :class:`IntentRefused` naming the state found, so a writer that read an older table refuses instead of
 proposing what every replica would reject.
 
@@ -110,6 +110,46 @@ def retire(cur: Record | None, me: str, *, now_ms: int) -> Record:
         raise IntentRefused("retire", cur, f"{me} is not splitting the bundle")
     # dst continues the split's (None, unless a forced record set one): replicas require both to carry on
     return make(State.DELETED, src=me, dst=cur.dst, version=cur.version + 1, ts=now_ms, writer=me)
+
+
+def merge(cur: Record | None, owner: str, merged_range: str, *, writer: str, now_ms: int) -> Record:
+    """Start merging an owned bundle into ``merged_range`` (``0x..._0x...``: this bundle and one neighbour),
+    to be owned by its owner: ``Merging{src=owner, children={merged_range: owner}}``. The leader writes it
+    for both neighbours; the channel checks each on its own, so writing the pair is the leader's job."""
+    if not owned_by(cur, owner):
+        raise IntentRefused("merge", cur, f"the bundle is not owned by {owner}")
+    assert cur is not None
+    return make(
+        State.MERGING,
+        src=owner,
+        version=cur.version + 1,
+        ts=now_ms,
+        writer=writer,
+        children={merged_range: owner},
+    )
+
+
+def _merging_by(cur: Record | None, me: str) -> bool:
+    return cur is not None and cur.state is State.MERGING and cur.src == me
+
+
+def retire_merged(cur: Record | None, me: str, *, now_ms: int) -> Record:
+    """The merging owner published the merged bundle: this parent is ``Deleted``."""
+    if not _merging_by(cur, me):
+        raise IntentRefused("retire merged", cur, f"{me} is not merging the bundle")
+    assert cur is not None
+    # src and dst continue the merge's, as Splitting -> Deleted does (replicas require both to carry on)
+    return make(State.DELETED, src=me, dst=cur.dst, version=cur.version + 1, ts=now_ms, writer=me)
+
+
+def abort_merge(cur: Record | None, me: str, *, now_ms: int) -> Record:
+    """The partner cannot merge (it moved, split or was never asked): the bundle goes back to being
+    ``Owned`` by the broker that was merging it, ``src`` kept (an Owned with src == dst is an aborted
+    merge in the log)."""
+    if not _merging_by(cur, me):
+        raise IntentRefused("abort merge", cur, f"{me} is not merging the bundle")
+    assert cur is not None
+    return make(State.OWNED, dst=me, src=me, version=cur.version + 1, ts=now_ms, writer=me)
 
 
 def force(

@@ -30,6 +30,7 @@ class State(StrEnum):
     ASSIGNING = "assigning"
     RELEASING = "releasing"
     SPLITTING = "splitting"
+    MERGING = "merging"
     DELETED = "deleted"
 
     @property
@@ -37,7 +38,7 @@ class State(StrEnum):
         return self in IN_FLIGHT
 
 
-IN_FLIGHT = frozenset({State.ASSIGNING, State.RELEASING, State.SPLITTING})
+IN_FLIGHT = frozenset({State.ASSIGNING, State.RELEASING, State.SPLITTING, State.MERGING})
 SEMI_TERMINAL = frozenset({State.FREE, State.DELETED})
 _BY_NAME: dict[str, State] = {s.value: s for s in State}
 
@@ -45,7 +46,8 @@ BrokerId = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class Record(msgspec.Struct, frozen=True, gc=False, omit_defaults=True, forbid_unknown_fields=True):
-    """One proposed or resolved bundle state. ``children`` (child range -> broker or null) is for splits.
+    """One proposed or resolved bundle state. ``children`` (range -> broker or null) is for splits (the
+    child ranges) and merges (one entry: the merged range).
 
     Every field but ``children`` is required on the wire (msgspec refuses a missing field even when its
     value may be null), so build records with keywords through :func:`make`. ``forbid_unknown_fields``
@@ -65,10 +67,11 @@ class Record(msgspec.Struct, frozen=True, gc=False, omit_defaults=True, forbid_u
     children: dict[str, BrokerId | None] | None = None
 
     def owner(self) -> str | None:
-        """The broker serving the bundle right now: the owner, or the source while it splits."""
+        """The broker serving the bundle right now: the owner, or the source while it splits or merges (its
+        topics stay where they are until the new bundles are published)."""
         if self.state is State.OWNED:
             return self.dst
-        if self.state is State.SPLITTING:
+        if self.state is State.SPLITTING or self.state is State.MERGING:
             return self.src
         return None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from trimtab.channel.bundles import BundleRange, check_partition
+from trimtab.channel.bundles import BundleRange, check_merge, check_partition
 from trimtab.channel.records import Record, State
 from trimtab.errors import BundleError
 
@@ -36,6 +36,7 @@ _OWNED = State.OWNED
 _ASSIGNING = State.ASSIGNING
 _RELEASING = State.RELEASING
 _SPLITTING = State.SPLITTING
+_MERGING = State.MERGING
 _DELETED = State.DELETED
 
 ACCEPT = Verdict.ACCEPT
@@ -49,10 +50,11 @@ _BAD = Verdict.BAD_RECORD
 TRANSITIONS: dict[State | None, frozenset[State | None]] = {
     None: frozenset({_ASSIGNING, _OWNED}),
     _FREE: frozenset({_ASSIGNING, None}),
-    _OWNED: frozenset({_SPLITTING, _RELEASING}),
+    _OWNED: frozenset({_SPLITTING, _RELEASING, _MERGING}),
     _ASSIGNING: frozenset({_OWNED}),
     _RELEASING: frozenset({_ASSIGNING, _FREE}),
     _SPLITTING: frozenset({_DELETED}),
+    _MERGING: frozenset({_DELETED, _OWNED}),  # merged, or aborted (the partner could not follow)
     _DELETED: frozenset({None}),
 }
 _SEMI_TERMINAL = frozenset({_FREE, _DELETED})
@@ -66,11 +68,26 @@ def children_ok(rng: BundleRange, children: dict[str, str | None]) -> bool:
     return True
 
 
+def merged_ok(rng: BundleRange, children: dict[str, str | None]) -> bool:
+    """A merging record names exactly one range, the union of this bundle and one neighbour
+    (:func:`~trimtab.channel.bundles.check_merge`). The partner has its own key, so the channel cannot see
+    that it merges too: the writers' flow (docs/protocol.md section 3) makes sure of that."""
+    if len(children) != 1:
+        return False
+    try:
+        check_merge(rng, BundleRange.parse(next(iter(children))))
+    except BundleError:
+        return False
+    return True
+
+
 def shape_ok(rng: BundleRange, new: Record) -> bool:
     """Per-state field rules; they hold for forced records too."""
     s = new.state
     if s is _SPLITTING:
         return new.src is not None and new.children is not None and children_ok(rng, new.children)
+    if s is _MERGING:
+        return new.src is not None and new.children is not None and merged_ok(rng, new.children)
     if new.children is not None:
         return False
     if s is _OWNED or s is _ASSIGNING:
@@ -85,7 +102,7 @@ def shape_ok(rng: BundleRange, new: Record) -> bool:
 def resolve(rng: BundleRange, cur: Record | None, new: Record | None) -> Verdict:
     """Decide whether ``new`` is the next state of a bundle currently at ``cur``.
 
-    ``rng`` is the bundle's hash range; only a split's children are checked against it. The shape rules
+    ``rng`` is the bundle's hash range; only the ranges a split or a merge names are checked against it. The shape rules
     of :func:`shape_ok` are inlined here (this runs once per replayed record).
     """
     if new is None:
@@ -114,6 +131,10 @@ def resolve(rng: BundleRange, cur: Record | None, new: Record | None) -> Verdict
         children = new.children
         if src is None or children is None or not children_ok(rng, children):
             return _BAD
+    elif s is _MERGING:
+        children = new.children
+        if src is None or children is None or not merged_ok(rng, children):
+            return _BAD
     elif new.children is not None:
         return _BAD
     elif s is _OWNED or s is _ASSIGNING:
@@ -136,11 +157,14 @@ def resolve(rng: BundleRange, cur: Record | None, new: Record | None) -> Verdict
     if cur_state is _FREE:  # -> Assigning
         return _MISMATCH if src is not None else ACCEPT
     if cur_state is _OWNED:
-        # Only the current owner can release or split: src names the broker that does the work.
-        if src != cur.dst or (s is _SPLITTING and dst is not None):
+        # Only the current owner can release, split or merge: src names the broker that does the work.
+        if src != cur.dst or ((s is _SPLITTING or s is _MERGING) and dst is not None):
             return _MISMATCH
         return ACCEPT  # Releasing to itself was refused by the shape rules
-    # Assigning -> Owned, Releasing -> Assigning|Free, Splitting -> Deleted: same src and dst.
+    if cur_state is _MERGING and s is _OWNED:
+        # An aborted merge: the bundle stays with the broker that was merging it, and says so in src.
+        return ACCEPT if src == cur.src and dst == cur.src else _MISMATCH
+    # Assigning -> Owned, Releasing -> Assigning|Free, Splitting|Merging -> Deleted: same src and dst.
     if src != cur.src or dst != cur.dst:
         return _MISMATCH
     if cur_state is _RELEASING:

@@ -28,7 +28,6 @@ from trimtab.channel.records import (
     SKIP_WRONG_PARTITION,
     Record,
     Skip,
-    State,
     _decoder,
     decode_strict,
     intern_brokers,
@@ -40,10 +39,10 @@ Listener = Callable[[str, Record | None, Record | None], None]
 # (key or None, partition, offset, reason)
 SkipHook = Callable[[str | None, int | None, int | None, str], None]
 
-_SPLITTING = State.SPLITTING
 _crc32 = zlib.crc32
 _decode_raw = _decoder.decode
-# Only consulted for splitting records, which always get their real range; a placeholder otherwise.
+# Only consulted for records that name ranges (splits, merges), which always get their real range; a
+# placeholder otherwise.
 _ANY_RANGE = BundleRange(0, 0xFFFFFFFF)
 
 
@@ -189,7 +188,6 @@ class TableView:
         intern = intern_brokers
         crc32 = _crc32
         max_len = MAX_RECORD_BYTES
-        splitting = _SPLITTING
         accept = ACCEPT
         accepted = 0
         outcome = ""
@@ -233,7 +231,7 @@ class TableView:
                         outcome = self._skip(name, partition, offset, res.reason)
                         continue
                     new = res
-                if new.state is splitting:
+                if new.children is not None:  # a split or a merge: its ranges are checked against the key's
                     rng = parse_bundle(name)[1]
             verdict = resolve(rng, cur, new)
             if verdict is not accept:

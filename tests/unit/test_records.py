@@ -59,6 +59,14 @@ EXAMPLES = [
     ),
     make(State.DELETED, version=4, ts=6, writer="b1:1", src="b1:1"),
     make(State.OWNED, version=9, ts=7, writer="leader", dst="b3:3", force=True),
+    make(
+        State.MERGING,
+        version=5,
+        ts=8,
+        writer="controller:c1:t3",
+        src="b1:1",
+        children={"0x00000000_0xffffffff": "b1:1"},
+    ),
 ]
 
 
@@ -80,9 +88,22 @@ def test_round_trip(record: Record) -> None:
 
 def test_every_state_round_trips() -> None:
     assert {r.state for r in EXAMPLES} == set(State)
-    assert {s.value for s in State} == {"free", "owned", "assigning", "releasing", "splitting", "deleted"}
-    assert frozenset({State.ASSIGNING, State.RELEASING, State.SPLITTING}) == IN_FLIGHT
-    assert [s for s in State if s.in_flight] == [State.ASSIGNING, State.RELEASING, State.SPLITTING]
+    assert {s.value for s in State} == {
+        "free",
+        "owned",
+        "assigning",
+        "releasing",
+        "splitting",
+        "merging",
+        "deleted",
+    }
+    assert frozenset({State.ASSIGNING, State.RELEASING, State.SPLITTING, State.MERGING}) == IN_FLIGHT
+    assert [s for s in State if s.in_flight] == [
+        State.ASSIGNING,
+        State.RELEASING,
+        State.SPLITTING,
+        State.MERGING,
+    ]
 
 
 def test_tombstone_encodes_as_none() -> None:
@@ -194,9 +215,10 @@ def test_record_from_json() -> None:
 
 
 def test_owner_and_names() -> None:
-    free, owned, assigning, _, releasing, splitting, deleted, _ = EXAMPLES
+    free, owned, assigning, _, releasing, splitting, deleted, _, merging = EXAMPLES
     assert owned.owner() == "b1:1"
     assert splitting.owner() == "b1:1"  # the source keeps serving while it splits
+    assert merging.owner() == "b1:1"  # ... and while it merges
     for r in (free, assigning, releasing, deleted):
         assert r.owner() is None
     assert releasing.names("b1:1") and releasing.names("b2:2") and not releasing.names("b3:3")

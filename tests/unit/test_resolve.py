@@ -14,6 +14,7 @@ from trimtab.channel.resolve import TRANSITIONS, Verdict, resolve, shape_ok
 A, B, C = "a:1", "b:2", "c:3"
 RNG = BundleRange(0, 0x80000000)
 CHILDREN = {"0x00000000_0x40000000": A, "0x40000000_0x80000000": A}
+MERGED = {"0x00000000_0xc0000000": A}  # RNG and its right-hand neighbour
 
 ACCEPT = Verdict.ACCEPT
 STALE = Verdict.STALE_VERSION
@@ -26,10 +27,11 @@ BAD = Verdict.BAD_RECORD
 DESIGN = {
     None: {State.ASSIGNING, State.OWNED},
     State.FREE: {State.ASSIGNING, None},
-    State.OWNED: {State.SPLITTING, State.RELEASING},
+    State.OWNED: {State.SPLITTING, State.RELEASING, State.MERGING},
     State.ASSIGNING: {State.OWNED},
     State.RELEASING: {State.ASSIGNING, State.FREE},
     State.SPLITTING: {State.DELETED},
+    State.MERGING: {State.DELETED, State.OWNED},
     State.DELETED: {None},
 }
 
@@ -52,6 +54,7 @@ CURRENT: dict[State | None, Record | None] = {
     State.ASSIGNING: r(State.ASSIGNING, 3, src=A, dst=B),
     State.RELEASING: r(State.RELEASING, 3, src=A, dst=B),
     State.SPLITTING: r(State.SPLITTING, 3, src=A, children=CHILDREN),
+    State.MERGING: r(State.MERGING, 3, src=A, children=MERGED),
     State.DELETED: r(State.DELETED, 3, src=A),
 }
 
@@ -67,11 +70,15 @@ def continuation(cur: Record | None, to: State, *, force: bool = False) -> Recor
     if to is State.OWNED:
         if frm is State.ASSIGNING:
             return r(to, v, src=cur.src, dst=cur.dst, force=force)  # type: ignore[union-attr]
+        if frm is State.MERGING:
+            return r(to, v, src=A, dst=A, force=force)  # an aborted merge
         return r(to, v, dst=A, force=force)
     if to is State.RELEASING:
         return r(to, v, src=A, force=force)
     if to is State.SPLITTING:
         return r(to, v, src=A, children=CHILDREN, force=force)
+    if to is State.MERGING:
+        return r(to, v, src=A, children=MERGED, force=force)
     if to is State.FREE:
         return r(to, v, src=A, force=force)
     return r(to, v, src=A, force=force)  # DELETED
@@ -132,6 +139,15 @@ def test_flows_end_to_end() -> None:
     # split: Owned{A} -> Splitting{src=A} -> Deleted -> Init; each child Init -> Owned{A} at version 1
     run(owned_a, r(State.SPLITTING, 3, src=A, children=CHILDREN), r(State.DELETED, 4, src=A), None)
     run(None, r(State.OWNED, 1, dst=A))
+    # merge: Owned{A} -> Merging{src=A, {X}} -> Deleted -> Init; the merged X Init -> Owned{A} at version 1
+    run(owned_a, r(State.MERGING, 3, src=A, children=MERGED), r(State.DELETED, 4, src=A), None)
+    # an aborted merge: Merging{src=A} -> Owned{dst=A, src=A}, and on as any owned bundle
+    run(
+        owned_a,
+        r(State.MERGING, 3, src=A, children=MERGED),
+        r(State.OWNED, 4, src=A, dst=A),
+        r(State.RELEASING, 5, src=A, dst=B),
+    )
 
 
 # ----------------------------------------------------------------------------------------- broker checks
@@ -171,6 +187,26 @@ def test_flows_end_to_end() -> None:
         # Splitting -> Deleted keeps src/dst.
         (r(State.SPLITTING, 3, src=A, children=CHILDREN), r(State.DELETED, 4, src=B), MISMATCH),
         (r(State.SPLITTING, 3, src=A, children=CHILDREN), r(State.DELETED, 4, src=A, dst=B), MISMATCH),
+        # Only the owner merges, and a merge names no destination.
+        (r(State.OWNED, 3, dst=A), r(State.MERGING, 4, src=B, children=MERGED), MISMATCH),
+        (r(State.OWNED, 3, dst=A), r(State.MERGING, 4, src=A, dst=A, children=MERGED), MISMATCH),
+        (r(State.OWNED, 3, dst=A), r(State.MERGING, 4, src=A, children=MERGED), ACCEPT),
+        # Merging -> Deleted keeps src/dst.
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.DELETED, 4, src=B), MISMATCH),
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.DELETED, 4, src=A, dst=B), MISMATCH),
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.DELETED, 4, src=A), ACCEPT),
+        # An abort leaves the bundle with the merging broker, src kept.
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.OWNED, 4, src=A, dst=A), ACCEPT),
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.OWNED, 4, dst=A), MISMATCH),
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.OWNED, 4, src=A, dst=B), MISMATCH),
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.OWNED, 4, src=B, dst=B), MISMATCH),
+        # Merging goes nowhere else without force.
+        (r(State.MERGING, 3, src=A, children=MERGED), r(State.RELEASING, 4, src=A, dst=B), INVALID),
+        (
+            r(State.MERGING, 3, src=A, children=MERGED),
+            r(State.SPLITTING, 4, src=A, children=CHILDREN),
+            INVALID,
+        ),
     ],
 )
 def test_broker_checks(cur: Record | None, new: Record, expected: Verdict) -> None:
@@ -233,8 +269,21 @@ def test_racing_writers_first_wins() -> None:
         r(State.SPLITTING, 1, src=A, children={"0x00000000_0x40000000": A, "0x40000000_0x90000000": A}),
         r(State.SPLITTING, 1, src=A, children={"0x00000000_0x40000000": A, "junk": A}),
         r(State.SPLITTING, 1, src=A, children={"0x00000000_0x40000000": A, "0x40000000_0x80000000\n": A}),
-        r(State.OWNED, 1, dst=A, children=CHILDREN),  # children only on splits
+        r(State.OWNED, 1, dst=A, children=CHILDREN),  # children only on splits and merges
+        r(State.OWNED, 1, dst=A, children=MERGED),
+        r(State.DELETED, 1, src=A, children=MERGED),
         r(State.FREE, 1, children={}),
+        r(State.MERGING, 1, src=A),  # no merged range
+        r(State.MERGING, 1, children=MERGED),  # no src
+        r(State.MERGING, 1, src=A, children={}),
+        r(State.MERGING, 1, src=A, children={"0x00000000_0xc0000000": A, "0x00000000_0xffffffff": A}),
+        r(State.MERGING, 1, src=A, children={"0x00000000_0x80000000": A}),  # the bundle itself
+        r(State.MERGING, 1, src=A, children={"0x00000000_0x40000000": A}),  # inside it
+        r(State.MERGING, 1, src=A, children={"0x40000000_0xc0000000": A}),  # overlaps, no shared edge
+        r(State.MERGING, 1, src=A, children={"0x80000000_0xc0000000": A}),  # the neighbour alone
+        r(State.MERGING, 1, src=A, children={"junk": A}),
+        r(State.MERGING, 1, src=A, children={"0x00000000_0xc0000000\n": A}),
+        r(State.MERGING, 1, src=A, children=CHILDREN),  # a split's children are no merged range
     ],
     ids=repr,
 )
@@ -251,6 +300,19 @@ def test_split_children_are_checked_against_the_bundle_range() -> None:
     assert resolve(BundleRange(0, 0x90000000), cur, split) is BAD
     three = {"0x00000000_0x10000000": A, "0x10000000_0x40000000": None, "0x40000000_0x80000000": B}
     assert resolve(RNG, cur, r(State.SPLITTING, 4, src=A, children=three)) is ACCEPT
+
+
+def test_merged_range_is_checked_against_the_bundle_range() -> None:
+    cur = r(State.OWNED, 3, dst=A)
+    for merged in ("0x00000000_0xc0000000", "0x00000000_0xffffffff"):  # with the right neighbour
+        assert resolve(RNG, cur, r(State.MERGING, 4, src=A, children={merged: A})) is ACCEPT
+    right = BundleRange(0x80000000, 0xFFFFFFFF)  # with the left neighbour: shares the upper edge
+    assert resolve(right, cur, r(State.MERGING, 4, src=A, children={"0x40000000_0xffffffff": A})) is ACCEPT
+    assert resolve(right, cur, r(State.MERGING, 4, src=A, children={"0x00000000_0xffffffff": None})) is ACCEPT
+    assert resolve(right, cur, r(State.MERGING, 4, src=A, children=MERGED)) is BAD
+    # spanning both neighbours shares no edge with the bundle
+    middle = BundleRange(0x40000000, 0x80000000)
+    assert resolve(middle, cur, r(State.MERGING, 4, src=A, children={"0x00000000_0xc0000000": A})) is BAD
 
 
 def test_forced_overrides() -> None:
