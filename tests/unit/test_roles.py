@@ -20,6 +20,7 @@ from trimtab.balance.roles import (
     Plan,
     Publish,
     PublishChildren,
+    PublishMerged,
     SplitOnBroker,
     UpdateLayout,
     needs_attention,
@@ -231,6 +232,8 @@ def current(draw: Any) -> Record | None:
     children = None
     if state is State.SPLITTING:
         children = {k: draw(brokers) for k in KIDS}
+    if state is State.MERGING:  # with the left or the right neighbour
+        children = {draw(st.sampled_from(["0x00000000_0x80000000", "0x40000000_0xc0000000"])): draw(brokers)}
     rec = make(
         state,
         version=draw(st.integers(1, 20)),
@@ -242,18 +245,30 @@ def current(draw: Any) -> Record | None:
         children=children,
     )
     assume(shape_ok(RNG, rec))
-    # every writer of Splitting (the owner, the leader's override) leaves dst empty
-    assume(state is not State.SPLITTING or rec.dst is None)
+    # every writer of Splitting or Merging (the owner, the leader's override) leaves dst empty
+    assume(state not in (State.SPLITTING, State.MERGING) or rec.dst is None)
     return rec
 
 
+@st.composite
+def others(draw: Any) -> dict[str, Record | None]:
+    """What a merge's plan may find in its neighbours' and the merged bundles' keys: anything."""
+    names = [
+        "t/ns/0x00000000_0x40000000",
+        "t/ns/0x80000000_0xc0000000",
+        "t/ns/0x00000000_0x80000000",
+        "t/ns/0x40000000_0xc0000000",
+    ]
+    return {n: draw(current()) for n in names}
+
+
 @settings(max_examples=400, deadline=None)
-@given(current(), st.sampled_from([(False, False), (True, False), (False, True)]), st.booleans())
+@given(current(), st.sampled_from([(False, False), (True, False), (False, True)]), st.booleans(), others())
 def test_every_published_record_is_accepted(
-    cur: Record | None, flags: tuple[bool, bool], stale: bool
+    cur: Record | None, flags: tuple[bool, bool], stale: bool, table: dict[str, Record | None]
 ) -> None:
     serving, fenced = flags
-    got = p(cur, serving=serving, fenced=fenced, stale=stale)
+    got = plan(ME, BUNDLE, cur, serving=serving, fenced=fenced, now_ms=NOW, stale=stale, lookup=table.get)
     if got is None:
         return
     assert got.steps
@@ -268,6 +283,11 @@ def test_every_published_record_is_accepted(
                 ns, rng = parse_bundle(child)
                 assert ns == "t/ns"
                 assert resolve(rng, None, make(State.OWNED, dst=ME, version=1, ts=NOW, writer=ME)) is ACCEPT
+        elif isinstance(step, PublishMerged):
+            assert step.owner == ME
+            ns, rng = parse_bundle(step.merged)
+            assert ns == "t/ns" and rng.lower <= RNG.lower and RNG.upper <= rng.upper
+            assert resolve(rng, None, make(State.OWNED, dst=ME, version=1, ts=NOW, writer=ME)) is ACCEPT
     # only records naming me, or bundles I hold, ever need work
     assert cur is None or needs_attention(ME, cur) or serving or fenced
     # at most one publish, and it comes last

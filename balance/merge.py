@@ -1,0 +1,181 @@
+"""Which neighbouring bundles of a namespace the leader should merge this cycle (issue 32 point 5). Pure.
+
+Splits only ever add bundles (balance/split.py); a namespace whose traffic fell keeps them all, and every
+bundle costs a channel key, a lease, lookups and a row in every balancing pass. A merge joins two
+adjacent bundles that have both been cold -- every figure at or below its merge limit -- for more than
+``hit_count_threshold`` consecutive checks (one quiet sample is not a trend), and only when the pair
+together stays at or below ``split_fraction`` of every split limit: a merge that the next split check
+undoes would churn the namespace. Namespaces keep at least ``min_bundles_per_namespace`` bundles.
+
+The channel decides ownership per key, so the leader checks what the merge flow needs before it writes a
+parent's ``Merging``: both parents ``Owned`` and not in flight, and no record yet under the merged
+bundle's name (a split parent still ``Deleted`` there must be tombstoned first: the agents take an
+existing merged record as the sign that the merge committed, see balance/roles.py). Parents with
+different owners need a transfer first; the decision says which, and the pair is merged by a later cycle
+once one broker owns both.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trimtab.balance.load import BundleStats
+from trimtab.balance.split import MB, SplitLimits
+from trimtab.channel.bundles import BundleLayout, bundle_name, merged_range
+from trimtab.channel.records import Record, State
+
+
+@dataclass(frozen=True)
+class MergeLimits:
+    """A bundle is cold when each figure is at most its limit; automatic merging is off by default."""
+
+    enabled: bool = False
+    max_topics: int = 100
+    max_sessions: int = 100  # 0: not checked (as split.max_sessions)
+    max_msg_rate: float = 1_000
+    max_bandwidth_mbytes: float = 5
+    split_fraction: float = 0.5  # the pair's sum against every split limit
+    min_bundles_per_namespace: int = 4  # namespace.default_bundles
+    hit_count_threshold: int = 3
+    max_merges_per_cycle: int = 10
+    split: SplitLimits = field(default_factory=SplitLimits)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """The move that has to happen before a pair can merge: both parents must have one owner."""
+
+    bundle: str
+    src: str
+    dst: str
+
+
+@dataclass(frozen=True)
+class MergeDecision:
+    left: str  # the lower range's bundle
+    right: str
+    merged: str  # bundle name of the union
+    owner: str  # the broker that merges (and owns the merged bundle)
+    transfer: Transfer | None = None  # to do first; the merge itself waits for a later cycle
+
+
+@dataclass
+class MergeCycle:
+    decisions: list[MergeDecision]
+    hits: dict[str, int]  # merged bundle name -> consecutive cold checks, for the next cycle
+    skipped: list[tuple[str, str]]  # (merged bundle name, reason)
+
+
+def cold(s: BundleStats, lim: MergeLimits) -> bool:
+    """Every figure at or below its merge limit (sessions only when that limit is set)."""
+    return (
+        s.topics <= lim.max_topics
+        and (lim.max_sessions <= 0 or s.sessions <= lim.max_sessions)
+        and s.msg_rate <= lim.max_msg_rate
+        and s.throughput <= lim.max_bandwidth_mbytes * MB
+    )
+
+
+def fits_after_merge(a: BundleStats, b: BundleStats, lim: MergeLimits) -> bool:
+    """The pair's sum keeps ``split_fraction`` of every split limit free, so it does not split back."""
+    sp, f = lim.split, lim.split_fraction
+    return (
+        a.topics + b.topics <= sp.max_topics * f
+        and (sp.max_sessions <= 0 or a.sessions + b.sessions <= sp.max_sessions * f)
+        and a.msg_rate + b.msg_rate <= sp.max_msg_rate * f
+        and a.throughput + b.throughput <= sp.max_bandwidth_mbytes * MB * f
+    )
+
+
+def settled_owner(rec: Record | None) -> str | None:
+    """The owner of a bundle that may start merging: ``Owned`` with a destination, nothing in flight."""
+    if rec is None or rec.state is not State.OWNED:
+        return None
+    return rec.dst
+
+
+def _why_not(
+    left: str,
+    right: str,
+    merged: str,
+    records: Mapping[str, Record],
+    stats: Mapping[str, BundleStats],
+    lim: MergeLimits,
+) -> str | None:
+    """Why this pair cannot merge now (a bounded reason label), or None when it can."""
+    if settled_owner(records.get(left)) is None or settled_owner(records.get(right)) is None:
+        return "not_owned"  # in flight, free, deleted or never assigned
+    if merged in records:
+        return "merged_exists"
+    a, b = stats.get(left), stats.get(right)
+    if a is None or b is None:
+        return "no_stats"  # no figures is no evidence of cold
+    if not (cold(a, lim) and cold(b, lim)):
+        return "hot"
+    if not fits_after_merge(a, b, lim):
+        return "would_split"
+    return None
+
+
+def _decision(
+    left: str, right: str, merged: str, records: Mapping[str, Record], stats: Mapping[str, BundleStats]
+) -> MergeDecision:
+    """Merge on the heavier parent's broker: the lighter one, if owned elsewhere, moves (fewer clients
+    reconnect)."""
+    lo, ro = settled_owner(records[left]), settled_owner(records[right])
+    assert lo is not None and ro is not None
+    if lo == ro:
+        return MergeDecision(left, right, merged, lo)
+    if _weight(stats[left]) >= _weight(stats[right]):
+        return MergeDecision(left, right, merged, lo, Transfer(right, ro, lo))
+    return MergeDecision(left, right, merged, ro, Transfer(left, lo, ro))
+
+
+def _weight(s: BundleStats) -> tuple[float, float, int]:
+    return (s.throughput, s.msg_rate, s.topics)
+
+
+def merge_candidates(
+    layout: BundleLayout,
+    records: Mapping[str, Record],
+    stats: Mapping[str, BundleStats],
+    lim: MergeLimits,
+    hits: Mapping[str, int] | None = None,
+) -> MergeCycle:
+    """One merge check of one namespace: neighbouring pairs of ``layout``, coldest first, no bundle in two
+    pairs, the namespace never below ``min_bundles_per_namespace``. ``records`` is the channel table (by
+    bundle name), ``stats`` the latest per-bundle figures, ``hits`` the previous cycle's counters."""
+    previous = hits or {}
+    ranges = layout.ranges
+    pairs: list[tuple[float, str, str, str]] = []
+    new_hits: dict[str, int] = {}
+    skipped: list[tuple[str, str]] = []
+    for lo, hi in itertools.pairwise(ranges):
+        left, right = bundle_name(layout.namespace, lo), bundle_name(layout.namespace, hi)
+        merged = bundle_name(layout.namespace, merged_range(lo, hi))
+        why = _why_not(left, right, merged, records, stats, lim)
+        if why is not None:
+            skipped.append((merged, why))
+            continue
+        count = previous.get(merged, 0) + 1
+        new_hits[merged] = count
+        if count <= lim.hit_count_threshold:
+            skipped.append((merged, "hit_count"))
+            continue
+        pairs.append((_weight(stats[left])[0] + _weight(stats[right])[0], merged, left, right))
+    decisions: list[MergeDecision] = []
+    taken: set[str] = set()
+    for _, merged, left, right in sorted(pairs):
+        if left in taken or right in taken:
+            skipped.append((merged, "overlaps"))
+        elif len(layout) - len(decisions) - 1 < lim.min_bundles_per_namespace:
+            skipped.append((merged, "min_bundles"))
+        elif len(decisions) >= lim.max_merges_per_cycle:
+            skipped.append((merged, "cycle_limit"))
+        else:
+            decisions.append(_decision(left, right, merged, records, stats))
+            taken.update((left, right))
+            new_hits.pop(merged, None)
+    return MergeCycle(decisions, new_hits, skipped)
