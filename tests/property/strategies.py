@@ -27,17 +27,18 @@ from trimtab.channel.records import Record, encode
 
 BROKERS = ("b1:1", "b2:2", "b3:3")
 WRITERS = (*BROKERS, "leader")
-STATE_NAMES = ("free", "owned", "assigning", "releasing", "splitting", "deleted")
+STATE_NAMES = ("free", "owned", "assigning", "releasing", "splitting", "merging", "deleted")
 REQUIRED_FIELDS = ("schema", "state", "dst", "src", "version", "force", "ts", "writer")
 
 # docs/design.md 3.1, verbatim: from -> allowed non-forced targets; None is Init (no record / tombstone).
 DESIGN_TRANSITIONS: dict[str | None, frozenset[str | None]] = {
     None: frozenset({"assigning", "owned"}),
     "free": frozenset({"assigning", None}),
-    "owned": frozenset({"splitting", "releasing"}),
+    "owned": frozenset({"splitting", "releasing", "merging"}),
     "assigning": frozenset({"owned"}),
     "releasing": frozenset({"assigning", "free"}),
     "splitting": frozenset({"deleted"}),
+    "merging": frozenset({"deleted", "owned"}),
     "deleted": frozenset({None}),
 }
 
@@ -120,11 +121,14 @@ def rec(
 
 @st.composite
 def records(draw: Any, rng: BundleRange | None = None, max_version: int = 6) -> Record:
-    """Well-formed records (not necessarily valid for any state); splitting ones often tile ``rng``."""
+    """Well-formed records (not necessarily valid for any state); splitting ones often tile ``rng``, merging
+    ones often name a range ``rng`` merges into."""
     state = draw(st.sampled_from(STATE_NAMES))
     brokers = st.sampled_from([None, *BROKERS])
     children = None
-    if state == "splitting" or draw(st.integers(0, 9)) == 0:
+    if state == "merging":
+        children = draw(merged_for(rng))
+    elif state == "splitting" or draw(st.integers(0, 9)) == 0:
         children = draw(children_for(rng))
     d = rec(
         state,
@@ -161,6 +165,28 @@ def children_for(draw: Any, rng: BundleRange | None) -> dict[str, str | None]:
     return {f"0x{lo:08x}_0x{hi:08x}": draw(owner)}
 
 
+@st.composite
+def merged_for(draw: Any, rng: BundleRange | None) -> dict[str, str | None]:
+    """A merge's one entry: usually a range that extends ``rng`` on one side, sometimes a wrong one (the
+    bundle itself, a range around it, a split's children, two entries)."""
+    owner = st.sampled_from([None, *BROKERS])
+    if rng is not None and draw(st.integers(0, 3)) > 0:
+        lo, hi = rng.lower, rng.upper
+        sides = [(lo, draw(st.integers(hi + 1, FULL_UPPER)))] if hi < FULL_UPPER else []
+        sides += [(draw(st.integers(0, lo - 1)), hi)] if lo > 0 else []
+        mode = draw(st.sampled_from(["ok", "ok", "ok", "self", "around", "two"]))
+        if mode == "self" or not sides:
+            spans = [(lo, hi)]
+        elif mode == "around" and lo > 0 and hi < FULL_UPPER:
+            spans = [(lo - 1, hi + 1)]
+        elif mode == "two" and len(sides) == 2:
+            spans = sides
+        else:
+            spans = [draw(st.sampled_from(sides))]
+        return {f"0x{a:08x}_0x{b:08x}": draw(owner) for a, b in spans}
+    return draw(children_for(rng))
+
+
 # ------------------------------------------------------------------------------------- reference model
 
 
@@ -180,10 +206,23 @@ def oracle_tiles(lo: int, hi: int, children: dict[str, Any]) -> bool:
     return all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
 
 
+def oracle_merges_into(lo: int, hi: int, children: dict[str, Any]) -> bool:
+    """One entry, a range that strictly contains [lo, hi) and shares exactly one of its two edges."""
+    if len(children) != 1:
+        return False
+    m = _RANGE.fullmatch(next(iter(children)))
+    if m is None:
+        return False
+    a, b = int(m[1], 16), int(m[2], 16)
+    return a < b and a <= lo and hi <= b and (a == lo) != (b == hi)
+
+
 def oracle_shape_ok(lo: int, hi: int, r: dict[str, Any]) -> bool:
     s, children = r["state"], r.get("children")
     if s == "splitting":
         return r["src"] is not None and children is not None and oracle_tiles(lo, hi, children)
+    if s == "merging":
+        return r["src"] is not None and children is not None and oracle_merges_into(lo, hi, children)
     if children is not None:
         return False
     if s in ("owned", "assigning"):
@@ -214,8 +253,10 @@ def oracle_accepts(lo: int, hi: int, cur: dict[str, Any] | None, new: dict[str, 
         return not (to == "assigning" and src is not None)  # a fresh assignment has no source
     if frm == "free":
         return src is None
-    if frm == "owned":  # only the owner releases or splits
-        return src == cur["dst"] and not (to == "splitting" and dst is not None)
+    if frm == "owned":  # only the owner releases, splits or merges
+        return src == cur["dst"] and not (to in ("splitting", "merging") and dst is not None)
+    if frm == "merging" and to == "owned":  # an aborted merge stays with its broker
+        return src == cur["src"] and dst == cur["src"]
     if (src, dst) != (cur["src"], cur["dst"]):  # continue the in-flight record
         return False
     if frm == "releasing" and to == "assigning":
@@ -546,7 +587,7 @@ class _Builder:
             name = key.decode()
             cur = self.truth.table.get(name)
             self.history.setdefault(name, [None]).append(cur)
-            if cur is not None and cur["state"] == "splitting":
+            if cur is not None and cur["state"] in ("splitting", "merging"):
                 ns = name.rsplit("/", 1)[0]
                 for child in cur["children"]:
                     ckey = f"{ns}/{child}"
@@ -574,6 +615,15 @@ class _Builder:
         cut = self.draw(st.sampled_from([lo + (hi - lo) // 2, lo + 1, hi - 1]))
         return {f"0x{lo:08x}_0x{cut:08x}": owner, f"0x{cut:08x}_0x{hi:08x}": owner}
 
+    def merged(self, name: str, owner: str | None) -> dict[str, str | None] | None:
+        """A merge with a neighbour: this bundle's range extended on one side."""
+        rng = oracle_bundle(name)
+        assert rng is not None
+        lo, hi = rng
+        sides = [f"0x{lo:08x}_0x{FULL_UPPER:08x}"] if hi < FULL_UPPER else []
+        sides += [f"0x00000000_0x{hi:08x}"] if lo > 0 else []
+        return {self.draw(st.sampled_from(sides)): owner} if sides else None
+
     def flows(self, name: str, cur: dict[str, Any] | None) -> list[dict[str, Any] | None]:
         """The plausible next records of a bundle observed at ``cur`` (docs/design.md 3.1 flows)."""
         self.ts += 1
@@ -595,6 +645,9 @@ class _Builder:
             children = self.children(name, a)
             if children is not None:
                 out.append(r("splitting", src=a, children=children))
+            merged = self.merged(name, a)
+            if merged is not None:
+                out.append(r("merging", src=a, children=merged))
             return out
         if s == "assigning":
             return [r("owned", dst=a, src=src)]
@@ -602,6 +655,8 @@ class _Builder:
             return [r("assigning", src=src, dst=a) if a is not None else r("free", src=src)]
         if s == "splitting":
             return [r("deleted", src=src, dst=a)]
+        if s == "merging":
+            return [r("deleted", src=src, dst=a), r("owned", src=src, dst=src)]
         return [None]  # deleted
 
     def step(self) -> None:
@@ -652,6 +707,8 @@ class _Builder:
         version = max(1, expected + draw(st.sampled_from([0, 0, 0, -1, 1])))
         src = draw(st.sampled_from([None, *BROKERS]))
         children = self.children(name, src) if state == "splitting" else None
+        if state == "merging":
+            children = self.merged(name, src)
         self.ts += 1
         return rec(
             state,
@@ -676,8 +733,9 @@ class _Builder:
             base["version"] = max(1, base["version"] + draw(st.sampled_from([-1, 1, 2])))
         elif field == "state":
             base["state"] = draw(st.sampled_from(STATE_NAMES))
-            if base["state"] == "splitting" and "children" not in base:
-                base["children"] = self.children(name, base["src"])
+            if base["state"] in ("splitting", "merging") and "children" not in base:
+                make = self.children if base["state"] == "splitting" else self.merged
+                base["children"] = make(name, base["src"])
                 if base["children"] is None:
                     del base["children"]
         elif "children" in base:

@@ -18,11 +18,19 @@ from trimtab.channel import intents
 from trimtab.channel.bundles import BundleRange
 from trimtab.channel.intents import IntentRefused
 from trimtab.channel.records import Record, State
-from trimtab.channel.resolve import ACCEPT, resolve
+from trimtab.channel.resolve import ACCEPT, merged_ok, resolve
 
 brokers = st.sampled_from(BROKERS)
 maybe_broker = st.sampled_from([None, *BROKERS])
 NOW = 1_700_000_000_000
+
+
+def merged_with_a_neighbour(rng: BundleRange) -> str | None:
+    """The union of ``rng`` with its right-hand neighbour, or the left-hand one for the last bundle; None
+    for the full range, which has no neighbour."""
+    if rng.upper < 0xFFFFFFFF:
+        return f"0x{rng.lower:08x}_0xffffffff"
+    return f"0x00000000_0x{rng.upper:08x}" if rng.lower > 0 else None
 
 
 def split_children(rng: BundleRange) -> list[str]:
@@ -56,16 +64,37 @@ def attempt(intent: str, rng: BundleRange, cur: Record | None, a: str, b: str | 
             return intents.split(cur, a, split_children(rng), writer=a, now_ms=NOW)
         if intent == "retire":
             return intents.retire(cur, a, now_ms=NOW)
+        if intent == "merge":
+            merged = merged_with_a_neighbour(rng)
+            return None if merged is None else intents.merge(cur, a, merged, writer="leader", now_ms=NOW)
+        if intent == "retire_merged":
+            return intents.retire_merged(cur, a, now_ms=NOW)
+        if intent == "abort_merge":
+            return intents.abort_merge(cur, a, now_ms=NOW)
     except IntentRefused:
         return None
     raise AssertionError(intent)
 
 
-INTENTS = ["assign", "place", "take", "release", "hand_over", "free", "split", "retire"]
+INTENTS = [
+    "assign",
+    "place",
+    "take",
+    "release",
+    "hand_over",
+    "free",
+    "split",
+    "retire",
+    "merge",
+    "retire_merged",
+    "abort_merge",
+]
 
 
-def accepted_current(cur: Record | None) -> bool:
+def accepted_current(cur: Record | None, cur_range: BundleRange) -> bool:
     """Whether ``cur`` could be the table's record at all (a replica only ever holds accepted records)."""
+    if cur is not None and cur.state is State.MERGING:
+        return cur.children is not None and merged_ok(cur_range, cur.children)
     return cur is None or cur.state is not State.SPLITTING or cur.children is not None
 
 
@@ -80,7 +109,7 @@ def test_an_intent_is_refused_or_accepted_by_every_replica(
         return
     assert new.version == (1 if cur is None else cur.version + 1)
     assert not new.force
-    if cur is not None and not accepted_current(cur):
+    if cur is not None and not accepted_current(cur, rng):
         return
     verdict = resolve(rng, cur, new)
     # A forced current record may carry brokers a normal one cannot (e.g. Assigning whose src is its dst);
@@ -98,6 +127,8 @@ def test_release_and_split_are_refused_exactly_when_the_writer_names_someone_not
     released = attempt("release", rng, cur, owner, dst)
     assert (released is not None) == (owns and dst != owner)
     assert (attempt("split", rng, cur, owner, None) is not None) == owns
+    mergeable = merged_with_a_neighbour(rng) is not None
+    assert (attempt("merge", rng, cur, owner, None) is not None) == (owns and mergeable)
 
 
 @settings(max_examples=300)

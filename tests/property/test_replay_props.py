@@ -33,7 +33,7 @@ def key_text(key: bytes | None) -> str | None:
 def expected_owner(d: dict[str, Any]) -> str | None:
     if d["state"] == "owned":
         return d["dst"]
-    if d["state"] == "splitting":
+    if d["state"] in ("splitting", "merging"):  # the source serves while it splits or merges
         return d["src"]
     return None
 

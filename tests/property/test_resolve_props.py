@@ -13,6 +13,7 @@ from strategies import (
     STATE_NAMES,
     bundle_ranges,
     children_for,
+    merged_for,
     oracle_accepts,
     oracle_shape_ok,
     rec,
@@ -46,7 +47,9 @@ def cases(draw: Any) -> tuple[BundleRange, Record | None, Record | None]:
     base = 0 if cur is None else cur.version
     state = draw(st.sampled_from(STATE_NAMES))
     children = None
-    if state == "splitting" or draw(st.integers(0, 15)) == 0:
+    if state == "merging":
+        children = draw(merged_for(rng))
+    elif state == "splitting" or draw(st.integers(0, 15)) == 0:
         children = draw(children_for(rng))
     new = to_record(
         rec(
