@@ -198,6 +198,44 @@ def new(
     )
 
 
+def started(
+    op_id: str,
+    kind: OpKind,
+    bundle: str,
+    cur: Record | None,
+    *,
+    src: str,
+    dst: str | None,
+    reason: str,
+    requested_by: str,
+    writer: str,
+    now_ms: int,
+) -> tuple[Operation, Record]:
+    """An operator's single transfer (``dst`` set) or unload, started at once: the operation (running, its
+    one move started at the version of the record returned) and the ``Releasing`` record to publish --
+    *after* the operation is stored, as for every started move (:func:`advance`). :class:`IntentRefused`
+    if ``cur`` is not owned by ``src``.
+
+    Why an operator's move is an operation at all: it is then listed, shown and followed to its end like
+    any other (``admin ops``), and proposed again at the same version by the next leader if this one dies
+    before Kafka acknowledged it. Why it starts at once instead of at the next pass: an operator asking for
+    one move expects it now; it counts against the concurrency limits of everything that starts after it."""
+    rec = intents.release(cur, src=src, dst=dst, writer=writer, now_ms=now_ms)
+    (move,) = _moves(op_id, [(bundle, src, dst)], set())
+    move = msgspec.structs.replace(move, started_version=rec.version, started_ms=now_ms)
+    op = Operation(
+        id=op_id,
+        kind=kind,
+        reason=reason,
+        requested_by=requested_by,
+        created_ms=now_ms,
+        updated_ms=now_ms,
+        state=OpState.RUNNING,
+        moves=(move,),
+    )
+    return op, rec
+
+
 def _moves(op_id: str, moves: Iterable[tuple[str, str, str | None]], seen: set[str]) -> list[Move]:
     out: list[Move] = []
     for bundle, src, dst in moves:

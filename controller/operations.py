@@ -27,7 +27,8 @@ import msgspec
 import structlog
 
 from trimtab.balance import operations as ops
-from trimtab.channel.records import State
+from trimtab.channel.intents import IntentRefused
+from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.config.settings import OperationSettings
 from trimtab.controller.journal import DecisionJournal
@@ -280,6 +281,49 @@ class OperationsJob:
         self._decision(op)
         self._gauge()
         return op
+
+    async def start_now(
+        self,
+        kind: ops.OpKind,
+        bundle: str,
+        *,
+        src: str,
+        dst: str | None,
+        version: int,
+        reason: str,
+        requested_by: str,
+    ) -> tuple[ops.Operation, Record]:
+        """An operator's transfer or unload of ``bundle`` (owned by ``src`` at ``version``): stored as a
+        started operation of one move, then its record published and acknowledged (see
+        :func:`~trimtab.balance.operations.started`). Raises :class:`IntentRefused` if the bundle changed
+        since ``version``; 503 if leadership cannot be confirmed; the publish's error if Kafka did not
+        acknowledge -- the operation is stored by then, and proposes the same record again after
+        ``operations.republish_after_s`` (at most one copy applies)."""
+        async with self._lock:
+            self._require_loaded()
+            if not await self.leadership.confirm():
+                raise RequestError(503, "leadership could not be confirmed; retry", retryable=True)
+            cur = self.table.get(bundle)
+            if cur is not None and cur.version != version:
+                raise IntentRefused("release", cur, f"the bundle changed since version {version} was read")
+            op, rec = ops.started(
+                self.new_id(kind.value),
+                kind,
+                bundle,
+                cur,
+                src=src,
+                dst=dst,
+                reason=reason,
+                requested_by=requested_by,
+                writer=self.leadership.writer(),
+                now_ms=self._now(),
+            )
+            await asyncio.to_thread(self.store.create, op)
+            self.ops[op.id] = op
+            self._decision(op)
+            self._gauge()
+            await self.writes.publish(bundle, rec)
+            return op, rec
 
     def get(self, op_id: str) -> ops.Operation:
         self._require_loaded()
