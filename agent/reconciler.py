@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from trimtab.agent.adapters.base import BrokerAdapter
-from trimtab.agent.leases import LeaseGuard
+from trimtab.agent.leases import MIN_LEASE_S, LeaseGuard
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.session_barrier import SessionBarrier
 from trimtab.balance.roles import (
@@ -229,6 +229,7 @@ class Reconciler:
             fenced=bundle in self.fenced,
             now_ms=int(self.clock() * 1000),
             stale=bundle in self.stale,
+            late=self._late(bundle, cur),
         )
         if p is None:
             self._failures.pop(bundle, None)
@@ -301,6 +302,14 @@ class Reconciler:
             self.served.discard(bundle)
         self.metrics.owned_bundles.set(len(self.served))
         self.on_served_change(bundle, serving)
+
+    def _late(self, bundle: str, cur: Record | None) -> bool:
+        """``cur`` assigns ``bundle`` to us but is too old for any lease (delivered late, e.g. held by a
+        producer through a Kafka outage): settled through the channel first (balance/roles.py)."""
+        if cur is None or cur.state is not State.ASSIGNING or cur.dst != self.me:
+            return False
+        limit = self._lease_limit(bundle)
+        return limit is not None and limit < MIN_LEASE_S
 
     def _lease_limit(self, bundle: str) -> float | None:
         """How long a lease on ``bundle`` may last by its current record (None: not ours to vouch for)."""

@@ -198,6 +198,53 @@ def new(
     )
 
 
+def started(
+    op_id: str,
+    kind: OpKind,
+    moves: Iterable[tuple[str, Record | None, str, str | None]],
+    *,
+    reason: str,
+    requested_by: str,
+    writer: str,
+    now_ms: int,
+) -> tuple[Operation, list[tuple[str, Record]]]:
+    """Moves started at once -- an operator's transfer or unload, a shedding cycle's decisions: the
+    operation (running, each move started at the version of its record) and the ``Releasing`` records to
+    publish, *after* the operation is stored, as for every started move (:func:`advance`). ``moves`` are
+    (bundle, its record now, src, dst or None); one whose record is no longer owned by ``src`` is left out
+    (it moved since it was decided). The operation may therefore have no move: the caller stores nothing.
+
+    Why such moves are operations at all: they are then listed, shown and followed to their end like any
+    other (``admin ops``), and proposed again at the same version by the next leader if this one dies before
+    Kafka acknowledged them. Why they start at once instead of at the next pass: an operator asking for one
+    move expects it now, and a shedding cycle has already decided from the load it read; they count against
+    the concurrency limits of everything that starts after them."""
+    out: list[Move] = []
+    publish: list[tuple[str, Record]] = []
+    seen: set[str] = set()
+    for bundle, cur, src, dst in moves:
+        try:
+            rec = intents.release(cur, src=src, dst=dst, writer=writer, now_ms=now_ms)
+        except intents.IntentRefused:
+            continue
+        (move,) = _moves(op_id, [(bundle, src, dst)], seen)
+        out.append(msgspec.structs.replace(move, started_version=rec.version, started_ms=now_ms))
+        publish.append((bundle, rec))
+    if len(out) > MAX_MOVES:
+        raise ValueError(f"operation {op_id} would have {len(out)} moves, more than {MAX_MOVES}")
+    op = Operation(
+        id=op_id,
+        kind=kind,
+        reason=reason,
+        requested_by=requested_by,
+        created_ms=now_ms,
+        updated_ms=now_ms,
+        state=OpState.RUNNING,
+        moves=tuple(out),
+    )
+    return op, publish
+
+
 def _moves(op_id: str, moves: Iterable[tuple[str, str, str | None]], seen: set[str]) -> list[Move]:
     out: list[Move] = []
     for bundle, src, dst in moves:

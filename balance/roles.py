@@ -39,6 +39,13 @@ stale record is first settled through the channel, whose version check orders it
 Assigning{dst=me}, stale           publish Owned{dst=me} first; acquire once it is accepted (then fresh)
 Owned{dst=me}, stale               publish Releasing{src=me, dst=None}: unload, reassigned on lookup
 =================================  ====================================================================
+
+Late assignments: an ``Assigning{dst=me}`` too old for any lease (``late``: its in-flight deadline, by the
+writer's clock or by when this agent saw it, has passed or nearly -- typically a record a producer held
+through a Kafka outage and delivered when Kafka came back) is settled the same way: ``Owned{dst=me}`` first,
+acquired once accepted. Acquiring it directly is not allowed (the lease would outlive the monitor's
+patience), and waiting for the leader's monitor to move it elsewhere left its clients without an answer for
+a timeout or more; whichever of our ``Owned`` and the monitor's override lands first wins everywhere.
 """
 
 from __future__ import annotations
@@ -154,18 +161,21 @@ def plan(
     fenced: bool,
     now_ms: int,
     stale: bool = False,
+    late: bool = False,
     lookup: Lookup | None = None,
 ) -> Plan | None:
     """The steps this broker owes ``bundle`` in state ``cur``; None when there is nothing to do. ``stale``:
-    ``cur`` was accepted before this broker's current ZooKeeper session (see the module docstring).
-    ``lookup`` reads other bundles' records: a merge is decided by its partner's (see :func:`plan_merge`);
-    without it a merging bundle waits."""
+    ``cur`` was accepted before this broker's current ZooKeeper session; ``late``: ``cur`` is in flight and
+    too old for any lease (see the module docstring). ``lookup`` reads other bundles' records: a merge is
+    decided by its partner's (see :func:`plan_merge`); without it a merging bundle waits."""
     if cur is None:
         return Plan("forced_close", (Close(None),)) if serving or fenced else None
     s = cur.state
 
-    if stale and s is State.ASSIGNING and cur.dst == me:
-        return Plan("assign_stale", (Publish(intents.take(cur, me, now_ms=now_ms)),))
+    if (stale or late) and s is State.ASSIGNING and cur.dst == me:
+        return Plan(
+            "assign_stale" if stale else "assign_late", (Publish(intents.take(cur, me, now_ms=now_ms)),)
+        )
     if stale and s is State.OWNED and cur.dst == me:
         unload = intents.release(cur, src=me, dst=None, writer=me, now_ms=now_ms)
         return Plan("relinquish", (Publish(unload),))

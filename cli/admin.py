@@ -927,21 +927,30 @@ def _write(
     c.show(c.call(method, template, path=path, params=params, body=body), render)
 
 
+_reason_option = click.option("--reason", default="", help="Why (kept with the operation).")
+_by_option = click.option(
+    "--by", default="admin", show_default=True, help="Who asks (kept with the operation)."
+)
+
+
 @command(admin, "transfer")
 @click.argument("bundle")
 @click.argument("broker")
 @dry_run_option
+@_reason_option
+@_by_option
 @click.pass_context
-def transfer(ctx: click.Context, bundle: str, broker: str, dry_run: bool) -> None:
+def transfer(ctx: click.Context, bundle: str, broker: str, dry_run: bool, reason: str, by: str) -> None:
     """Move BUNDLE to BROKER (fenced on its owner, acquired on BROKER, then clients are redirected).
 
-    Accepted means started: `trimtab admin bundle BUNDLE` shows when BROKER owns it."""
+    Accepted means started, as an operation of one move: `trimtab admin ops show ID` follows it, and
+    `trimtab admin bundle BUNDLE` shows when BROKER owns it."""
     c = _client(ctx)
     _write(
         c,
         "POST",
         "/v1/admin/transfer",
-        {"bundle": bundle, "broker": broker},
+        {"bundle": bundle, "broker": broker, "reason": reason, "by": by},
         dry_run=dry_run,
         render=render_move,
     )
@@ -950,11 +959,14 @@ def transfer(ctx: click.Context, bundle: str, broker: str, dry_run: bool) -> Non
 @command(admin, "unload")
 @click.argument("bundle")
 @dry_run_option
+@_reason_option
+@_by_option
 @click.pass_context
-def unload(ctx: click.Context, bundle: str, dry_run: bool) -> None:
-    """Unload BUNDLE from its owner; the next lookup assigns it."""
+def unload(ctx: click.Context, bundle: str, dry_run: bool, reason: str, by: str) -> None:
+    """Unload BUNDLE from its owner; the next lookup assigns it (an operation of one move, as transfer)."""
     c = _client(ctx)
-    _write(c, "POST", "/v1/admin/unload", {"bundle": bundle}, dry_run=dry_run, render=render_move)
+    body = {"bundle": bundle, "reason": reason, "by": by}
+    _write(c, "POST", "/v1/admin/unload", body, dry_run=dry_run, render=render_move)
 
 
 def _hex_boundaries(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:

@@ -146,22 +146,47 @@ class Admin:
             )
         return MovePlan(bundle, src, dst, cur.version, why)
 
-    async def move(self, bundle: str, dst: str | None) -> Record:
-        """Transfer (dst set) or unload (dst None) a bundle, as an operator asked."""
+    async def move(
+        self, bundle: str, dst: str | None, *, reason: str = "", requested_by: str = "admin"
+    ) -> tuple[Record, Operation | None]:
+        """Transfer (dst set) or unload (dst None) a bundle, as an operator asked: with the leader's
+        operations, a started operation of one move (listed by ``admin ops``, followed to its end, proposed
+        again by a new leader if this one dies before Kafka acknowledged it); returns the published record
+        and that operation."""
         self.leadership.require_leader()
         plan = self.plan_move(bundle, dst)
-        rec = await self.writes.release(
-            bundle,
-            src=plan.src,
-            dst=dst,
-            version=plan.version,
-            writer=self.leadership.writer(),
-            now_ms=int(self.clock() * 1000),
-        )
+        op: Operation | None = None
+        if self.operations is not None:
+            kind = OpKind.TRANSFER if dst is not None else OpKind.UNLOAD
+            op, rec = await self.operations.start_now(
+                kind,
+                bundle,
+                src=plan.src,
+                dst=dst,
+                version=plan.version,
+                reason=reason or f"{plan.action} {bundle}",
+                requested_by=requested_by,
+            )
+        else:
+            rec = await self.writes.release(
+                bundle,
+                src=plan.src,
+                dst=dst,
+                version=plan.version,
+                writer=self.leadership.writer(),
+                now_ms=int(self.clock() * 1000),
+            )
         self.metrics.unloads.labels(plan.action, "admin").inc()
         self.metrics.admin.labels(plan.action, "ok").inc()
-        self.journal.record(plan.action, bundle=bundle, src=plan.src, dst=dst, reason="admin")
-        return rec
+        self.journal.record(
+            plan.action,
+            bundle=bundle,
+            src=plan.src,
+            dst=dst,
+            reason="admin",
+            operation=op.id if op is not None else None,
+        )
+        return rec, op
 
     def dry_run_move(self, bundle: str, dst: str | None) -> MovePlan:
         """What :meth:`move` would publish, or the refusal it would give; publishes nothing. Any

@@ -65,15 +65,15 @@ _DRY_RUN = (
 )
 
 
-class TransferRequest(BaseModel):
-    bundle: str = Field(description="tenant/namespace/0xLLLLLLLL_0xUUUUUUUU")
-    broker: str = Field(description="Destination broker id")
-    dry_run: bool = Field(False, description=_DRY_RUN)
-
-
 class UnloadRequest(BaseModel):
     bundle: str = Field(description="tenant/namespace/0xLLLLLLLL_0xUUUUUUUU")
     dry_run: bool = Field(False, description=_DRY_RUN)
+    reason: str = Field("", max_length=1024, description="Why (kept with the operation)")
+    by: str = Field("admin", max_length=256, description="Who asked (kept with the operation)")
+
+
+class TransferRequest(UnloadRequest):
+    broker: str = Field(description="Destination broker id")
 
 
 class SplitRequest(BaseModel):
@@ -208,7 +208,7 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         summary="Move a bundle to a broker (202: the Releasing record is published; 200: a dry run)",
     )
     async def transfer(req: TransferRequest, response: Response) -> Any:
-        return await _move(ctl, response, req.bundle, req.broker, req.dry_run)
+        return await _move(ctl, response, req, req.broker)
 
     @router.post(
         "/v1/admin/unload",
@@ -217,7 +217,7 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         summary="Unload a bundle; the next lookup assigns it (202: published; 200: a dry run)",
     )
     async def unload(req: UnloadRequest, response: Response) -> Any:
-        return await _move(ctl, response, req.bundle, None, req.dry_run)
+        return await _move(ctl, response, req, None)
 
     @router.post(
         "/v1/admin/split",
@@ -405,11 +405,15 @@ class LiveSettingsChange(BaseModel):
     by: str = Field("admin", max_length=256, description="Who asked (logged, stored)")
 
 
-async def _move(ctl: ControllerApi, response: Response, bundle: str, dst: str | None, dry_run: bool) -> Any:
+async def _move(ctl: ControllerApi, response: Response, req: UnloadRequest, dst: str | None) -> Any:
+    bundle = req.bundle
     require_bundle(bundle)
-    if dry_run:
+    if req.dry_run:
         plan = ctl.admin.dry_run_move(bundle, dst)
         response.status_code = 200
         return MoveDryRun(bundle=bundle, dry_run=True, would=MoveRecord(**plan.would()), why=plan.why)
-    rec = await ctl.admin.move(bundle, dst)
-    return {"bundle": bundle, "record": rec.to_json()}
+    rec, op = await ctl.admin.move(bundle, dst, reason=req.reason, requested_by=req.by)
+    out: dict[str, Any] = {"bundle": bundle, "record": rec.to_json()}
+    if op is not None:
+        out["operation"] = op.summary()
+    return out

@@ -65,14 +65,20 @@ class MonitorJob:
             self.in_flight.age_s,
         )
         if decisions:
-            await self.writes.overrides(decisions)
+            published = await self.writes.overrides(decisions)
             for o in decisions:
                 log.info("monitor_override", bundle=o.bundle, reason=o.reason, broker=o.broker, dst=o.dst)
+            if published < len(decisions):
+                # Leadership not confirmed (the round was skipped whole), or records not acknowledged (each
+                # logged as override_failed): decided again by the next pass. Said, so that a monitor that
+                # decides and never writes is visible (a CI run once left stuck bundles for 90 s unexplained).
+                log.warning("monitor_overrides_unpublished", decided=len(decisions), published=published)
             self.journal.record(
                 "monitor",
                 key="monitor",
                 stuck=sum(1 for o in decisions if o.reason == "stuck"),
                 tombstones=sum(1 for o in decisions if o.reason == "tombstone"),
+                published=published,
             )
         self.metrics.monitor_runs.labels("ok").inc()
         return decisions

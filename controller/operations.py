@@ -27,7 +27,9 @@ import msgspec
 import structlog
 
 from trimtab.balance import operations as ops
-from trimtab.channel.records import State
+from trimtab.channel import intents
+from trimtab.channel.intents import IntentRefused
+from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.config.settings import OperationSettings
 from trimtab.controller.journal import DecisionJournal
@@ -280,6 +282,79 @@ class OperationsJob:
         self._decision(op)
         self._gauge()
         return op
+
+    async def start_now(
+        self,
+        kind: ops.OpKind,
+        bundle: str,
+        *,
+        src: str,
+        dst: str | None,
+        version: int,
+        reason: str,
+        requested_by: str,
+    ) -> tuple[ops.Operation, Record]:
+        """An operator's transfer or unload of ``bundle`` (owned by ``src`` at ``version``): stored as a
+        started operation of one move, then its record published and acknowledged (see
+        :func:`~trimtab.balance.operations.started`). Raises :class:`IntentRefused` if the bundle changed
+        since ``version``; 503 if leadership cannot be confirmed; the publish's error if Kafka did not
+        acknowledge -- the operation is stored by then, and proposes the same record again after
+        ``operations.republish_after_s`` (at most one copy applies)."""
+        async with self._lock:
+            cur = self.table.get(bundle)
+            if cur is not None and cur.version != version:
+                raise IntentRefused("release", cur, f"the bundle changed since version {version} was read")
+            if cur is None or not intents.owned_by(cur, src):
+                raise IntentRefused("release", cur, f"the bundle is not owned by {src}")
+            op, records = await self._start_now(kind, [(bundle, src, dst)], reason, requested_by)
+            ((_, rec),) = records
+            await self.writes.publish(bundle, rec)
+            return op, rec
+
+    async def start_moves(
+        self,
+        kind: ops.OpKind,
+        moves: Iterable[tuple[str, str, str | None]],
+        *,
+        reason: str,
+        requested_by: str,
+    ) -> tuple[ops.Operation | None, list[tuple[str, Record]]]:
+        """Moves decided from what the table holds now (a shedding cycle's): one operation, stored, then
+        every record published; returns the operation (None when none of the moves still applied) and the
+        records acknowledged. A failed publish is logged and proposed again by the operation."""
+        async with self._lock:
+            op, records = await self._start_now(kind, moves, reason, requested_by)
+            done: list[tuple[str, Record]] = []
+            for bundle, rec in records:
+                try:
+                    await self.writes.publish(bundle, rec)
+                    done.append((bundle, rec))
+                except Exception as e:  # proposed again after republish_after_s (same version)
+                    log.warning("operation_publish_failed", bundle=bundle, error=str(e))
+            return (op if records else None), done
+
+    async def _start_now(
+        self, kind: ops.OpKind, moves: Iterable[tuple[str, str, str | None]], reason: str, requested_by: str
+    ) -> tuple[ops.Operation, list[tuple[str, Record]]]:
+        """Under the lock: the started operation, stored (unless empty), and its records to publish."""
+        self._require_loaded()
+        if not await self.leadership.confirm():
+            raise RequestError(503, "leadership could not be confirmed; retry", retryable=True)
+        op, records = ops.started(
+            self.new_id(kind.value),
+            kind,
+            [(b, self.table.get(b), src, dst) for b, src, dst in moves],
+            reason=reason,
+            requested_by=requested_by,
+            writer=self.leadership.writer(),
+            now_ms=self._now(),
+        )
+        if records:
+            await asyncio.to_thread(self.store.create, op)
+            self.ops[op.id] = op
+            self._decision(op)
+            self._gauge()
+        return op, records
 
     def get(self, op_id: str) -> ops.Operation:
         self._require_loaded()

@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 
 from trimtab.balance.load import BrokerLoadData, TopBundles
+from trimtab.balance.operations import OpKind
 from trimtab.balance.shed import (
     ShedConfig,
     Shedder,
@@ -29,9 +30,11 @@ from trimtab.config.settings import SheddingSettings
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.stores import ControllerSwitches
 from trimtab.controller.writes import ChannelWrites
+from trimtab.errors import RequestError
 
 log = structlog.get_logger("trimtab.controller")
 
@@ -105,8 +108,13 @@ class SheddingJob:
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
         shedder: Shedder | None = None,
+        operations: OperationsJob | None = None,
     ) -> None:
+        """``operations``: the leader's operations -- each cycle's moves are then an operation (``shed``),
+        stored before its records are published, listed by ``admin ops``, and proposed again by the next
+        leader if this one dies before Kafka acknowledged them; without it (tests), published directly."""
         self.settings = settings
+        self.operations = operations
         self.table = table
         self.leadership = leadership
         self.destinations = destinations
@@ -215,10 +223,30 @@ class SheddingJob:
         return res
 
     async def _publish(self, res: ShedResult) -> int:
-        if res.decisions and not await self.leadership.confirm():
+        if not res.decisions:
+            return 0
+        now = int(self.clock() * 1000)
+        reasons = {u.bundle: u.reason for u in res.decisions}
+        if self.operations is not None:
+            try:
+                _, done = await self.operations.start_moves(
+                    OpKind.SHED,
+                    [(u.bundle, u.src, u.dst) for u in res.decisions],
+                    reason=f"shedding ({res.reason}): std {res.std:.4f}, hit count {res.hit_count}",
+                    requested_by="shedder",
+                )
+            except RequestError as e:  # not confirmed, or the operations not read yet: the next cycle
+                log.warning("shedding_not_started", error=str(e))
+                res.decisions = []
+                return 0
+            for bundle, rec in done:
+                assert rec.src is not None
+                track_move(self.state, bundle, rec.src, rec.version, now)
+                self.metrics.unloads.labels("transfer" if rec.dst else "unload", reasons[bundle]).inc()
+            return len(done)
+        if not await self.leadership.confirm():
             res.decisions = []
         published = 0
-        now = int(self.clock() * 1000)
         for u in res.decisions:
             try:
                 rec = intents.release(

@@ -140,19 +140,6 @@ def build_controller(
         clock=clock,
         in_maintenance=lambda: list(maintenance.read()),
     )
-    shedding = SheddingJob(
-        s.shedding,
-        table,
-        leadership,
-        destinations,
-        loads,
-        top,
-        writes,
-        journal,
-        metrics,
-        ShedConfig.from_settings(s),
-        clock=clock,
-    )
     p = s.placement
     standbys = StandbyJob(
         placement,
@@ -181,6 +168,20 @@ def build_controller(
         clock=clock,
         planner=lambda broker, bundles: plan_drain(destinations, broker, bundles),
         usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
+    )
+    shedding = SheddingJob(
+        s.shedding,
+        table,
+        leadership,
+        destinations,
+        loads,
+        top,
+        writes,
+        journal,
+        metrics,
+        ShedConfig.from_settings(s),
+        clock=clock,
+        operations=operations,
     )
     admin = Admin(
         table,

@@ -15,6 +15,7 @@ virtual loop's.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 from collections.abc import Callable, Mapping
@@ -39,6 +40,8 @@ from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.memory_stores import MemoryFailedBrokers, MemoryReassignments
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
+from trimtab.controller.operation_store import MemoryOperations
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.writes import ChannelWrites
@@ -184,6 +187,21 @@ class SimController:
             clock=clock,
             mono=clock,
         )
+        # The leader's operations, as in the daemon (controller/wiring.py): each shedding cycle's moves are
+        # one, stored in memory here. Ids from a counter: a run is a function of its seed.
+        ids = itertools.count(1)
+        self.operations = OperationsJob(
+            lambda: s.operations,
+            MemoryOperations(),
+            table,
+            self.leadership,
+            writes,
+            journal,
+            self.metrics,
+            clock=clock,
+            new_id=lambda kind: f"{kind}-{next(ids)}",
+            usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
+        )
         self.shedding = (
             None
             if shedder is None
@@ -201,6 +219,7 @@ class SimController:
                 clock=clock,
                 perf=clock,
                 shedder=shedder,
+                operations=self.operations,
             )
         )
         self.s = s
@@ -227,6 +246,7 @@ class SimController:
         asyncio.get_running_loop().create_task(self._on_lead())
 
     async def _on_lead(self) -> None:
+        self.operations.load()
         await self.healing.on_lead()
         self.heal_wake.set()
         self._gate_changed()
@@ -255,6 +275,7 @@ class SimController:
         jobs.add(self.monitor.name, self._monitor, schedules.periodic(s.channel.monitor_interval_s))
         if self.shedding is not None:
             jobs.add(self.shedding.name, self.shedding.run_once, schedules.periodic(s.shedding.interval_s))
+        jobs.add(self.operations.name, self.operations.run_once, schedules.periodic(s.operations.interval_s))
         jobs.add(self.healing.name, self._heal, schedules.healing(self.heal_wake))
         jobs.start()
 

@@ -172,7 +172,7 @@ def test_healing_and_admin_moves_obey_isolation(
     with pytest.raises(RequestError, match="placement forbids") as refused:
         asyncio.run(admin.move(bundle(9), "plain-1:1"))
     assert refused.value.status == 409
-    rec = asyncio.run(admin.move(bundle(9), "gold-2:1"))
+    rec, _ = asyncio.run(admin.move(bundle(9), "gold-2:1"))
     assert rec.state is State.RELEASING and rec.dst == "gold-2:1"
 
 

@@ -169,3 +169,48 @@ def test_a_renewal_round_reads_what_the_session_allows_again_before_each_group()
     assert len(broker.renewed) == 2
     bundles, seconds = broker.renewed[1]
     assert bundles == [inflight] and seconds <= 0.5  # not the ~8 s computed before the first group
+
+
+class SendingChannel(Channel):
+    """Keeps what the reconciler publishes."""
+
+    def __init__(self, records: dict[str, Record]) -> None:
+        super().__init__(records)
+        self.sent: list[Record | None] = []
+
+    def send(self, bundle: str, record: Record | None, on_done: Any) -> None:
+        self.sent.append(record)
+
+
+def test_an_assignment_delivered_too_late_for_a_lease_is_confirmed_first_then_acquired() -> None:
+    """Found by the Kafka-outage test: lookups during the outage left Assigning records in the producers'
+    queues, delivered 30 s later when Kafka came back -- older than the in-flight timeout, so no lease could
+    cover them. The agent retried its acquire every 10 s and only the monitor could end it (a CI run saw the
+    monitor not do so for 90 s). Now the agent settles such a record through the channel as a stale one:
+    Owned first (ordered by version against any override of the monitor), acquired once accepted."""
+
+    async def main() -> tuple[list[str], list[Record | None], list[str]]:
+        late = make(State.ASSIGNING, dst=ME, version=1, ts=int((time.time() - 60) * 1000), writer="x")
+        channel = SendingChannel({BUNDLE: late})
+        broker = Broker()
+        rec = build_reconciler(channel, broker, workers=1)
+        rec.start()
+        try:
+            rec.mark(BUNDLE)
+            await asyncio.wait_for(rec.idle.wait(), 10)
+            before = list(broker.acquired)
+            sent = list(channel.sent)
+            assert sent and sent[0] is not None
+            channel.table[BUNDLE] = sent[0]  # the channel accepted it
+            rec.idle.clear()
+            rec.mark(BUNDLE)
+            await asyncio.wait_for(rec.idle.wait(), 10)
+        finally:
+            await rec.stop()
+        return before, sent, broker.acquired
+
+    before, sent, after = asyncio.run(main())
+    assert before == []  # nothing served on the late record itself
+    assert len(sent) == 1 and sent[0] is not None
+    assert (sent[0].state, sent[0].dst, sent[0].version) == (State.OWNED, ME, 2)
+    assert after == [BUNDLE]

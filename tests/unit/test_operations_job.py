@@ -258,3 +258,63 @@ def test_bundles_that_reach_a_drained_broker_later_join_its_drain() -> None:
     c.brokers_finish()
     asyncio.run(c.job.run_once())
     assert c.job.get(op.id).state is ops.OpState.DONE and c.table[bundle(1)].dst == B
+
+
+def test_an_operators_transfer_is_an_operation_started_at_once_and_followed_to_its_end() -> None:
+    c = Cluster(2)
+    op, rec = asyncio.run(
+        c.job.start_now(
+            ops.OpKind.TRANSFER, bundle(0), src=A, dst=B, version=2, reason="hot", requested_by="alice"
+        )
+    )
+    # Stored before it was published, started at the version of the record it published.
+    stored = c.store.list()
+    assert stored == [op] and op.state is ops.OpState.RUNNING and op.requested_by == "alice"
+    assert op.moves[0].started_version == rec.version == 3
+    assert c.writes.published == [(bundle(0), rec)] and rec.state is State.RELEASING and rec.dst == B
+    assert c.journal.events[-1]["state"] == "running" and c.journal.events[-1]["op_kind"] == "transfer"
+    asyncio.run(c.job.run_once())
+    assert c.job.get(op.id).state is ops.OpState.RUNNING  # on its way: the brokers have not finished
+    c.brokers_finish()
+    asyncio.run(c.job.run_once())
+    assert (
+        c.job.get(op.id).state is ops.OpState.DONE and c.job.get(op.id).moves[0].outcome is ops.Outcome.MOVED
+    )
+
+
+def test_an_operators_unload_whose_record_was_lost_is_proposed_again_at_the_same_version() -> None:
+    c = Cluster(1, OperationSettings(republish_after_s=5))
+    c.writes.fail = True
+    with pytest.raises(TimeoutError):
+        asyncio.run(
+            c.job.start_now(
+                ops.OpKind.UNLOAD, bundle(0), src=A, dst=None, version=2, reason="", requested_by="x"
+            )
+        )
+    c.writes.fail = False
+    c.writes.published.clear()
+    c.job = c.leader()  # even a new leader
+    c.now += 5
+    asyncio.run(c.job.run_once())
+    assert [(b, r.version, r.state, r.dst) for b, r in c.writes.published] == [
+        (bundle(0), 3, State.RELEASING, None)
+    ]
+
+
+def test_an_operators_move_of_a_bundle_that_changed_is_refused_and_nothing_is_stored() -> None:
+    c = Cluster(1)
+    with pytest.raises(intents.IntentRefused):
+        asyncio.run(
+            c.job.start_now(
+                ops.OpKind.TRANSFER, bundle(0), src=A, dst=B, version=1, reason="", requested_by="x"
+            )
+        )
+    assert c.store.list() == [] and c.writes.published == []
+    not_loaded = c.leader(load=False)
+    with pytest.raises(RequestError) as e:
+        asyncio.run(
+            not_loaded.start_now(
+                ops.OpKind.TRANSFER, bundle(0), src=A, dst=B, version=2, reason="", requested_by="x"
+            )
+        )
+    assert e.value.status == 503

@@ -46,8 +46,15 @@ def nxt(state: State, v: int = 5, **kw: object) -> Record:
     return make(state, version=v, ts=NOW, writer=ME, **kw)  # type: ignore[arg-type]
 
 
-def p(cur: Record | None, *, serving: bool = False, fenced: bool = False, stale: bool = False) -> Plan | None:
-    return plan(ME, BUNDLE, cur, serving=serving, fenced=fenced, now_ms=NOW, stale=stale)
+def p(
+    cur: Record | None,
+    *,
+    serving: bool = False,
+    fenced: bool = False,
+    stale: bool = False,
+    late: bool = False,
+) -> Plan | None:
+    return plan(ME, BUNDLE, cur, serving=serving, fenced=fenced, now_ms=NOW, stale=stale, late=late)
 
 
 def accepted(cur: Record | None, new: Record | None) -> bool:
@@ -263,12 +270,20 @@ def others(draw: Any) -> dict[str, Record | None]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(current(), st.sampled_from([(False, False), (True, False), (False, True)]), st.booleans(), others())
+@given(
+    current(),
+    st.sampled_from([(False, False), (True, False), (False, True)]),
+    st.booleans(),
+    st.booleans(),
+    others(),
+)
 def test_every_published_record_is_accepted(
-    cur: Record | None, flags: tuple[bool, bool], stale: bool, table: dict[str, Record | None]
+    cur: Record | None, flags: tuple[bool, bool], stale: bool, late: bool, table: dict[str, Record | None]
 ) -> None:
     serving, fenced = flags
-    got = plan(ME, BUNDLE, cur, serving=serving, fenced=fenced, now_ms=NOW, stale=stale, lookup=table.get)
+    got = plan(
+        ME, BUNDLE, cur, serving=serving, fenced=fenced, now_ms=NOW, stale=stale, late=late, lookup=table.get
+    )
     if got is None:
         return
     assert got.steps
@@ -308,6 +323,20 @@ def test_plan_is_idempotent_on_the_same_record(cur: Record | None, flags: tuple[
 def test_stale_assigning_is_confirmed_before_anything_is_acquired() -> None:
     cur = r(State.ASSIGNING, dst=ME, src=B)
     assert p(cur, stale=True) == Plan("assign_stale", (Publish(nxt(State.OWNED, dst=ME, src=B)),))
+
+
+def test_a_late_assignment_is_confirmed_through_the_channel_before_anything_is_acquired() -> None:
+    """An Assigning too old for any lease (a producer held it through a Kafka outage): Owned first -- the
+    version check orders it against the monitor's override -- then acquired as an owned bundle. Before, the
+    agent retried an acquire no lease could cover until the monitor moved the bundle elsewhere."""
+    cur = r(State.ASSIGNING, dst=ME, src=B)
+    owned = nxt(State.OWNED, dst=ME, src=B)
+    assert p(cur, late=True) == Plan("assign_late", (Publish(owned),))
+    assert p(cur, late=True, stale=True) == Plan("assign_stale", (Publish(owned),))
+    assert p(owned) == Plan("acquire_owned", (Acquire(),))
+    # Only an assignment to me is concerned: late changes nothing else.
+    for other in (r(State.ASSIGNING, dst=B), r(State.RELEASING, src=ME, dst=B), r(State.OWNED, dst=ME)):
+        assert p(other, late=True) == p(other)
 
 
 def test_stale_owned_is_given_up_through_the_channel() -> None:

@@ -11,12 +11,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from trimtab.balance import operations as ops
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
 from trimtab.balance.shed import ShedConfig, ShedResult
 from trimtab.channel.records import Record, State, make
-from trimtab.config.settings import Settings, SheddingSettings
+from trimtab.config.settings import OperationSettings, Settings, SheddingSettings
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.operation_store import MemoryOperations
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.shedding import SheddingJob
 
 T0 = 1_000_000.0  # seconds
@@ -103,7 +106,9 @@ class Journal:
 class World:
     """hot (90%) owns four bundles of namespace t/a, cold (10%) one of t/b: std .4, hot sheds to cold."""
 
-    def __init__(self, *, with_policies: frozenset[str] = frozenset(), **shedding: Any) -> None:
+    def __init__(
+        self, *, with_policies: frozenset[str] = frozenset(), operations: bool = False, **shedding: Any
+    ) -> None:
         self.clock = Clock()
         self.table = Table()
         self.writes = Writes(self.table)
@@ -129,18 +134,35 @@ class World:
             ),
             "cold": TopBundles(broker="cold", bundles=[BundleStats(bundle=self.cold, msg_throughput_in=10)]),
         }
+        self.operations = (
+            OperationsJob(
+                OperationSettings,
+                MemoryOperations(),
+                self.table,  # type: ignore[arg-type]
+                Leadership(),  # type: ignore[arg-type]
+                self.writes,  # type: ignore[arg-type]
+                self.journal,  # type: ignore[arg-type]
+                self.metrics,
+                clock=self.clock,
+            )
+            if operations
+            else None
+        )
+        if self.operations is not None:
+            self.operations.load()
         self.job = SheddingJob(
             settings,
             self.table,  # type: ignore[arg-type]
             Leadership(),  # type: ignore[arg-type]
             Destinations(["cold", "hot"], Placement(with_policies)),  # type: ignore[arg-type]
-            self.loads,  # type: ignore[arg-type]
-            View(top),  # type: ignore[arg-type]
+            self.loads,
+            View(top),
             self.writes,  # type: ignore[arg-type]
             self.journal,  # type: ignore[arg-type]
             self.metrics,
             cfg,
             clock=self.clock,
+            operations=self.operations,
         )
 
     def report(self) -> None:
@@ -233,3 +255,24 @@ def test_bundles_with_policies_stay_unless_the_setting_allows_them() -> None:
     w = World(with_policies=frozenset({"t/a"}), shed_bundles_with_policies=True)
     res = w.cycle()
     assert res is not None and res.result == "success" and {u.src for u in res.decisions} == {"hot"}
+
+
+def test_a_cycles_moves_are_one_operation_stored_before_they_are_published_and_followed_to_done() -> None:
+    w = World(operations=True)
+    assert w.operations is not None
+    first = w.cycle()
+    assert first is not None and first.decisions
+    (op,) = w.operations.list()
+    assert op.kind is ops.OpKind.SHED and op.requested_by == "shedder" and op.state is ops.OpState.RUNNING
+    assert first.reason in op.reason
+    # Every published record is a started move of the operation, at the version it was published with.
+    assert sorted((m.bundle, m.started_version) for m in op.moves) == sorted(
+        (b, r.version) for b, r in w.writes.published
+    )
+    assert len(op.moves) == len(first.decisions)
+    assert w.cycle(after_s=30) is None  # the shedder still waits for its moves, as without operations
+    for b in (m.bundle for m in op.moves):
+        w.complete(b)
+    asyncio.run(w.operations.run_once())
+    done = w.operations.get(op.id)
+    assert done.state is ops.OpState.DONE and done.progress() == (len(op.moves), len(op.moves))
