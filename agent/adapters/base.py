@@ -8,7 +8,8 @@ Operations, all idempotent (a retry after a lost response must be harmless):
 * ``fence(b)``   -- first phase of a release: stop accepting work for ``b`` (clients stay connected);
 * ``close(b, redirect_url)`` -- second phase: disconnect ``b``'s clients, telling them where to go;
 * ``prewarm(b)`` -- prepare to take ``b`` over quickly (warm standby);
-* ``split(b, children)`` -- re-partition ``b``'s topics into the child ranges.
+* ``split(b, children)`` -- re-partition ``b``'s topics into the child ranges;
+* ``merge(parents, m)`` -- serve two adjacent bundles' topics as the one bundle ``m``, their union.
 
 A release is fence then close (Pulsar's multi-phase transfer, PIP-307).
 
@@ -87,11 +88,13 @@ class BrokerAdapter(Protocol):
 
     async def split(self, bundle: str, children: list[str]) -> None: ...
 
+    async def merge(self, parents: list[str], merged: str) -> None: ...
+
     async def aclose(self) -> None: ...
 
 
 class OperationAdapter:
-    """The five bundle operations as one request each (``op`` plus a JSON body): what the webhook and
+    """The bundle operations as one request each (``op`` plus a JSON body): what the webhook and
     command adapters share. Subclasses implement :meth:`_op` and :meth:`sample`."""
 
     async def _op(self, op: str, body: dict[str, Any]) -> Any:
@@ -116,6 +119,9 @@ class OperationAdapter:
 
     async def split(self, bundle: str, children: list[str]) -> None:
         await self._op("split", {"bundle": bundle, "children": children})
+
+    async def merge(self, parents: list[str], merged: str) -> None:
+        await self._op("merge", {"parents": parents, "bundle": merged})
 
 
 _sample_dec = msgspec.json.Decoder(BrokerSample)
@@ -229,6 +235,9 @@ class RetryingAdapter:
 
     async def split(self, bundle: str, children: list[str]) -> None:
         await self._call("split", lambda: self.inner.split(bundle, children))
+
+    async def merge(self, parents: list[str], merged: str) -> None:
+        await self._call("merge", lambda: self.inner.merge(parents, merged))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -33,9 +33,16 @@ import msgspec
 
 from trimtab.agent.adapters.base import BrokerSample, Lease
 from trimtab.balance.load import BundleStats, Usage
-from trimtab.channel.bundles import FULL_UPPER, BundleRange, parse_bundle, split_range, topic_hash
+from trimtab.channel.bundles import (
+    FULL_UPPER,
+    BundleRange,
+    merged_range,
+    parse_bundle,
+    split_range,
+    topic_hash,
+)
 from trimtab.config.settings import SimulationSettings
-from trimtab.errors import AdapterError, LeaseRefused
+from trimtab.errors import AdapterError, BundleError, LeaseRefused
 
 DOMAIN = "persistent"
 
@@ -109,10 +116,25 @@ class LoadModel:
         )
 
 
+def check_merge_names(parents: Sequence[str], merged: str) -> tuple[str, str]:
+    """The two parents of a merge into ``merged``, lower range first; :class:`BundleError` unless they are
+    exactly two adjacent bundles of one namespace whose union is ``merged`` (what every broker checks
+    before it merges anything)."""
+    if len(parents) != 2:
+        raise BundleError(f"a merge joins exactly two bundles, not {len(parents)}")
+    ns, into = parse_bundle(merged)
+    (ns_a, a), (ns_b, b) = parse_bundle(parents[0]), parse_bundle(parents[1])
+    if ns_a != ns or ns_b != ns:
+        raise BundleError(f"{parents[0]} and {parents[1]} do not both belong to {merged}'s namespace")
+    if merged_range(a, b) != into:
+        raise BundleError(f"{a} and {b} together are {merged_range(a, b)}, not {into}")
+    return (parents[0], parents[1]) if a < b else (parents[1], parents[0])
+
+
 class TimelineEvent(msgspec.Struct, frozen=True):
     mono_ns: int
     wall_ms: int
-    op: str  # acquire | fence | close | expire | prewarm | split
+    op: str  # acquire | fence | close | expire | prewarm | split | merge
     bundle: str
     detail: str | None = None
 
@@ -310,6 +332,44 @@ class SimulatedBroker:
                         self._record("acquire", child, f"split from {bundle}")
                     if deadline is not None:  # the children inherit the parent's lease
                         self._set_lease(child, max(deadline, self.deadline_ns.get(child, 0)))
+
+    async def merge(self, parents: list[str], merged: str) -> None:
+        """Serve the two adjacent ``parents`` as the one bundle ``merged``, their union, in place: each
+        parent's serving interval ends (a ``merge`` event) and the merged bundle's starts at the same
+        instant, so no client is disconnected. :class:`BundleError` unless the parents are exactly two
+        adjacent bundles of one namespace whose union is ``merged``.
+
+        The merged bundle is served only if BOTH parents were: a merge grants no lease (only acquire and
+        renew do), so the merged bundle runs under the shorter of the parents' leases -- it must not be
+        served longer than either allowed -- and a parent not served (its lease lapsed, or an override
+        moved the merge to this broker) has none to give. Then the parents are dropped all the same and
+        nothing new is served: the agent's renewal finds the merged bundle not served and acquires it
+        under a fresh lease (the ordinary owned-but-not-serving path). Idempotent: once neither parent is
+        served, fenced or leased (merged already, or a retry after a lost answer), nothing happens."""
+        await self._enter("merge")
+        first, second = check_merge_names(parents, merged)
+        with self._lock:
+            self._expire(time.monotonic_ns())
+            pair = (first, second)
+            if not any(p in self.serving or p in self.fenced or p in self.deadline_ns for p in pair):
+                return  # done already
+            both = all(p in self.serving for p in pair)
+            leases = [self.deadline_ns[p] for p in pair if p in self.deadline_ns]
+            deadline = min(leases) if len(leases) == len(pair) else None
+            for p in pair:
+                self.serving.discard(p)
+                self.fenced.discard(p)
+                self.prewarmed.discard(p)
+                self.deadline_ns.pop(p, None)  # its heap entry is skipped when it comes up
+                self._record("merge", p, merged)
+            if both:
+                if merged not in self.serving:
+                    self.serving.add(merged)
+                    self.fenced.discard(merged)
+                    self.prewarmed.discard(merged)
+                    self._record("acquire", merged, f"merged from {first},{second}")
+                if deadline is not None:
+                    self._set_lease(merged, max(deadline, self.deadline_ns.get(merged, 0)))
 
     async def aclose(self) -> None:
         return None

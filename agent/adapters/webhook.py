@@ -11,6 +11,7 @@ POST     /trimtab/v1/bundles/fence       {"bundle"}                             
 POST     /trimtab/v1/bundles/close       {"bundle", "redirect_url"}                 disconnect clients
 POST     /trimtab/v1/bundles/prewarm     {"bundle"}                                 warm standby
 POST     /trimtab/v1/bundles/split       {"bundle", "children": [...]}              re-partition topics
+POST     /trimtab/v1/bundles/merge       {"parents": [p, q], "bundle"}              serve p+q as bundle
 =======  ==============================  ===========================================================
 
 Any 2xx is success; anything else (or no answer within the timeout) is a failure that the agent retries.

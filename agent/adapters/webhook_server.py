@@ -89,6 +89,16 @@ class SplitRequest(BundleRequest):
     children: list[str] = Field(description="Child bundle names that tile the parent's range.")
 
 
+class MergeRequest(BundleRequest):
+    """``bundle`` is the merged bundle, the union of the two ``parents``."""
+
+    parents: list[Annotated[str, Field(max_length=512)]] = Field(
+        min_length=2,
+        max_length=2,
+        description="The two adjacent bundles (this broker's) whose topics become the merged bundle's.",
+    )
+
+
 #: Every figure non-negative and finite, every count non-negative: the agent refuses a sample that breaks
 #: this (balance.load.Figure, docs/broker-adapter.md).
 Figure = Annotated[float, Field(ge=0, le=FIGURE_MAX)]
@@ -380,6 +390,8 @@ def create_app(
     async def guarded(op: Any) -> dict[str, bool]:
         try:
             await op
+        except BundleError as e:  # a split or merge whose bundles do not fit together: nothing was done
+            raise RequestError(400, str(e)) from e
         except LeaseRefused as e:
             raise RequestError(409, str(e), retryable=True) from e
         except AdapterError as e:
@@ -473,10 +485,21 @@ def create_app(
     )
     async def split(req: SplitRequest) -> dict[str, bool]:
         require_bundle(req.bundle)
-        try:
-            return await guarded(broker.split(req.bundle, req.children))
-        except BundleError as e:
-            raise RequestError(400, str(e)) from e
+        return await guarded(broker.split(req.bundle, req.children))
+
+    @app.post(
+        "/trimtab/v1/bundles/merge",
+        summary="Serve two adjacent bundles' topics as one bundle, their union, in place",
+        responses={
+            **SIGNED_RESPONSES,
+            400: _error("The parents are not two adjacent bundles whose union is the bundle; nothing done."),
+        },
+        openapi_extra=signed_operation(),
+    )
+    async def merge(req: MergeRequest) -> dict[str, bool]:
+        for name in (req.bundle, *req.parents):
+            require_bundle(name)
+        return await guarded(broker.merge(req.parents, req.bundle))
 
     @app.get("/trimtab/v1/sim/state", summary="(simulator only) serving set, calls and timeline")
     async def state() -> dict[str, object]:
