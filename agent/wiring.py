@@ -295,6 +295,7 @@ def _reconciliation(
         retrying,
         url_of=url_of,
         apply_split=namespaces.apply_split,
+        apply_merge=namespaces.apply_merge,
         metrics=metrics,
         on_served_change=lambda bundle, serving: reporter.load_moved(),
         leases=leases,

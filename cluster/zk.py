@@ -672,6 +672,37 @@ class NamespaceStore:
 
         return compare_and_set(attempt, what=f"the bundle layout of {namespace} ({path})", tries=20)
 
+    def apply_merge(self, namespace: str, merged: BundleRange, inner: int) -> BundleLayout:
+        """Replace the two bundles meeting at ``inner`` by ``merged`` in the namespace's layout: one
+        :func:`compare_and_set` of its znode (read, check, one versioned write; a concurrent change is read
+        again, never overwritten); idempotent. :class:`NamespaceNotFound` if the namespace was deleted,
+        :class:`ZkConflict` if the layout kept changing, :class:`BundleError` if ``merged`` is not (or no
+        longer) those two bundles (:meth:`BundleLayout.with_merge`)."""
+        path = self.paths.namespace(namespace)
+        if not merged.lower < inner < merged.upper:
+            raise BundleError(f"0x{inner:08x} is not strictly inside {merged}")
+        parents = [BundleRange(merged.lower, inner).name, BundleRange(inner, merged.upper).name]
+
+        def attempt() -> BundleLayout:
+            got = self.read(namespace)
+            if got is None:
+                # Deleted by an operator (trimtab admin namespaces delete): never bring it back.
+                raise NamespaceNotFound(
+                    namespace, f"namespace {namespace} was deleted; {merged.name} is not merged"
+                )
+            pol, version = got
+            layout = pol.layout(namespace)
+            have = set(layout.boundaries)
+            if inner not in have and merged.lower in have and merged.upper in have:
+                return layout  # already applied
+            new = layout.with_merge(merged, inner)
+            new_pol = msgspec.structs.replace(pol, boundaries=[_hex(b) for b in new.boundaries])
+            versioned_write(self.zk, path, _enc.encode(new_pol), version)
+            log.info("namespace_merged", namespace=namespace, merged=merged.name, parents=parents)
+            return new
+
+        return compare_and_set(attempt, what=f"the bundle layout of {namespace} ({path})", tries=20)
+
     def all(self) -> dict[str, BundleLayout]:
         out: dict[str, BundleLayout] = {}
         try:

@@ -235,12 +235,13 @@ class SimAgent:
         routes: Routes,
         layouts: Callable[[], Mapping[str, BundleLayout]],
         apply_split: Callable[[str, BundleRange, list[BundleRange]], None],
+        apply_merge: Callable[[str, BundleRange, int], None],
         leaving: Callable[[], bool],
         failed: Callable[[str], None],
     ) -> None:
-        """``layouts``: the namespaces' layouts as ZooKeeper holds them; ``apply_split`` updates one (the
-        reconciler's last step of a split); ``leaving``: the drain has begun; ``failed`` hears of a task of
-        the agent that raised."""
+        """``layouts``: the namespaces' layouts as ZooKeeper holds them; ``apply_split`` and ``apply_merge``
+        update one (the reconciler's layout step of a split, of a merge); ``leaving``: the drain has begun;
+        ``failed`` hears of a task of the agent that raised."""
         clock = loop.time
         self.loop = loop
         self.me = me
@@ -272,6 +273,7 @@ class SimAgent:
             broker,
             url_of=url_of,
             apply_split=apply_split,
+            apply_merge=apply_merge,
             metrics=metrics,
             on_served_change=lambda bundle, serving: self._served(reporter, bundle, serving),
             leases=self.leases,

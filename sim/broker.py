@@ -2,12 +2,12 @@
 the engine's cluster model.
 
 Each operation takes the model's time on the virtual clock (``model.acquire_s`` to take a bundle over,
-``model.release_s`` to fence or close one, ``model.split_s`` to split one in place) and then acts on the
-model: the broker serves the bundle, stops accepting work for it, disconnects its clients, or serves the
-children instead of the parent. An operation of a process that was killed or stopped meanwhile never
-completes (its task is cancelled, :class:`~trimtab.sim.clock.Process`). The broker never fails and never
-refuses a lease: what can go wrong between an agent and its broker is the production adapters' business,
-not the balance figures'.
+``model.release_s`` to fence or close one, ``model.split_s`` to split one -- or merge two -- in place) and
+then acts on the model: the broker serves the bundle, stops accepting work for it, disconnects its clients,
+serves the children instead of the parent, or the merged bundle instead of its two parents. An operation
+of a process that was killed or stopped meanwhile never completes (its task is cancelled,
+:class:`~trimtab.sim.clock.Process`). The broker never fails and never refuses a lease: what can go wrong
+between an agent and its broker is the production adapters' business, not the balance figures'.
 
 The broker keeps serving without its agent until the engine's lease model stops it (a paused agent, a
 ZooKeeper outage longer than a lease); a renewal asks nothing of it but which bundles it no longer serves.
@@ -30,6 +30,7 @@ class BrokerModel:
     fence: Callable[[str], None]
     close: Callable[[str], None]
     split: Callable[[str, Sequence[str]], None]
+    merge: Callable[[Sequence[str], str], None]
     serves: Callable[[str], bool]
     figures: Callable[[], BrokerSample]
 
@@ -68,6 +69,11 @@ class SimBroker:
     async def split(self, bundle: str, children: list[str]) -> None:
         await asyncio.sleep(self.split_s)
         self.model.split(bundle, children)
+
+    async def merge(self, parents: list[str], merged: str) -> None:
+        """Merging takes what a split takes: the topics change bundle in place, on one broker."""
+        await asyncio.sleep(self.split_s)
+        self.model.merge(parents, merged)
 
     async def aclose(self) -> None:
         pass

@@ -107,7 +107,7 @@ class Move:
     bundle: str
     src: str
     dst: str | None
-    reason: str  # shed:<overloaded|underloaded> | heal | drain | split
+    reason: str  # shed:<overloaded|underloaded> | heal | drain | split | merge
     throughput: float
 
 
@@ -360,6 +360,7 @@ class Engine:
             fence=functools.partial(self._unserve, b, fenced=True),
             close=functools.partial(self._unserve, b),
             split=functools.partial(self._split_on_broker, b),
+            merge=functools.partial(self._merge_on_broker, b),
             serves=b.serving.__contains__,
             figures=functools.partial(self._broker_sample, b),
         )
@@ -380,6 +381,7 @@ class Engine:
             routes=self.routes,
             layouts=lambda: self.layouts,
             apply_split=self._apply_split,
+            apply_merge=self._apply_merge,
             leaving=lambda: b.leaving,
             failed=self.crashes.append,
         )
@@ -519,6 +521,33 @@ class Engine:
         lay = self.layouts[namespace]
         if parent.lower in lay.boundaries and parent.upper in lay.boundaries:
             self.layouts[namespace] = lay.with_split(parent, children)
+
+    def _merge_on_broker(self, b: Broker, parents: Sequence[str], merged: str) -> None:
+        """The broker merges ``parents`` into ``merged`` in place: whoever was served in both is served in
+        the merged bundle (a merge grants no lease, so a parent not served leaves the merged bundle to be
+        acquired, as agent.adapters.simulated does); a merge done already is done."""
+        if not any(p in self.live_bundles for p in parents):
+            return
+        served = all(p in b.serving for p in parents)
+        for p in parents:
+            self.live_bundles.discard(p)
+            self.unserved_since.pop(p, None)
+            self.servers.pop(p, None)
+            b.serving.discard(p)
+        self.live_bundles.add(merged)
+        if served:
+            b.serving.add(merged)
+            self.servers[merged].add(b.id)
+        elif not self.servers.get(merged):
+            self.unserved_since.setdefault(merged, self.now)
+            self._schedule_lookup(merged)  # a parent's clients, if it was served, are disconnected
+        self.moves.append(Move(self.now, merged, b.id, b.id, "merge", 0.0))
+
+    def _apply_merge(self, namespace: str, merged: BundleRange, inner: int) -> None:
+        """The namespace's layout as ZooKeeper holds it, after a merge (the reconciler's UpdateLayoutMerge)."""
+        lay = self.layouts[namespace]
+        if inner in lay.boundaries:
+            self.layouts[namespace] = lay.with_merge(merged, inner)
 
     # ------------------------------------------------------------------ the channel
     def _misbehave(self, batch: list[Pending]) -> list[Pending]:
