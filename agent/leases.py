@@ -69,7 +69,7 @@ def lease_bound(
     s = rec.state
     if s is State.OWNED:
         return math.inf if rec.dst == me else None
-    if (s is State.ASSIGNING and rec.dst == me) or (s is State.SPLITTING and rec.src == me):
+    if (s is State.ASSIGNING and rec.dst == me) or (s in (State.SPLITTING, State.MERGING) and rec.src == me):
         return in_flight_timeout_s - margin_s - max(wall_age_s(rec, now_ms), seen_age_s)
     return None
 

@@ -305,7 +305,7 @@ class LookupService:
         waited = False
         while True:
             cur: Record | None = self.channel.table.get(bundle)
-            if cur is not None and cur.state in (State.OWNED, State.SPLITTING):
+            if cur is not None and cur.state in (State.OWNED, State.SPLITTING, State.MERGING):
                 owner = cur.owner()
                 assert owner is not None
                 if owner in self._brokers() or not self._brokers_trusted():

@@ -26,20 +26,23 @@ from trimtab.balance.roles import (
     Close,
     Fence,
     Forget,
+    MergeOnBroker,
     Plan,
     Publish,
     PublishChildren,
+    PublishMerged,
     SplitOnBroker,
     UpdateLayout,
+    UpdateLayoutMerge,
     needs_attention,
     plan,
 )
 from trimtab.channel import intents
-from trimtab.channel.bundles import BundleRange, parse_bundle
+from trimtab.channel.bundles import BundleRange, merge_partner, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
-from trimtab.errors import AdapterError, TransportError
+from trimtab.errors import AdapterError, BundleError, TransportError
 
 log = structlog.get_logger("trimtab.agent")
 
@@ -60,8 +63,17 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         workers: int = 32,
         publish_timeout_s: float = 30.0,
+        apply_merge: Callable[[str, BundleRange, int], Any] | None = None,
     ) -> None:
+        """``apply_split(namespace, parent, children)`` and ``apply_merge(namespace, merged, inner)`` change
+        the namespace's layout in ZooKeeper (``inner``: the boundary the merge removes); without
+        ``apply_merge`` a merge fails at that step and is retried (a misconfigured agent, never a silent
+        one)."""
         self.me = me
+        self.apply_merge = apply_merge
+        # Merges of ours waiting for, or carried on by, other keys' records: partner or merged bundle ->
+        # the merging bundles of ours whose plans read it (a change there queues them again).
+        self._merge_watch: dict[str, set[str]] = {}
         self.leases = leases
         self.in_flight_timeout_s = in_flight_timeout_s
         # Bundles whose record names this broker from before its current ZooKeeper session (balance.roles):
@@ -116,6 +128,8 @@ class Reconciler:
             self.stale.discard(bundle)
         if needs_attention(self.me, new) or needs_attention(self.me, old) or bundle in self.served:
             self.mark(bundle)
+        for waiting in self._merge_watch.get(bundle, ()):
+            self.mark(waiting)
 
     def rescan(self, table: TableView) -> None:
         """The table caught up: at start, or again after a re-bootstrap (history gap, follower restart),
@@ -219,8 +233,25 @@ class Reconciler:
         asyncio.get_running_loop().call_later(delay, self.mark, bundle)
 
     # ------------------------------------------------------------------ one bundle
+    def _watch_merge(self, bundle: str, cur: Record | None) -> None:
+        """Keep :attr:`_merge_watch` current for ``bundle``: a merge of ours is decided by its partner's and
+        the merged bundle's records, so changes there must queue it again."""
+        for keys in self._merge_watch.values():
+            keys.discard(bundle)
+        if cur is None or cur.state is not State.MERGING or cur.src != self.me or not cur.children:
+            return
+        merged = next(iter(cur.children))
+        ns, _ = parse_bundle(bundle)
+        try:
+            partner = merge_partner(bundle, merged)
+        except BundleError:
+            return  # a shape the channel refuses: never accepted
+        for other in (partner, f"{ns}/{merged}"):
+            self._merge_watch.setdefault(other, set()).add(bundle)
+
     async def _handle(self, bundle: str) -> None:
         cur = self.channel.table.get(bundle)
+        self._watch_merge(bundle, cur)
         p = plan(
             self.me,
             bundle,
@@ -230,6 +261,7 @@ class Reconciler:
             now_ms=int(self.clock() * 1000),
             stale=bundle in self.stale,
             late=self._late(bundle, cur),
+            lookup=self.channel.table.get,
         )
         if p is None:
             self._failures.pop(bundle, None)
@@ -267,6 +299,30 @@ class Reconciler:
         )
         if len(self._done) > 200_000:
             self._done.clear()
+
+    async def _merge_step(self, step: MergeOnBroker | PublishMerged | UpdateLayoutMerge) -> None:
+        """The steps of a merge (balance/roles.py ``plan_merge``), each idempotent: the partner's plan may
+        carry out the same ones."""
+        if isinstance(step, MergeOnBroker):
+            await self.adapter.merge(list(step.parents), step.merged)
+            # The parents' topics are the merged bundle's now, served in place: the parents are no longer
+            # served (an override of one of them must not close the merged bundle's topics).
+            for parent in step.parents:
+                self._set_served(parent, False)
+                self.fenced.discard(parent)
+            self._set_served(step.merged, True)
+        elif isinstance(step, PublishMerged):
+            if self.channel.table.get(step.merged) is None:
+                rec = intents.place(None, step.owner, writer=self.me, now_ms=int(self.clock() * 1000))
+                fut = asyncio.wrap_future(self.channel.publish(step.merged, rec))
+                await asyncio.wait_for(fut, self.publish_timeout_s)
+        else:
+            if self.apply_merge is None:
+                raise AdapterError("this agent cannot change namespace layouts (no apply_merge wired)")
+            ns, merged = parse_bundle(step.merged)
+            first, second = (parse_bundle(p)[1] for p in step.parents)
+            inner = first.upper if first.upper == second.lower else second.upper
+            await asyncio.to_thread(self.apply_merge, ns, merged, inner)
 
     def _publish_last(self, bundle: str, record: Any, version: int, kind: str) -> None:
         """Publish a plan's final record without holding a worker until Kafka acknowledges it.
@@ -360,6 +416,8 @@ class Reconciler:
                 ns, parent = parse_bundle(bundle)
                 children = sorted(parse_bundle(c)[1] for c in step.children)
                 await asyncio.to_thread(self.apply_split, ns, parent, children)
+            elif isinstance(step, MergeOnBroker | PublishMerged | UpdateLayoutMerge):
+                await self._merge_step(step)
             elif isinstance(step, Forget):
                 self._set_served(bundle, False)
                 self.fenced.discard(bundle)

@@ -1005,6 +1005,22 @@ def split(
     _write(c, "POST", "/v1/admin/split", body, dry_run=dry_run, render=lambda p: kv(flatten(p)))
 
 
+@command(admin, "merge")
+@click.argument("bundle_a")
+@click.argument("bundle_b")
+@dry_run_option
+@_by_option
+@click.pass_context
+def merge(ctx: click.Context, bundle_a: str, bundle_b: str, dry_run: bool, by: str) -> None:
+    """Merge two adjacent bundles of one namespace, owned by one broker, into one (the owner serves the
+    merged bundle in place; no client is disconnected). Bundles owned by two brokers: `transfer` one first.
+
+    Accepted means started: `trimtab admin bundle MERGED` shows when the merged bundle is owned."""
+    c = _client(ctx)
+    body = {"bundles": [bundle_a, bundle_b], "by": by}
+    _write(c, "POST", "/v1/admin/merge", body, dry_run=dry_run, render=lambda p: kv(flatten(p)))
+
+
 def _default_by() -> str:
     import getpass
     import socket

@@ -24,6 +24,8 @@ from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.heal import plan_destinations
 from trimtab.balance.maintenance import budget_refusal, deadline_refusal
 from trimtab.balance.operations import Operation, OpKind
+from trimtab.channel import intents
+from trimtab.channel.bundles import bundle_name, merged_range, parse_bundle
 from trimtab.channel.records import Record, State
 from trimtab.channel.table import TableView
 from trimtab.cluster.http import PeerHttp
@@ -40,7 +42,7 @@ from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.stores import ControllerSwitches, Switches
 from trimtab.controller.writes import ChannelWrites
-from trimtab.errors import RequestError
+from trimtab.errors import BundleError, RequestError
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,17 @@ class MovePlan:
     def would(self) -> dict[str, Any]:
         """The record it publishes, in the shape of a channel record's JSON (the fields that matter)."""
         return {"state": State.RELEASING.value, "src": self.src, "dst": self.dst, "version": self.version + 1}
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """A merge that passed every check: the parents (lower range first), the merged bundle, its owner."""
+
+    parents: tuple[str, str]
+    merged: str  # bundle name
+    merged_range: str  # 0x..._0x...
+    owner: str
+    why: str
 
 
 class Admin:
@@ -193,6 +206,94 @@ class Admin:
         controller answers (from its own replica): leadership is the one check left out."""
         plan = self.plan_move(bundle, dst)
         self.metrics.admin.labels(plan.action, "dry_run").inc()
+        return plan
+
+    def plan_merge(self, a: str, b: str) -> MergePlan:
+        """Every check of a merge but leadership, from this controller's replica: two bundles of one
+        namespace (400), adjacent (400), both ``Owned`` -- nothing in flight -- by one broker that is live
+        (409, and how to get there), and the merged bundle's key free (409: a leftover of an earlier merge or
+        split is tombstoned after ``channel.tombstone_delay_s``)."""
+        try:
+            ns_a, ra = parse_bundle(a)
+            ns_b, rb = parse_bundle(b)
+        except BundleError as e:
+            raise RequestError(400, str(e)) from None
+        if ns_a != ns_b:
+            raise RequestError(400, f"{a} and {b} are in different namespaces: only neighbours merge")
+        try:
+            merged = merged_range(ra, rb)
+        except BundleError as e:
+            raise RequestError(400, str(e)) from None
+        owners: list[str] = []
+        for bundle in (a, b):
+            cur = self.table.get(bundle)
+            if cur is None or cur.state is not State.OWNED or cur.dst is None:
+                state = cur.state.value if cur else "init"
+                raise RequestError(
+                    409 if cur is not None else 404,
+                    f"{bundle} is not owned (state {state}); only two owned bundles merge, never one in flight",
+                )
+            owners.append(cur.dst)
+        if owners[0] != owners[1]:
+            raise RequestError(
+                409,
+                f"{a} is owned by {owners[0]} and {b} by {owners[1]}: move one to the other's broker first "
+                f"(trimtab admin transfer {b} {owners[0]})",
+            )
+        owner = owners[0]
+        if owner not in self.registry.brokers:
+            raise RequestError(409, f"{owner}, their owner, is not a live broker")
+        merged_name = bundle_name(ns_a, merged)
+        left = self.table.get(merged_name)
+        if left is not None:
+            raise RequestError(
+                409,
+                f"{merged_name} still has a record (state {left.state.value}, from an earlier split or merge); "
+                "it is tombstoned after channel.tombstone_delay_s -- merge then",
+            )
+        parents = (a, b) if ra < rb else (b, a)
+        why = (
+            f"{parents[0]} and {parents[1]} are adjacent and both owned by {owner}: each becomes Merging into "
+            f"{merged_name}; {owner} serves the merged bundle in place (no client disconnected), publishes it "
+            "as Owned, updates the namespace layout, then retires both"
+        )
+        return MergePlan(parents, merged_name, merged.name, owner, why)
+
+    async def merge(self, a: str, b: str, *, requested_by: str = "admin") -> dict[str, Any]:
+        """Merge two adjacent bundles owned by one broker into one (docs/protocol.md, "merge"): the leader
+        writes both ``Merging`` records; the owner's agent does the rest. Refused as :meth:`plan_merge` says.
+        The two records are written from one read of the table; if the second cannot be, the first bundle's
+        merge aborts by itself (its partner never follows) and the answer says so."""
+        self.leadership.require_leader()
+        plan = self.plan_merge(a, b)
+        if not await self.leadership.confirm():
+            raise RequestError(503, "leadership could not be confirmed; retry", retryable=True)
+        now = int(self.clock() * 1000)
+        written: list[dict[str, Any]] = []
+        for bundle in plan.parents:
+            cur = self.table.get(bundle)
+            try:
+                rec = intents.merge(
+                    cur, plan.owner, plan.merged_range, writer=self.leadership.writer(), now_ms=now
+                )
+                await self.writes.publish(bundle, rec)
+            except Exception as e:
+                self.metrics.admin.labels("merge", "failed").inc()
+                detail = f"; {written[0]['bundle']} will abort its half by itself" if written else ""
+                raise RequestError(
+                    409 if isinstance(e, intents.IntentRefused) else 503,
+                    f"merge of {bundle} not started: {e}{detail}",
+                ) from None
+            written.append({"bundle": bundle, "record": rec.to_json()})
+        self.metrics.admin.labels("merge", "ok").inc()
+        self.journal.record(
+            "merge", key=plan.merged, parents=list(plan.parents), owner=plan.owner, by=requested_by
+        )
+        return {"merged": plan.merged, "owner": plan.owner, "records": written}
+
+    def dry_run_merge(self, a: str, b: str) -> MergePlan:
+        plan = self.plan_merge(a, b)
+        self.metrics.admin.labels("merge", "dry_run").inc()
         return plan
 
     async def split(self, bundle: str, request: dict[str, Any]) -> Any:

@@ -76,6 +76,14 @@ class TransferRequest(UnloadRequest):
     broker: str = Field(description="Destination broker id")
 
 
+class MergeRequest(BaseModel):
+    bundles: list[str] = Field(
+        min_length=2, max_length=2, description="Two adjacent bundles of one namespace, owned by one broker"
+    )
+    dry_run: bool = Field(False, description=_DRY_RUN)
+    by: str = Field("admin", max_length=256, description="Who asked (recorded with the decision)")
+
+
 class SplitRequest(BaseModel):
     bundle: str
     algorithm: str | None = None
@@ -230,6 +238,29 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         if req.dry_run:
             response.status_code = 200
         return await ctl.admin.split(req.bundle, req.model_dump())
+
+    @router.post(
+        "/v1/admin/merge",
+        status_code=202,
+        responses={**refusals, 200: {"description": "A dry run: the merge that would start and why"}},
+        summary="Merge two adjacent bundles owned by one broker into one (202: both Merging records "
+        "published; 200: a dry run)",
+    )
+    async def merge(req: MergeRequest, response: Response) -> Any:
+        a, b = req.bundles
+        require_bundle(a)
+        require_bundle(b)
+        if req.dry_run:
+            plan = ctl.admin.dry_run_merge(a, b)
+            response.status_code = 200
+            return {
+                "dry_run": True,
+                "parents": list(plan.parents),
+                "merged": plan.merged,
+                "owner": plan.owner,
+                "why": plan.why,
+            }
+        return await ctl.admin.merge(a, b, requested_by=req.by)
 
     @router.post(
         "/v1/admin/drain",

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 OPEN_END = 2**63 - 1  # an interval that had not ended when the timeline was taken
-INTERVAL_ENDS = frozenset({"fence", "close", "expire", "split"})
+INTERVAL_ENDS = frozenset({"fence", "close", "expire", "split", "merge"})
 KILLED = "killed"  # ``end_op`` of an interval ended by its broker's death (``ended_at``)
 SHOWN_WINDOWS = 20  # double-serving windows listed in full by :func:`summarize`
 
@@ -98,7 +98,7 @@ def _death_times(ended_at: EndedAt | None) -> dict[str, list[int]]:
 @dataclass(slots=True)
 class _Scan:
     intervals: dict[str, list[Interval]]
-    split_at: dict[str, int]  # bundle -> its first split, by any broker
+    split_at: dict[str, int]  # bundle -> its first split or merge, by any broker
     bundles: set[str]
     last_ns: int  # the latest event or death: the default end of the observation window
 
@@ -138,7 +138,8 @@ def _scan(timelines: Mapping[str, Iterable[Event]], ended_at: EndedAt | None) ->
             start = mine.pop(bundle, None)
             if start is not None:
                 out.setdefault(bundle, []).append(Interval(bundle, start, t, broker, op))
-            if op == "split":
+            if op in ("split", "merge"):
+                # A parent that lives on in its children or in the bundle it merged into: not lost.
                 split_at.setdefault(bundle, t)  # merged() is in time order: the first is the earliest
     for broker in deaths:
         bury(broker, OPEN_END)

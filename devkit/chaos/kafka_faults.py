@@ -210,11 +210,12 @@ def disagreement(tables: Mapping[str, Mapping[str, Any]]) -> str | None:
 
 
 def owner_of(record: Mapping[str, Any]) -> str | None:
-    """The broker a record makes responsible for the bundle (owned: dst; splitting: src), else None."""
+    """The broker a record makes responsible for the bundle (owned: dst; splitting, merging: src), else
+    None."""
     state = record.get("state")
     if state == "owned":
         return record.get("dst")
-    if state == "splitting":
+    if state in ("splitting", "merging"):
         return record.get("src")
     return None
 
