@@ -641,64 +641,73 @@ class NamespaceStore:
         return sorted(out)
 
     def apply_split(self, namespace: str, parent: BundleRange, children: list[BundleRange]) -> BundleLayout:
-        """Replace ``parent`` by ``children`` in the namespace's layout: one :func:`compare_and_set` of its
-        znode (read, check, one versioned write; a concurrent change is read again, never overwritten);
-        idempotent. :class:`NamespaceNotFound` if the namespace was deleted, :class:`ZkConflict` if the
-        layout kept changing."""
-        path = self.paths.namespace(namespace)
+        """Replace ``parent`` by ``children`` in the namespace's layout (see :meth:`_change_layout`)."""
 
-        def attempt() -> BundleLayout:
-            got = self.read(namespace)
-            if got is None:
-                # Deleted by an operator (trimtab admin namespaces delete): never bring it back.
-                raise NamespaceNotFound(
-                    namespace, f"namespace {namespace} was deleted; {parent.name} is not split"
-                )
-            pol, version = got
-            layout = pol.layout(namespace)
+        def change(layout: BundleLayout) -> BundleLayout | None:
             have = set(layout.boundaries)
             if all(c.lower in have for c in children) and parent.upper in have:
-                return layout  # already applied
-            new = layout.with_split(parent, children)
-            new_pol = msgspec.structs.replace(pol, boundaries=[_hex(b) for b in new.boundaries])
-            versioned_write(self.zk, path, _enc.encode(new_pol), version)
-            log.info(
-                "namespace_split",
-                namespace=namespace,
-                parent=parent.name,
-                children=[c.name for c in children],
-            )
-            return new
+                return None  # already applied
+            return layout.with_split(parent, children)
 
-        return compare_and_set(attempt, what=f"the bundle layout of {namespace} ({path})", tries=20)
+        return self._change_layout(
+            namespace,
+            change,
+            f"{parent.name} is not split",
+            "namespace_split",
+            parent=parent.name,
+            children=[c.name for c in children],
+        )
 
     def apply_merge(self, namespace: str, merged: BundleRange, inner: int) -> BundleLayout:
-        """Replace the two bundles meeting at ``inner`` by ``merged`` in the namespace's layout: one
-        :func:`compare_and_set` of its znode (read, check, one versioned write; a concurrent change is read
-        again, never overwritten); idempotent. :class:`NamespaceNotFound` if the namespace was deleted,
-        :class:`ZkConflict` if the layout kept changing, :class:`BundleError` if ``merged`` is not (or no
-        longer) those two bundles (:meth:`BundleLayout.with_merge`)."""
-        path = self.paths.namespace(namespace)
+        """Replace the two bundles meeting at ``inner`` by ``merged`` in the namespace's layout (see
+        :meth:`_change_layout`); :class:`BundleError` if ``merged`` is not (or no longer) those two bundles
+        (:meth:`BundleLayout.with_merge`)."""
         if not merged.lower < inner < merged.upper:
             raise BundleError(f"0x{inner:08x} is not strictly inside {merged}")
+
+        def change(layout: BundleLayout) -> BundleLayout | None:
+            have = set(layout.boundaries)
+            if inner not in have and merged.lower in have and merged.upper in have:
+                return None  # already applied
+            return layout.with_merge(merged, inner)
+
         parents = [BundleRange(merged.lower, inner).name, BundleRange(inner, merged.upper).name]
+        return self._change_layout(
+            namespace,
+            change,
+            f"{merged.name} is not merged",
+            "namespace_merged",
+            merged=merged.name,
+            parents=parents,
+        )
+
+    def _change_layout(
+        self,
+        namespace: str,
+        change: Callable[[BundleLayout], BundleLayout | None],
+        not_done: str,
+        event: str,
+        **fields: Any,
+    ) -> BundleLayout:
+        """One :func:`compare_and_set` of the namespace's znode: read, ``change`` the layout (None: already
+        applied), one versioned write (a concurrent change is read again, never overwritten); idempotent.
+        :class:`NamespaceNotFound` if the namespace was deleted, :class:`ZkConflict` if the layout kept
+        changing."""
+        path = self.paths.namespace(namespace)
 
         def attempt() -> BundleLayout:
             got = self.read(namespace)
             if got is None:
                 # Deleted by an operator (trimtab admin namespaces delete): never bring it back.
-                raise NamespaceNotFound(
-                    namespace, f"namespace {namespace} was deleted; {merged.name} is not merged"
-                )
+                raise NamespaceNotFound(namespace, f"namespace {namespace} was deleted; {not_done}")
             pol, version = got
             layout = pol.layout(namespace)
-            have = set(layout.boundaries)
-            if inner not in have and merged.lower in have and merged.upper in have:
-                return layout  # already applied
-            new = layout.with_merge(merged, inner)
+            new = change(layout)
+            if new is None:
+                return layout
             new_pol = msgspec.structs.replace(pol, boundaries=[_hex(b) for b in new.boundaries])
             versioned_write(self.zk, path, _enc.encode(new_pol), version)
-            log.info("namespace_merged", namespace=namespace, merged=merged.name, parents=parents)
+            log.info(event, namespace=namespace, **fields)
             return new
 
         return compare_and_set(attempt, what=f"the bundle layout of {namespace} ({path})", tries=20)

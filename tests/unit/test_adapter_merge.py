@@ -14,9 +14,9 @@ import pytest
 import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.retry import KazooRetry
 
+from tests.unit.test_zk_boundary import FakeZk
 from trimtab.agent.adapters.base import Lease, RetryingAdapter
 from trimtab.agent.adapters.simulated import SimulatedBroker, check_merge_names
 from trimtab.agent.adapters.webhook import WebhookAdapter
@@ -282,38 +282,6 @@ def test_the_spec_documents_the_merge_route() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- ZooKeeper
-class Stat:
-    def __init__(self, version: int) -> None:
-        self.version = version
-
-
-class FakeZk:
-    """The kazoo calls NamespaceStore makes for a layout change, on an in-memory tree with versions;
-    ``rival`` runs before every ``set`` (another writer getting there first)."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, tuple[bytes, int]] = {}
-        self.rival: Any = None
-        self.sets = 0
-
-    def get(self, path: str, watch: Any = None) -> tuple[bytes, Stat]:
-        if path not in self.nodes:
-            raise NoNodeError()
-        data, version = self.nodes[path]
-        return data, Stat(version)
-
-    def set(self, path: str, data: bytes, version: int = -1) -> Stat:
-        self.sets += 1
-        if self.rival is not None:
-            self.rival(self)
-        if path not in self.nodes:
-            raise NoNodeError()
-        if version not in (-1, self.nodes[path][1]):
-            raise BadVersionError()
-        self.nodes[path] = (data, self.nodes[path][1] + 1)
-        return Stat(self.nodes[path][1])
-
-
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(zk, "COMMAND_RETRY", KazooRetry(max_tries=3, delay=0.0, max_jitter=0.0))
@@ -354,7 +322,10 @@ def test_apply_merge_removes_the_inner_boundary_once_and_keeps_the_policies() ->
         }
     ]
     # Idempotent: applied already, nothing written.
-    assert store.apply_merge(NS, MERGED, MID).boundaries == (0, Q3, FULL_UPPER) and client.sets == 1
+    assert (
+        store.apply_merge(NS, MERGED, MID).boundaries == (0, Q3, FULL_UPPER)
+        and client.calls.count("set") == 1
+    )
 
 
 @pytest.mark.usefixtures("fast_retries")
@@ -380,7 +351,7 @@ def test_apply_merge_refuses_what_is_not_two_bundles_and_a_deleted_namespace() -
         store.apply_merge(NS, MERGED, MID)  # a parent was split since: three bundles
     with pytest.raises(BundleError, match="strictly inside"):
         store.apply_merge(NS, MERGED, Q3)
-    assert client.sets == 0
+    assert client.calls.count("set") == 0
     del client.nodes[path]
     with pytest.raises(NamespaceNotFound):
         store.apply_merge(NS, MERGED, MID)
