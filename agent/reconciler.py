@@ -236,8 +236,11 @@ class Reconciler:
     def _watch_merge(self, bundle: str, cur: Record | None) -> None:
         """Keep :attr:`_merge_watch` current for ``bundle``: a merge of ours is decided by its partner's and
         the merged bundle's records, so changes there must queue it again."""
-        for keys in self._merge_watch.values():
-            keys.discard(bundle)
+        if self._merge_watch:
+            for key in [k for k, keys in self._merge_watch.items() if bundle in keys]:
+                self._merge_watch[key].discard(bundle)
+                if not self._merge_watch[key]:
+                    del self._merge_watch[key]
         if cur is None or cur.state is not State.MERGING or cur.src != self.me or not cur.children:
             return
         merged = next(iter(cur.children))
