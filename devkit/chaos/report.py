@@ -75,6 +75,10 @@ class ChaosReport:
     duration_s: float | None = None
     params: dict[str, Any] = field(default_factory=dict)
     by_fault: dict[str, FaultUnavailability] = field(default_factory=dict)
+    #: What went wrong with the run itself, not with the cluster's history: a fault that could not be
+    #: injected or a cluster that did not settle at the end. The report is still written (two hours of
+    #: evidence are not thrown away for it), but it does not pass.
+    problems: list[str] = field(default_factory=list)
 
     @property
     def fault_counts(self) -> dict[str, int]:
@@ -83,8 +87,8 @@ class ChaosReport:
 
     @property
     def passed(self) -> bool:
-        """No double-serving window and no lost bundle."""
-        return self.summary["double_serving_windows"] == 0 and self.summary["lost"] == 0
+        """No double-serving window, no lost bundle, and the run itself went through (:attr:`problems`)."""
+        return self.summary["double_serving_windows"] == 0 and self.summary["lost"] == 0 and not self.problems
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +97,7 @@ class ChaosReport:
             "runs": self.runs,
             "seed": self.seed,
             "duration_s": self.duration_s,
+            "problems": self.problems,
             "faults_injected": len(self.faults),
             "fault_counts": self.fault_counts,
             "faults": [f.to_dict() for f in self.faults],
@@ -118,6 +123,7 @@ class ChaosReport:
             duration_s=data.get("duration_s"),
             params=dict(data.get("params", {})),
             by_fault=cast(dict[str, FaultUnavailability], dict(data.get("unavailability_by_fault", {}))),
+            problems=[str(p) for p in data.get("problems", [])],
         )
 
     def to_markdown(self) -> str:
@@ -127,6 +133,7 @@ class ChaosReport:
         faults = ", ".join(f"{k}: {n}" for k, n in self.fault_counts.items()) or "none"
         rows = [
             ("result", _verdict(self.passed)),
+            ("problems", "; ".join(self.problems) or "none"),
             ("runs", str(self.runs)),
             ("seed", "—" if self.seed is None else str(self.seed)),
             ("duration", _secs(self.duration_s)),

@@ -162,7 +162,10 @@ class ChaosConfig:
     seed: int = 1
     faults: Sequence[str] = FAULT_KINDS
     quiet_s: float = 2.0  # between faults
-    settle_s: float = 60.0  # after the faults, for every bundle to be served again
+    # After the faults, for every bundle to be served again: the slowest faults wait up to 60 s for their
+    # own recovery (a new leader, replicas back in sync), and the bundles a partition released then need
+    # the leader's monitor and the reconnecting clients.
+    settle_s: float = 120.0
     kafka_brokers: int = 3  # of the real Kafka cluster (1: no replication, so kill_kafka_leader is an outage)
     kafka_outage_s: float = 5.0  # how long stop_kafka keeps Kafka down (its restart takes longer on 2 cores)
     zk_servers: int = 1  # 3: a ZooKeeper ensemble (the ZooKeeper faults need it)
@@ -782,9 +785,16 @@ class ChaosRun:
         wrong = [b for b, r in owned.items() if serving.get(b) != {r["dst"]}]
         extra = [b for b in serving if b not in owned]
         if wrong or extra:
+            # Name a few, with who owns and who serves them: the line a failed run ends with.
+            shown = [
+                f"{b} owned by {owned[b]['dst']}, served by {sorted(serving.get(b, ())) or 'nobody'}"
+                for b in sorted(wrong)[:5]
+            ]
+            shown += [f"{b} unowned, served by {sorted(serving[b])}" for b in sorted(extra)[:5]]
             return (
                 False,
-                f"{len(wrong)} owned bundles not served by exactly their owner, {len(extra)} served unowned",
+                f"{len(wrong)} owned bundles not served by exactly their owner, {len(extra)} served unowned: "
+                + "; ".join(shown),
             )
         # Every agent and the leader replay the same table (the channel's first-valid-transition rule).
         tables = ownership_tables(self.cluster)
@@ -819,16 +829,29 @@ class ChaosRun:
                 return rounds == 0 or time.monotonic() < end
 
             log.info("chaos_warm", bundles=len(self.cluster.ownership()), topics=len(topics))
-            while more():
+            # A fault that cannot be injected, or a cluster that does not settle, ends the run with a
+            # report that says so (and does not pass): the history up to there is the evidence.
+            problems: list[str] = []
+            while more() and not problems:
                 order = list(cfg.faults)
                 self.rng.shuffle(order)
                 for kind in order:
-                    actions[kind]()
+                    try:
+                        actions[kind]()
+                    except ClusterError as e:
+                        problems.append(f"{kind} in round {rounds + 1}: {e}")
+                        log.warning("chaos_fault_failed", fault=kind, round=rounds + 1, error=str(e))
+                        break
                     time.sleep(cfg.quiet_s)
                 rounds += 1
-            self._wait(lambda: self._settled()[0], cfg.settle_s, "settle")
+            try:
+                self._wait(lambda: self._settled()[0], cfg.settle_s, "settle")
+            except ClusterError as e:
+                problems.append(str(e))
+                log.warning("chaos_unsettled", error=str(e))
             settled_at = time.monotonic()
-            tracked = len(self.cluster.ownership(self._leader()))
+            leader = self.cluster.leader()
+            tracked = len(self.cluster.ownership(leader)) if leader is not None else None
             self.client.stop()
             timelines = self.cluster.timelines()
             history = load_history(timelines, observed_until_ns=time.monotonic_ns())
@@ -856,6 +879,7 @@ class ChaosRun:
                     "bundles_tracked": tracked,
                 },
                 by_fault=unavailability_by_fault(gaps, self.faults, t0_ns),
+                problems=problems,
             )
             (cfg.workdir / "timelines.json").write_bytes(orjson.dumps(timelines))
             return report
@@ -869,12 +893,14 @@ class ChaosRun:
     def _wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         last = ""
-        while time.monotonic() < deadline:
+        while True:  # asked at least once, also with no time left
             try:
                 if cond():
                     return
             except (httpx.HTTPError, ClusterError) as e:
                 last = str(e)
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.25)
         detail = self._settled()[1] if what == "settle" else last
         raise ClusterError(f"chaos: {what} did not finish within {timeout:g}s ({detail})")

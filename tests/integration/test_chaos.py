@@ -27,7 +27,7 @@ def test_every_fault_once_never_two_servers_and_nothing_lost(tmp_path: Path) -> 
     assert s["double_serving_windows"] == 0, s["double_serving"]
     assert s["lost"] == 0, s["lost_bundles"]
     assert s["bundles_served"] >= 20 and s["unavailability"]["open_gaps"] == 0
-    assert report.passed, d
+    assert report.problems == [] and report.passed, d
     # Faults cost service somewhere (a killed agent's broker stops at its leases' end): the figures are real.
     assert s["unavailability"]["gaps"] > 0 and (s["unavailability"]["max_s"] or 0) > 0
 
@@ -44,3 +44,32 @@ def test_the_checker_catches_a_broker_that_ignores_its_leases(tmp_path: Path) ->
     report = run_chaos(cfg)
     assert not report.passed
     assert report.summary["double_serving_windows"] > 0
+
+
+def test_a_run_that_goes_wrong_still_writes_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault that cannot be injected ends the faults, a cluster that does not settle ends the run -- and the
+    report is still written, with what went wrong, and does not pass (a long run that failed its final settle
+    once threw away two hours of evidence). The fault and the settle are made to fail here on purpose."""
+    from trimtab.devkit.chaos import runner
+    from trimtab.devkit.localcluster import ClusterError
+
+    def broken_fault(self: runner.ChaosRun) -> None:
+        # From here on the cluster "never settles", as if a bundle stayed unserved.
+        monkeypatch.setattr(runner.ChaosRun, "_settled", lambda self: (False, "1 bundle left unserved"))
+        raise ClusterError("the fault could not be injected")
+
+    monkeypatch.setattr(runner.ChaosRun, "pause_agent", broken_fault)
+    cfg = ChaosConfig(
+        workdir=tmp_path / "chaos", duration_s=0, brokers=2, controllers=1, namespaces=1, kafka_brokers=1,
+        faults=("pause_agent", "kill_agent"), settle_s=1.0, rounds=3,
+    )  # fmt: skip
+    report = run_chaos(cfg)
+    assert not report.passed
+    assert report.runs == 1  # no further round after the failed fault
+    assert report.problems[0].startswith("pause_agent in round 1: the fault could not be injected")
+    assert "settle did not finish within 1s (1 bundle left unserved)" in report.problems[-1]
+    assert (tmp_path / "chaos" / "timelines.json").exists()
+    assert "| problems | pause_agent in round 1" in report.to_markdown()
+    assert runner.ChaosReport.from_dict(report.to_dict()).problems == report.problems
