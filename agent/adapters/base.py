@@ -165,8 +165,10 @@ class RetryingAdapter:
         backoff_s: float,
         observe: CallObserver | None = None,
         max_backoff_s: float = 5.0,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.inner = inner
+        self.wall = wall
         self.kind = inner.kind
         self.timeout_s = timeout_s
         self.retries = retries
@@ -174,7 +176,9 @@ class RetryingAdapter:
         self.max_backoff_s = max_backoff_s
         self._observe = observe or (lambda op, result, secs: None)
 
-    async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, op: str, fn: Callable[[], Awaitable[T]], until: float | None = None) -> T:
+        """``until``: a wall-clock time after which an attempt is refused anyway (a lease's apply_by): no
+        retry is made that would start after it."""
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
             t0 = time.perf_counter()
@@ -184,7 +188,8 @@ class RetryingAdapter:
                 async with asyncio.timeout(self.timeout_s):
                     result = await fn()
             except (AdapterError, TimeoutError, OSError) as e:
-                final = attempt == self.retries
+                too_late = until is not None and self.wall() + delay >= until
+                final = attempt == self.retries or too_late
                 self._observe(op, "failed" if final else "retry", time.perf_counter() - t0)
                 reason = str(e) or type(e).__name__  # a bare TimeoutError has an empty message
                 log.warning(
@@ -196,7 +201,12 @@ class RetryingAdapter:
                     final=final,
                 )
                 if final:
-                    raise AdapterError(f"{op} failed after {attempt + 1} attempt(s): {reason}") from e
+                    why = (
+                        ""
+                        if attempt == self.retries
+                        else " (a retry would arrive after the lease's apply_by)"
+                    )
+                    raise AdapterError(f"{op} failed after {attempt + 1} attempt(s){why}: {reason}") from e
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
             else:
@@ -208,7 +218,15 @@ class RetryingAdapter:
         return await self._call("sample", self.inner.sample)
 
     async def acquire(self, bundle: str, lease: Lease) -> None:
-        await self._call("acquire", lambda: self.inner.acquire(bundle, lease))
+        """Retried only while a retry can still arrive before the lease's ``apply_by_ms``: the broker
+        refuses it after that, so a late retry is load for nothing -- and the backoff before it holds one of
+        the reconciler's few workers. Found by the long chaos run: on a starved machine every late acquire
+        was sent three more times, 1.4 s of backoff each, while hundreds of bundles queued behind them and
+        the cluster did not settle within a minute. The reconciler plans the bundle again with a fresh
+        lease instead."""
+        await self._call(
+            "acquire", lambda: self.inner.acquire(bundle, lease), until=lease.apply_by_ms / 1000.0
+        )
 
     async def renew(self, bundles: Sequence[str], lease: Lease) -> list[str]:
         """One attempt, bounded by the time the lease request may take to arrive: a late renewal is

@@ -193,6 +193,18 @@ def test_retrying_adapter_retries_with_backoff_then_gives_up() -> None:
         asyncio.run(a.acquire(B1, lease()))
     assert inner.calls == 3 and seen[-1] == ("acquire", "failed")
 
+    # No retry that would start after the lease's apply_by: the broker would refuse it (it is the
+    # reconciler's to plan again with a fresh lease). The wall clock starts at 1000 s, apply_by is 1000.5 s.
+    for backoff_s, calls in ((1.0, 1), (0.2, 2)):
+        inner = _Flaky(failures=10)
+        t0 = time.monotonic()
+        a = RetryingAdapter(
+            inner, timeout_s=1, retries=3, backoff_s=backoff_s, wall=lambda: 1000.0 + time.monotonic() - t0
+        )  # type: ignore[arg-type]
+        with pytest.raises(AdapterError, match="a retry would arrive after the lease's apply_by"):
+            asyncio.run(a.acquire(B1, Lease(2.0, 1_000_500)))
+        assert inner.calls == calls, backoff_s  # 0.2 s: a retry at 1000.2, none at 1000.6
+
     hung = _Flaky(failures=0, hang=True)
     a = RetryingAdapter(hung, timeout_s=0.05, retries=1, backoff_s=0.01)  # type: ignore[arg-type]
     with pytest.raises(AdapterError, match="TimeoutError"):
