@@ -45,6 +45,7 @@ from trimtab.agent.adapters.base import BrokerAdapter
 from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
+from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.prewarm import Prewarmer
 from trimtab.agent.reconciler import Reconciler
@@ -70,6 +71,7 @@ class Agent:
         reconciler: Reconciler,
         reporter: LoadReporter,
         splitter: SplitScheduler,
+        merger: MergeScheduler | None = None,
         drainer: Drainer,
         leases: LeaseGuard,
         renewer: LeaseRenewer,
@@ -93,6 +95,7 @@ class Agent:
         self.reconciler = reconciler
         self.reporter = reporter
         self.splitter = splitter
+        self.merger = merger
         self.drainer = drainer
         self.leases = leases
         self.renewer = renewer
@@ -301,6 +304,13 @@ class Agent:
             self.splitter.schedule(),
             gate=lambda: self._staying() and self.splitter.active(),
         )
+        if (merger := self.merger) is not None:
+            jobs.add(
+                "auto_merge",
+                merger.merge_cycle,
+                merger.schedule(),
+                gate=lambda: self._staying() and merger.active(),
+            )
         jobs.add("prewarm", self.prewarmer.sync_once, self.prewarmer.schedule(), gate=self._staying)
         jobs.start()
         self.ready = True

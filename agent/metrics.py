@@ -29,6 +29,7 @@ class AgentMetrics:
     adapter_seconds: Histogram
     reports: Counter
     splits: Counter
+    merges: Counter
     assignments: Counter
     registered: Gauge
     draining: Gauge
@@ -129,6 +130,14 @@ class AgentMetrics:
                 "Split decisions by reason (topics, sessions, msg_rate, bandwidth, admin) and result "
                 "(published, skipped reasons, failed).",
                 ["reason", "result"],
+                registry=registry,
+            ),
+            merges=Counter(
+                "trimtab_merges_total",
+                "Automatic merge checks of pairs of neighbouring bundles, by result: started, refused, or why "
+                "the pair was skipped (not_owned, owners_differ, merged_exists, no_stats, hot, would_split, "
+                "hit_count, overlaps, min_bundles, cycle_limit, bad_bundle_name).",
+                ["result"],
                 registry=registry,
             ),
             assignments=Counter(

@@ -30,6 +30,7 @@ from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.lookup import LayoutCache, LookupService, NamespaceLoader
+from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.prewarm import Prewarmer
 from trimtab.agent.ratelimit import ClientRateLimiter
@@ -38,6 +39,7 @@ from trimtab.agent.reporter import HostSampler, LoadReporter
 from trimtab.agent.splits import SplitScheduler
 from trimtab.balance.assign import DEFAULT_FILTERS, AssignContext
 from trimtab.balance.namespaces import AutoCreatePolicy
+from trimtab.channel.bundles import BundleLayout
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record
 from trimtab.channel.table import TableView
@@ -208,6 +210,23 @@ def build(
         clock=clock,
     )
 
+    async def merge_layout(namespace: str) -> BundleLayout | None:
+        got = await asyncio.to_thread(namespaces.read, namespace)
+        return got[0].layout(namespace) if got is not None else None
+
+    merges = MergeScheduler.from_settings(
+        s,
+        me,
+        channel,
+        reporter=reporter,
+        adapter=retrying,
+        layouts=merge_layout,
+        events=events,
+        metrics=metrics,
+        paused=lambda: drainer.draining,
+        clock=clock,
+    )
+
     _route_events(loop, channel, layouts, reconciler, lookups, registry, zk, metrics)
     prewarmer = Prewarmer(me, retrying, replica.standby_index, drainer.owned, metrics)
     standby_wakeups: LoopBridge[None] = LoopBridge(loop, lambda _: prewarmer.changed())
@@ -220,6 +239,7 @@ def build(
         reconciler=reconciler,
         reporter=reporter,
         splitter=splits,
+        merger=merges,
         drainer=drainer,
         leases=leases,
         renewer=renewer,

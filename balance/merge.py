@@ -25,6 +25,7 @@ from trimtab.balance.load import BundleStats
 from trimtab.balance.split import MB, SplitLimits
 from trimtab.channel.bundles import BundleLayout, bundle_name, merged_range
 from trimtab.channel.records import Record, State
+from trimtab.config.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,22 @@ class MergeLimits:
     hit_count_threshold: int = 3
     max_merges_per_cycle: int = 10
     split: SplitLimits = field(default_factory=SplitLimits)
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> MergeLimits:
+        m = s.merge
+        return cls(
+            enabled=m.enabled,
+            max_topics=m.max_topics,
+            max_sessions=m.max_sessions,
+            max_msg_rate=m.max_msg_rate,
+            max_bandwidth_mbytes=m.max_bandwidth_mbytes,
+            split_fraction=m.split_fraction,
+            min_bundles_per_namespace=m.min_bundles_per_namespace,
+            hit_count_threshold=m.hit_count_threshold,
+            max_merges_per_cycle=m.max_merges_per_cycle,
+            split=SplitLimits.from_settings(s),
+        )
 
 
 @dataclass(frozen=True)
@@ -143,10 +160,19 @@ def merge_candidates(
     stats: Mapping[str, BundleStats],
     lim: MergeLimits,
     hits: Mapping[str, int] | None = None,
+    *,
+    owner: str | None = None,
 ) -> MergeCycle:
     """One merge check of one namespace: neighbouring pairs of ``layout``, coldest first, no bundle in two
     pairs, the namespace never below ``min_bundles_per_namespace``. ``records`` is the channel table (by
-    bundle name), ``stats`` the latest per-bundle figures, ``hits`` the previous cycle's counters."""
+    bundle name), ``stats`` the latest per-bundle figures, ``hits`` the previous cycle's counters.
+
+    ``owner``: an agent's own check, which has figures for its own bundles only: only pairs it owns both
+    of are decided; any other pair is skipped as ``owners_differ``, and no decision needs a transfer.
+    Nothing is moved to bring a pair together. Tried in the simulator (peak-and-trough): agents that
+    offered a cold bundle to the owner of its lower neighbour moved one bundle between brokers eight times
+    in nine minutes -- each offer changed the owner of the next bundle's lower neighbour, and merges and
+    the shedder (which spreads a namespace's bundles) changed them again."""
     previous = hits or {}
     ranges = layout.ranges
     pairs: list[tuple[float, str, str, str]] = []
@@ -156,6 +182,12 @@ def merge_candidates(
         left, right = bundle_name(layout.namespace, lo), bundle_name(layout.namespace, hi)
         merged = bundle_name(layout.namespace, merged_range(lo, hi))
         why = _why_not(left, right, merged, records, stats, lim)
+        if (
+            owner is not None
+            and why != "not_owned"
+            and not (settled_owner(records.get(left)) == owner == settled_owner(records.get(right)))
+        ):
+            why = "owners_differ"
         if why is not None:
             skipped.append((merged, why))
             continue

@@ -595,6 +595,38 @@ class SplitSettings(Section):
     )
 
 
+class MergeSettings(Section):
+    """Automatic merging of cold neighbouring bundles (docs/operations.md, "Merging bundles"). Pulsar splits
+    but never merges: after a traffic peak a namespace keeps every bundle its splits made."""
+
+    enabled: bool = Field(
+        False,
+        description="Merge cold neighbouring bundles automatically. Each agent merges pairs of bundles it owns "
+        "both of (the owner decides, as for splits); a pair owned by two brokers waits until one owns both.",
+    )
+    interval_s: Seconds = Field(300.0, description="How often each agent checks its bundles for merges.")
+    max_topics: int = Field(100, ge=0, description="A bundle is cold with at most this many topics.")
+    max_sessions: int = Field(
+        100, ge=0, description="... at most this many producers+consumers (0: not checked)."
+    )
+    max_msg_rate: float = Field(1_000.0, ge=0, description="... at most this many msg/s in+out.")
+    max_bandwidth_mbytes: float = Field(5.0, ge=0, description="... at most this many MB/s in+out.")
+    split_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A pair merges only if its sum stays at or below this fraction of every split limit "
+        "(split.max_*): a merge the next split check would undo is churn.",
+    )
+    min_bundles_per_namespace: int = Field(
+        4, ge=1, description="Merging never takes a namespace below this many bundles."
+    )
+    hit_count_threshold: int = Field(
+        3, ge=0, description="A pair must be cold in more than this many consecutive checks."
+    )
+    max_merges_per_cycle: int = Field(10, ge=1, description="Merges one agent starts per check, at most.")
+
+
 class HealingSettings(Section):
     grace_s: float = Field(
         0.0,
@@ -808,6 +840,7 @@ class Settings(BaseSettings):
     assignment: AssignmentSettings = Field(default_factory=AssignmentSettings)
     shedding: SheddingSettings = Field(default_factory=SheddingSettings)
     split: SplitSettings = Field(default_factory=SplitSettings)
+    merge: MergeSettings = Field(default_factory=MergeSettings)
     healing: HealingSettings = Field(default_factory=HealingSettings)
     operations: OperationSettings = Field(default_factory=OperationSettings)
     placement: PlacementSettings = Field(default_factory=PlacementSettings)

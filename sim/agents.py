@@ -32,6 +32,7 @@ from trimtab.agent.drain import Closing, Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.lookup import LayoutCache, LookupResult, LookupService
+from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.reporter import LoadReporter
@@ -326,6 +327,24 @@ class SimAgent:
                 metrics=metrics,
                 paused=leaving,
             )
+        self.merger: MergeScheduler | None = None
+        if s.merge.enabled:
+
+            async def merge_layout(namespace: str) -> BundleLayout | None:
+                return layouts().get(namespace)
+
+            self.merger = MergeScheduler.from_settings(
+                s,
+                me,
+                channel,
+                reporter=reporter,
+                adapter=broker,
+                layouts=merge_layout,
+                events=events,
+                metrics=metrics,
+                paused=leaving,
+                clock=clock,
+            )
         self.jobs: JobRunner | None = None  # the load reports and auto-splits, while the agent stays
 
     def _served(self, reporter: LoadReporter, bundle: str, serving: bool) -> None:
@@ -403,6 +422,8 @@ class SimAgent:
         jobs.add("load_report", self.reporter.run_once, self.reporter.schedule())
         if self.splitter is not None:
             jobs.add("auto_split", self.splitter.split_cycle, self.splitter.schedule())
+        if self.merger is not None:
+            jobs.add("auto_merge", self.merger.merge_cycle, self.merger.schedule())
         jobs.start()
 
     def _background(self, coro: Coroutine[Any, Any, object]) -> None:

@@ -117,6 +117,7 @@ class Sample:
     loads: dict[str, float]  # live broker -> load fraction (max of cpu and bandwidth)
     std: float
     moves: int
+    bundles: int = 0  # live bundles (splits add, merges remove)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class RunResult:
     end_owners: dict[str, str]
     event_times: list[float]
     virtual_s: float
+    merges: int = 0
 
 
 class Engine:
@@ -235,6 +237,7 @@ class Engine:
         self.samples: list[Sample] = []
         self.shed_cycles: Counter[str] = Counter()
         self.splits = 0
+        self.merges = 0
         self.healed = 0
         self.event_times = sorted({e.at_s for e in scenario.events})
         self.snapshot_at = snapshot_at
@@ -309,6 +312,7 @@ class Engine:
             violations=self.violations,
             shed_cycles=self.shed_cycles,
             splits=self.splits,
+            merges=self.merges,
             healed=self.healed,
             records=self.transport.delivered,
             channel_stats=self.table.stats.as_dict(),
@@ -541,6 +545,7 @@ class Engine:
         elif not self.servers.get(merged):
             self.unserved_since.setdefault(merged, self.now)
             self._schedule_lookup(merged)  # a parent's clients, if it was served, are disconnected
+        self.merges += 1
         self.moves.append(Move(self.now, merged, b.id, b.id, "merge", 0.0))
 
     def _apply_merge(self, namespace: str, merged: BundleRange, inner: int) -> None:
@@ -689,7 +694,7 @@ class Engine:
             avg = math.fsum(vals) / len(vals)
             std = math.sqrt(max(0.0, math.fsum(v * v for v in vals) / len(vals) - avg * avg))
         shed_moves = sum(1 for mv in self.moves if mv.reason.startswith("shed"))
-        self.samples.append(Sample(self.now, loads, std, shed_moves))
+        self.samples.append(Sample(self.now, loads, std, shed_moves, len(self.live_bundles)))
 
     # ------------------------------------------------------------------ scenario events
     def _pick(self, n: int, pred: Callable[[Broker], bool]) -> list[Broker]:

@@ -128,9 +128,19 @@ def summarize(sc: Scenario, run: RunResult) -> dict[str, Any]:
         "lookups": dict(sorted(run.lookups.items())),
         "shed_cycles": dict(sorted(run.shed_cycles.items())),
         "splits": run.splits,
+        "merges": run.merges,
+        # Live bundles at the first and last sample, and their extremes: a peak splits, a trough merges back.
+        "bundles": _bundle_counts(run),
         "healing_overrides": run.healed,
         "channel": {"records": run.records, **run.channel_stats},
     }
+
+
+def _bundle_counts(run: RunResult) -> dict[str, int] | None:
+    counts = [s.bundles for s in run.samples]
+    if not counts:
+        return None
+    return {"first": counts[0], "max": max(counts), "min": min(counts), "last": counts[-1]}
 
 
 def series(run: RunResult) -> dict[str, Any]:
@@ -140,5 +150,6 @@ def series(run: RunResult) -> dict[str, Any]:
         "t": [_r(s.t, 2) for s in run.samples],
         "std": [_r(s.std, 4) for s in run.samples],
         "moves": [s.moves for s in run.samples],
+        "bundles": [s.bundles for s in run.samples],
         "loads": {b: [(_r(s.loads[b], 4) if b in s.loads else None) for s in run.samples] for b in brokers},
     }

@@ -865,7 +865,8 @@ def test_candidates_are_disjoint_neighbours_and_keep_the_minimum(
         min_bundles_per_namespace=data.draw(st.integers(1, 8)),
         max_merges_per_cycle=data.draw(st.integers(1, 5)),
     )
-    got = merge_candidates(layout, records, figures, lim)
+    owner = data.draw(st.sampled_from([None, *BROKERS]))
+    got = merge_candidates(layout, records, figures, lim, owner=owner)
     seen: set[str] = set()
     for dec in got.decisions:
         left, right = rng(dec.left), rng(dec.right)
@@ -877,6 +878,44 @@ def test_candidates_are_disjoint_neighbours_and_keep_the_minimum(
             assert records[name].state is State.OWNED and cold(figures[name], lim)
         assert dec.owner in (records[dec.left].dst, records[dec.right].dst)
         assert (dec.transfer is None) == (records[dec.left].dst == records[dec.right].dst)
+        if owner is not None:  # an agent's own check: only pairs it owns both of, never a transfer
+            assert dec.owner == owner and dec.transfer is None
     assert len(got.decisions) <= lim.max_merges_per_cycle
     if got.decisions:
         assert len(layout) - len(got.decisions) >= lim.min_bundles_per_namespace
+
+
+def test_an_agents_own_check_decides_only_pairs_it_owns_both_of() -> None:
+    """The agent's merge scheduler has figures for its own bundles only: a pair split across brokers is
+    skipped as owners_differ, and nothing is moved to bring it together."""
+    layout, records, figures = ns_of(4, [S, S, B, S])
+    got = merge_candidates(layout, records, figures, LIM, owner=S)
+    assert pairs(got) == [(layout.bundles[0], layout.bundles[1])]
+    assert got.decisions[0].owner == S and got.decisions[0].transfer is None
+    assert sorted(why for _, why in got.skipped) == ["owners_differ", "owners_differ"]
+    # B's own check: no pair of its own.
+    assert merge_candidates(layout, records, figures, LIM, owner=B).decisions == []
+
+
+def test_merge_limits_from_the_settings() -> None:
+    from trimtab.config.loader import load_settings
+
+    s = load_settings(
+        None,
+        {
+            "merge": {"enabled": True, "max_topics": 7, "max_sessions": 9, "max_msg_rate": 11,
+                      "max_bandwidth_mbytes": 2, "split_fraction": 0.25, "min_bundles_per_namespace": 6,
+                      "hit_count_threshold": 5, "max_merges_per_cycle": 3},
+            "split": {"max_topics": 77},
+        },
+        environ=False,
+    )  # fmt: skip
+    assert MergeLimits.from_settings(s) == MergeLimits(
+        enabled=True, max_topics=7, max_sessions=9, max_msg_rate=11, max_bandwidth_mbytes=2,
+        split_fraction=0.25, min_bundles_per_namespace=6, hit_count_threshold=5, max_merges_per_cycle=3,
+        split=SplitLimits.from_settings(s),
+    )  # fmt: skip
+    assert MergeLimits.from_settings(s).split.max_topics == 77
+    assert (
+        MergeLimits.from_settings(load_settings(None, {}, environ=False)).enabled is False
+    )  # off by default

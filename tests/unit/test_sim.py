@@ -330,3 +330,24 @@ def test_the_command_refuses_a_bad_scenario_with_status_2(tmp_path: Path) -> Non
     res = CliRunner().invoke(main, ["sim", str(scenario)])
     assert res.exit_code == 2
     assert "brokers" in res.stderr
+
+
+def test_a_peak_splits_a_namespace_and_the_trough_merges_it_back() -> None:
+    """Issue 32 point 5, the simulator's scenario: the agents' own split and merge schedulers, through the
+    channel. The bundle count over time is in the report (and its series); with merging off (the default)
+    the trough keeps every bundle the peak made."""
+    sc = load_scenario(SUITE / "peak-and-trough.yaml")
+    report, runs = simulate(sc)
+    r = report["policies"]["transfer"]
+    counts = r["bundles"]
+    assert counts["first"] == 4 and counts["max"] >= 20, counts
+    assert counts["last"] <= 6 and counts["min"] >= 4, counts  # merge.min_bundles_per_namespace = 4
+    assert r["merges"] >= 15 and r["violations_total"] == 0
+    assert overlapping_owners(runs["transfer"].end_owners) == 0
+    series = [s.bundles for s in runs["transfer"].samples]
+    assert series[0] == 4 and max(series) == counts["max"] and series[-1] == counts["last"]
+
+    off = sc.model_copy(update={"config": {**sc.config, "merge": {"enabled": False}}})
+    report_off, _ = simulate(off)
+    kept = report_off["policies"]["transfer"]
+    assert kept["merges"] == 0 and kept["bundles"]["last"] == kept["bundles"]["max"] >= 20

@@ -1,0 +1,173 @@
+"""Automatic merges of this broker's cold neighbouring bundles (issue 32 point 5; docs/operations.md,
+"Merging bundles").
+
+Splits only ever add bundles; after a traffic peak a namespace keeps every one of them. Every
+``merge.interval_s`` this scheduler feeds the broker's latest per-bundle stats (those of the last load
+report, else a fresh sample) to :func:`balance.merge.merge_candidates` for each namespace it holds bundles
+of, and starts each merge it decides: ``Merging{src=me, children={merged: me}}`` for both parents; the
+reconciler then carries the merge out like any other step it owes (:mod:`balance.roles`).
+
+Why here, beside the split scheduler, and not in the leader: a merge needs the figures of *cold* bundles,
+which only their owner has (the leader reads each broker's top bundles, the hot ones). So, as splits, the
+owner decides, for pairs it owns both of; a pair split across two brokers is skipped as ``owners_differ``
+until one broker owns both (a transfer, a drain, the shedder). Off by default (``merge.enabled``); paused
+while the broker drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from trimtab.agent.adapters.base import Sampler
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.reporter import LoadReporter
+from trimtab.balance.merge import MergeDecision, MergeLimits, merge_candidates
+from trimtab.channel import intents
+from trimtab.channel.bundles import BundleLayout, bundle_name, merged_range, parse_bundle
+from trimtab.channel.client import ChannelClient
+from trimtab.channel.records import Record
+from trimtab.cluster.events import EventPublisher
+from trimtab.cluster.runner import Schedule
+from trimtab.config.settings import Settings
+from trimtab.errors import BundleError, TransportError
+
+log = structlog.get_logger("trimtab.agent")
+
+#: A namespace's current layout as ZooKeeper holds it (None: no such namespace). Read for every check, not
+#: from the lookups' cache: a cold namespace is rarely looked up, and cold namespaces are what merges are for.
+LayoutSource = Callable[[str], Awaitable["BundleLayout | None"]]
+
+
+class MergeScheduler:
+    def __init__(
+        self,
+        me: str,
+        channel: ChannelClient,
+        *,
+        reporter: LoadReporter,
+        adapter: Sampler,
+        layouts: LayoutSource,
+        events: EventPublisher,
+        metrics: AgentMetrics,
+        limits: MergeLimits,
+        interval_s: float,
+        paused: Callable[[], bool],
+        clock: Callable[[], float] = time.time,
+        publish_timeout_s: float = 30.0,
+    ) -> None:
+        self.me = me
+        self.channel = channel
+        self.reporter = reporter
+        self.adapter = adapter
+        self.layouts = layouts
+        self.events = events
+        self.metrics = metrics
+        self.limits = limits
+        self.interval_s = interval_s
+        self._paused = paused
+        self.clock = clock
+        self.publish_timeout_s = publish_timeout_s
+        self.hits: dict[str, dict[str, int]] = {}  # namespace -> merged bundle -> consecutive cold checks
+
+    @classmethod
+    def from_settings(
+        cls,
+        s: Settings,
+        me: str,
+        channel: ChannelClient,
+        *,
+        reporter: LoadReporter,
+        adapter: Sampler,
+        layouts: LayoutSource,
+        events: EventPublisher,
+        metrics: AgentMetrics,
+        paused: Callable[[], bool],
+        clock: Callable[[], float] = time.time,
+    ) -> MergeScheduler:
+        """One construction for the agent's wiring and the simulator's agents."""
+        return cls(
+            me,
+            channel,
+            reporter=reporter,
+            adapter=adapter,
+            layouts=layouts,
+            events=events,
+            metrics=metrics,
+            limits=MergeLimits.from_settings(s),
+            interval_s=s.merge.interval_s,
+            paused=paused,
+            clock=clock,
+        )
+
+    def schedule(self) -> Schedule:
+        """Every ``merge.interval_s`` (the first one interval after start)."""
+        return Schedule(self.interval_s, first="after")
+
+    def active(self) -> bool:
+        """Auto-merging is on and not paused (a drain pauses it)."""
+        return self.limits.enabled and not self._paused()
+
+    async def merge_cycle(self) -> list[MergeDecision]:
+        """One check of every namespace this broker owns a bundle of; returns the merges started."""
+        stats = {b.bundle: b for b in (self.reporter.last_bundles or (await self.adapter.sample()).bundles)}
+        table = self.channel.table
+        mine: set[str] = set()
+        for bundle in stats:
+            try:
+                mine.add(parse_bundle(bundle)[0])
+            except BundleError:  # a broker's sample is its bytes: a bad name is skipped, never fatal
+                self.metrics.merges.labels("bad_bundle_name").inc()
+        started: list[MergeDecision] = []
+        for ns in sorted(mine):
+            try:
+                layout = await self.layouts(ns)
+            except (
+                Exception
+            ) as e:  # ZooKeeper away, or a hostile znode: this namespace waits for the next check
+                self.metrics.merges.labels("layout_unavailable").inc()
+                log.warning("merge_layout_unavailable", namespace=ns, error=str(e) or type(e).__name__)
+                continue
+            if layout is None:
+                continue  # deleted meanwhile
+            # The namespace's bundles and the names their merges would take (a leftover record there
+            # blocks a merge: merged_exists).
+            names = layout.bundles + [
+                bundle_name(ns, merged_range(lo, hi)) for lo, hi in itertools.pairwise(layout.ranges)
+            ]
+            records = {name: rec for name in names if (rec := table.get(name)) is not None}
+            cycle = merge_candidates(layout, records, stats, self.limits, self.hits.get(ns), owner=self.me)
+            self.hits[ns] = cycle.hits
+            for _merged, reason in cycle.skipped:
+                self.metrics.merges.labels(reason).inc()
+            for d in cycle.decisions:
+                if await self._start(d):
+                    started.append(d)
+        # Forget the counters of namespaces this broker no longer holds bundles of.
+        for ns in set(self.hits) - mine:
+            del self.hits[ns]
+        return started
+
+    async def _start(self, d: MergeDecision) -> bool:
+        """Both ``Merging`` records, from one read of the table. If the second cannot be written, the first
+        parent's merge aborts by itself (its partner never follows, balance/roles.py)."""
+        _, merged_range = d.merged.rsplit("/", 1)
+        now = int(self.clock() * 1000)
+        for bundle in (d.left, d.right):
+            cur: Record | None = self.channel.table.get(bundle)
+            try:
+                rec = intents.merge(cur, self.me, merged_range, writer=self.me, now_ms=now)
+                published = asyncio.wrap_future(self.channel.publish(bundle, rec))
+                await asyncio.wait_for(published, self.publish_timeout_s)
+            except (intents.IntentRefused, TransportError, TimeoutError) as e:
+                self.metrics.merges.labels("refused").inc()
+                log.info("merge_refused", bundle=bundle, merged=d.merged, reason=str(e) or type(e).__name__)
+                return False
+        self.metrics.merges.labels("started").inc()
+        self.events.publish("merge", bundle=d.merged, parents=[d.left, d.right], reason="cold")
+        log.info("merge_started", merged=d.merged, parents=[d.left, d.right])
+        return True
