@@ -199,7 +199,11 @@ def test_retrying_adapter_retries_with_backoff_then_gives_up() -> None:
         inner = _Flaky(failures=10)
         t0 = time.monotonic()
         a = RetryingAdapter(
-            inner, timeout_s=1, retries=3, backoff_s=backoff_s, wall=lambda: 1000.0 + time.monotonic() - t0
+            inner,
+            timeout_s=1,
+            retries=3,
+            backoff_s=backoff_s,
+            wall=lambda t0=t0: 1000.0 + time.monotonic() - t0,
         )  # type: ignore[arg-type]
         with pytest.raises(AdapterError, match="a retry would arrive after the lease's apply_by"):
             asyncio.run(a.acquire(B1, Lease(2.0, 1_000_500)))
