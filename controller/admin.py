@@ -319,8 +319,8 @@ class Admin:
         """Drain ``broker``: its agent marks it draining (nothing new is assigned to it; a restart undoes
         it), and the leader moves every bundle it owns away as a persisted operation -- resumed by the next
         leader if this one dies (docs/operations.md, "Operations"). 404 if ``broker`` is not live, 409 if it
-        is draining already. A dry run (any controller) returns where the agent would move each bundle now,
-        and moves nothing. Returns the operation's summary with the agent's answer, or raises the refusal."""
+        is draining already. A dry run (any controller) returns the moves the leader's drain operation would
+        make now (``planned_by: leader``), and moves nothing. Returns the operation's summary with the agent's answer, or raises the refusal."""
         if not dry_run:
             self.leadership.require_leader()
         info = self.registry.brokers.get(broker)
@@ -329,6 +329,9 @@ class Admin:
         if info.draining:
             raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
         what = f"{broker}'s agent to drain it"
+        if dry_run and self.destinations is not None:
+            self.metrics.admin.labels("drain", "dry_run").inc()
+            return self._drain_plan(broker)
         if dry_run or self.operations is None:
             answer = await self._forward(
                 info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run
@@ -458,6 +461,30 @@ class Admin:
                 b: (msgspec.to_builtins(e) if e is not None else {"unreadable": True})
                 for b, e in current.items()
             }
+        }
+
+    def _drain_plan(self, broker: str) -> dict[str, Any]:
+        """The dry run of an admin drain: the moves the leader's drain operation would store now (the same
+        :meth:`_drain_moves`), from this controller's replica -- not the agent's own plan, which is what a
+        SIGTERM drain follows. Spare capacity breaks ties as in a healing plan, so a later drain may differ
+        where brokers are equally loaded."""
+        moves = self._drain_moves(broker)
+        bundles = {
+            b: {"dst": dst, "reason": "spare_capacity" if dst is not None else "no_allowed_destination"}
+            for b, _, dst in moves
+        }
+        unloads = sum(1 for _, _, dst in moves if dst is None)
+        return {
+            "broker": broker,
+            "dry_run": True,
+            "planned_by": "leader",
+            "bundles": bundles,
+            "count": len(bundles),
+            "why": (
+                f"{broker} owns or is being given {len(bundles)} bundles; the drain operation would transfer "
+                f"{len(bundles) - unloads} to live brokers that are not draining and the placement rules allow, "
+                f"by spare capacity, and unload {unloads} that no broker may take"
+            ),
         }
 
     def _drain_moves(self, broker: str) -> list[tuple[str, str, str | None]]:

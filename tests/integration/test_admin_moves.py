@@ -341,6 +341,7 @@ def test_drain_moves_every_bundle_off_the_agent_which_keeps_running_as_draining(
                     assert r.status_code == 200, r.text
                     plan = r.json()
                     assert (plan["broker"], plan["dry_run"], plan["count"]) == (me, True, len(owned))
+                    assert plan["planned_by"] == "leader"  # the operation's moves, not the agent's own plan
                     assert {k: v["dst"] for k, v in plan["bundles"].items()} == dict.fromkeys(owned, peer)
                     assert channel_size(log, s) == size
                     assert not a.agent.draining and not a.drainer.draining
