@@ -55,8 +55,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, is_fresh
+from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.records import Record
 from trimtab.config.settings import Settings
+from trimtab.errors import BundleError
 
 #: ThresholdShedder's LOWER_BOUNDARY_THRESHOLD_MARGIN: lower-boundary shedding offloads half the threshold.
 LOWER_BOUNDARY_MARGIN = 0.5
@@ -80,6 +82,7 @@ class ShedConfig:
     lower_boundary: bool = False  # ThresholdShedder's lowerBoundarySheddingEnabled
     shed_bundles_with_policies: bool = False  # loadBalancerSheddingBundlesWithPoliciesEnabled
     unload_timeout_s: float = 60.0  # namespaceBundleUnloadingTimeoutMs
+    isolate_hot_bundles: bool = False  # a one-hash bundle (a cut-out hot topic) gets a broker to itself
 
     @classmethod
     def from_settings(cls, s: Settings) -> ShedConfig:
@@ -99,6 +102,7 @@ class ShedConfig:
             lower_boundary=sh.lower_boundary_enabled,
             shed_bundles_with_policies=sh.shed_bundles_with_policies,
             unload_timeout_s=sh.unload_timeout_s,
+            isolate_hot_bundles=sh.isolate_hot_bundles,
         )
 
 
@@ -327,6 +331,15 @@ def transfer_shedder(
     def overloaded(b: str) -> bool:
         return load[b] > cfg.overload_threshold and load[b] > avg + cfg.target_std
 
+    if cfg.isolate_hot_bundles:
+        guard = movable(cfg, transferable, has_policies)
+        isolating = _isolate(load, tput, brokers, cooling, top, owner, state, cfg, guard)
+        if isolating.decisions:
+            isolating.avg, isolating.std, isolating.loads = avg, std, dict(load)
+            return _finish(isolating, state, now_ms, "")
+        # Nothing to isolate now; a broker that holds a hot bundle still takes nothing from the others.
+        hosts = _hosts(load, top)
+        brokers = {b: ok and b not in hosts for b, ok in brokers.items()}
     triggered = std > cfg.target_std or underloaded(order[0]) or overloaded(order[-1])
     state.hit_count = state.hit_count + 1 if triggered else 0
     result = ShedResult([], "skip", "", avg=avg, std=std, hit_count=state.hit_count, loads=dict(load))
@@ -346,6 +359,67 @@ def transfer_shedder(
         plan = _TargetPlan(load, tput, dict(tput_ema), m, brokers, cooling, top, owner, state, cfg, guard)
         last_skip = plan.run(result)
     return _finish(result, state, now_ms, last_skip)
+
+
+def isolated(bundle: str) -> bool:
+    """A bundle that is one hash wide: a hot topic cut out on its own (balance/split.py, ``around``)."""
+    try:
+        _, rng = parse_bundle(bundle)
+    except BundleError:
+        return False
+    return rng.upper - rng.lower == 1
+
+
+def _hosts(load: Mapping[str, float], top: Mapping[str, TopBundles]) -> set[str]:
+    """Brokers of the population whose top-k report holds a cut-out hot topic."""
+    return {b for b, r in top.items() if b in load and any(isolated(x.bundle) for x in r.bundles)}
+
+
+def _isolate(
+    load: Mapping[str, float],
+    tput: Mapping[str, float],
+    brokers: Mapping[str, bool],
+    cooling: set[str],
+    top: Mapping[str, TopBundles],
+    owner: Owner,
+    state: ShedState,
+    cfg: ShedConfig,
+    guard: Movable,
+) -> ShedResult:
+    """``shedding.isolate_hot_bundles``: every other bundle of a broker that serves a cut-out hot topic
+    (:func:`isolated`), heaviest broker first, at most ``max_broker_pairs`` brokers a cycle, each bundle to
+    the least loaded broker that may receive it (not draining, not cooling, not isolating a hot bundle
+    itself; projected loads updated as moves are planned). Bundles in their grace period, not owned per the
+    channel, or not movable stay; a broker keeps its hot bundle."""
+    result = ShedResult([], "skip", "")
+    hosts = _hosts(load, top)
+    projected = dict(load)
+    dests = [b for b in load if brokers.get(b, False) and b not in cooling and b not in hosts]
+    for src in sorted(hosts, key=lambda b: (-load[b], b))[: cfg.max_broker_pairs]:
+        if src in cooling:
+            continue
+        for s in sorted(top[src].bundles, key=lambda x: (-x.throughput, x.bundle)):
+            if isolated(s.bundle) or s.throughput <= 0 or not dests:
+                continue
+            if owner(s.bundle) != src:
+                result.skipped_bundles.append((s.bundle, "not_owner"))
+                continue
+            if s.bundle in state.recent_bundles:
+                result.skipped_bundles.append((s.bundle, "grace_period"))
+                continue
+            dst = min(dests, key=lambda b: (projected[b], b))
+            why = guard(s.bundle, src, dst if cfg.transfer else None)
+            if why is not None:
+                result.skipped_bundles.append((s.bundle, why))
+                continue
+            shift = s.throughput * load[src] / tput[src] if tput.get(src) else 0.0
+            result.decisions.append(
+                Unload(s.bundle, src, dst if cfg.transfer else None, "isolate_hot_bundle", s.throughput,
+                       load[src], projected[dst])
+            )  # fmt: skip
+            projected[src] -= shift
+            projected[dst] += shift
+    return result
 
 
 def _shed_pairs(

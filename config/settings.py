@@ -537,6 +537,14 @@ class SheddingSettings(Section):
         "of its throughput (min_unload_throughput_bytes still applies), toward the least loaded. "
         "[lowerBoundarySheddingEnabled]",
     )
+    isolate_hot_bundles: bool = Field(
+        False,
+        description="Give a hot topic cut out into a bundle of its own (split.hot_topic_share) a broker to itself: "
+        "the transfer shedder moves the other bundles of that broker's top-k report to the least loaded brokers "
+        "that may take them, whatever the spread of load (decision reason isolate_hot_bundle), and never "
+        "moves a bundle onto a broker that holds such a bundle. Off: the hot bundle shares its broker like any "
+        "other.",
+    )
     shed_bundles_with_policies: bool = Field(
         False,
         description="Let the shedder move bundles of namespaces with an isolation policy or an anti-affinity "

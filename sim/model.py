@@ -35,6 +35,11 @@ def _topics(ns: NamespaceSpec, seed: int) -> _Topics:
     rng.shuffle(ranks)
     weights = [1.0 / (r + 1) ** ns.skew for r in ranks]
     total = math.fsum(weights) or 1.0
+    if ns.hot_topic_share is not None and ns.topics > 1:
+        # t-000000 carries the share; the others keep their Zipf proportions of the rest.
+        rest = math.fsum(weights[1:]) or 1.0
+        weights = [ns.hot_topic_share] + [w / rest * (1 - ns.hot_topic_share) for w in weights[1:]]
+        total = 1.0
     names = [f"persistent://{ns.name}/t-{i:06d}" for i in range(ns.topics)]
     triples = sorted((topic_hash(n), ns.msg_rate * w / total, n) for n, w in zip(names, weights, strict=True))
     hashes = [h for h, _, _ in triples]

@@ -68,6 +68,14 @@ class NamespaceSpec(_Closed):
     topics: int = Field(ge=1, le=1_000_000)
     msg_rate: float = Field(ge=0, allow_inf_nan=False, description="msg/s in (out is the same), all topics")
     skew: float = Field(1.1, ge=0, le=5, description="Zipf exponent of topic rates (0 = uniform)")
+    hot_topic_share: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="One topic (t-000000) carries this share of the namespace's rate; the others share the "
+        "rest by the Zipf skew (Pulsar #3419: a hot topic that no split by range helps)",
+    )
     diurnal: Diurnal | None = None
 
     @field_validator("name")

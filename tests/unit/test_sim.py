@@ -351,3 +351,23 @@ def test_a_peak_splits_a_namespace_and_the_trough_merges_it_back() -> None:
     report_off, _ = simulate(off)
     kept = report_off["policies"]["transfer"]
     assert kept["merges"] == 0 and kept["bundles"]["last"] == kept["bundles"]["max"] >= 20
+
+
+def test_a_hot_topic_cut_out_and_given_a_broker_to_itself() -> None:
+    """Issue 32 point 6, the simulator's scenario: one topic at 40 % of its namespace's load. Without
+    split.hot_topic_share the bundle holding it splits by range again and again (the half with the topic is
+    always over the limit); with it, the topic is cut out at once, and with shedding.isolate_hot_bundles the
+    shedder moves the other bundles off its broker: a lower peak broker load, far fewer splits."""
+    sc = load_scenario(SUITE / "hot-topic.yaml")
+    report, _ = simulate(sc)
+    on = report["policies"]["transfer"]
+    plain = {**sc.config, "split": {**sc.config["split"], "hot_topic_share": None}, "shedding": {}}
+    report_off, _ = simulate(sc.model_copy(update={"config": plain}))
+    off = report_off["policies"]["transfer"]
+    assert on["violations_total"] == 0 and off["violations_total"] == 0
+    assert on["moves_by_reason"].get("isolate_hot_bundle", 0) >= 1
+    assert on["splits"] * 3 <= off["splits"], (on["splits"], off["splits"])
+    assert on["peak_broker_load"] < off["peak_broker_load"] - 0.05, (
+        on["peak_broker_load"],
+        off["peak_broker_load"],
+    )
