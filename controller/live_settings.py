@@ -24,7 +24,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from pydantic import ValidationError
 
-from trimtab.cluster.zk import ZkPaths
+from trimtab.cluster.zk import ZkPaths, zk_call
 from trimtab.config.settings import OperationSettings, Settings
 from trimtab.errors import RequestError
 
@@ -126,7 +126,8 @@ class LiveSettings:
     def change(self, set_: Mapping[str, Any], reset: list[str], *, by: str) -> dict[str, Any]:
         """Apply ``set_`` and drop ``reset`` (keys) from the stored overrides, atomically against other
         writers (a versioned write), after validating the result; 400 with the reason, nothing changed,
-        when it does not validate. Blocking (kazoo)."""
+        when it does not validate. Blocking (kazoo); ZooKeeper away is trimtab's ZooKeeper error (a
+        retryable 503), as for every other write of the API."""
         if self.zk is None:
             raise RequestError(503, "live settings need ZooKeeper")
         unknown = sorted(set(reset) - LIVE_KEYS)
@@ -136,7 +137,7 @@ class LiveSettings:
             )
         for _ in range(5):
             try:
-                data, stat = self.zk.get(self.path)
+                data, stat = zk_call(self.zk, self.zk.get, self.path)
                 version = stat.version
             except NoNodeError:
                 data, version = b"", -1
@@ -152,9 +153,9 @@ class LiveSettings:
             body = orjson.dumps({"overrides": new, "by": by, "ts": int(self.clock() * 1000)})
             try:
                 if version < 0:
-                    self.zk.create(self.path, body, makepath=True)
+                    zk_call(self.zk, self.zk.create, self.path, body, makepath=True)
                 else:
-                    self.zk.set(self.path, body, version=version)
+                    zk_call(self.zk, self.zk.set, self.path, body, version=version)
             except (BadVersionError, NodeExistsError):
                 continue  # another writer came first: read again
             with self._lock:

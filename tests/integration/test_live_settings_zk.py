@@ -39,3 +39,22 @@ def test_a_change_reaches_every_controller_and_a_refused_one_changes_nothing(zk:
     zk.set(paths.dynamic_config, b"\x00 not json")
     wait_for(lambda: follower.unreadable >= 1, 10, message="the hostile value counted")
     assert follower.operations().republish_after_s == 30  # kept in force
+
+
+def test_zookeeper_away_is_a_retryable_503_not_an_internal_error(zk_hosts: str) -> None:
+    """A change while the controller's ZooKeeper client has no connection is trimtab's ZooKeeper error,
+    which the API answers as a retryable 503 -- kazoo's own exception was a 500 (found in a review)."""
+    from trimtab.cluster.http_errors import refusal_of
+    from trimtab.errors import ZkUnavailable
+
+    client = KazooClient(hosts=zk_hosts, timeout=2)
+    client.start(timeout=10)
+    live = LiveSettings(Settings(), client, ZkPaths("/trimtab/away"))
+    client.stop()  # no connection from here on
+    try:
+        with pytest.raises(ZkUnavailable) as e:
+            live.change({"operations.max_in_flight": 12}, [], by="test")
+        refusal = refusal_of(e.value)
+        assert refusal is not None and (refusal.status, refusal.retryable) == (503, True)
+    finally:
+        client.close()
