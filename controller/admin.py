@@ -439,7 +439,7 @@ class Admin:
             if broker not in current:
                 raise RequestError(404, f"{broker} is not in maintenance")
             entry = current[broker]
-            self.operations.list()  # 503 until the leader has read the operations
+            self.operations.require_loaded()
             if entry is not None and entry.operation in self.operations.ops:
                 op = self.operations.ops[entry.operation]
                 if not op.state.terminal:

@@ -266,7 +266,7 @@ class OperationsJob:
         deadline_ms: int | None,
         target: str | None,
     ) -> ops.Operation:
-        self._require_loaded()
+        self.require_loaded()
         op = ops.new(
             self.new_id(kind.value),
             kind,
@@ -337,7 +337,7 @@ class OperationsJob:
         self, kind: ops.OpKind, moves: Iterable[tuple[str, str, str | None]], reason: str, requested_by: str
     ) -> tuple[ops.Operation, list[tuple[str, Record]]]:
         """Under the lock: the started operation, stored (unless empty), and its records to publish."""
-        self._require_loaded()
+        self.require_loaded()
         if not await self.leadership.confirm():
             raise RequestError(503, "leadership could not be confirmed; retry", retryable=True)
         op, records = ops.started(
@@ -357,14 +357,14 @@ class OperationsJob:
         return op, records
 
     def get(self, op_id: str) -> ops.Operation:
-        self._require_loaded()
+        self.require_loaded()
         op = self.ops.get(op_id)
         if op is None:
             raise RequestError(404, f"no operation {op_id!r} (admin ops list shows them)")
         return op
 
     def list(self) -> list[ops.Operation]:
-        self._require_loaded()
+        self.require_loaded()
         return sorted(self.ops.values(), key=lambda o: o.created_ms)
 
     async def verb(self, op_id: str, verb: str, *, why: str = "operator") -> ops.Operation:
@@ -373,7 +373,7 @@ class OperationsJob:
             return await self._verb(op_id, verb, why=why)
 
     async def _verb(self, op_id: str, verb: str, *, why: str) -> ops.Operation:
-        self._require_loaded()
+        self.require_loaded()
         op = self.get(op_id)
         now = self._now()
         try:
@@ -391,9 +391,13 @@ class OperationsJob:
             await self._store(new)
         return new
 
-    def _require_loaded(self) -> None:
+    def require_loaded(self) -> None:
+        """503 (retryable) until this leader has read the stored operations: answers about them, or
+        changes to them, would be made without knowing them."""
         if not self.loaded:
-            raise RequestError(503, "operations are not loaded yet (not leading, or leadership just started)")
+            raise RequestError(
+                503, "operations are not loaded yet (not leading, or leadership just started)", retryable=True
+            )
 
     def status(self) -> dict[str, Any]:
         return {
