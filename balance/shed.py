@@ -361,6 +361,18 @@ def transfer_shedder(
     return _finish(result, state, now_ms, last_skip)
 
 
+def why_stays(
+    bundle: str, src: str, dst: str | None, owner: Owner, state: ShedState, guard: Movable
+) -> str | None:
+    """Why the transfer shedder leaves ``bundle`` on ``src`` (a skip reason), or None when it may move:
+    not owned by ``src`` per the channel, in its grace period, or not movable (:func:`movable`)."""
+    if owner(bundle) != src:
+        return "not_owner"
+    if bundle in state.recent_bundles:
+        return "grace_period"
+    return guard(bundle, src, dst)
+
+
 def isolated(bundle: str) -> bool:
     """A bundle that is one hash wide: a hot topic cut out on its own (balance/split.py, ``around``)."""
     try:
@@ -401,14 +413,8 @@ def _isolate(
         for s in sorted(top[src].bundles, key=lambda x: (-x.throughput, x.bundle)):
             if isolated(s.bundle) or s.throughput <= 0 or not dests:
                 continue
-            if owner(s.bundle) != src:
-                result.skipped_bundles.append((s.bundle, "not_owner"))
-                continue
-            if s.bundle in state.recent_bundles:
-                result.skipped_bundles.append((s.bundle, "grace_period"))
-                continue
             dst = min(dests, key=lambda b: (projected[b], b))
-            why = guard(s.bundle, src, dst if cfg.transfer else None)
+            why = why_stays(s.bundle, src, dst if cfg.transfer else None, owner, state, guard)
             if why is not None:
                 result.skipped_bundles.append((s.bundle, why))
                 continue
@@ -545,13 +551,7 @@ class _Pair:
         marked = gained = 0.0
         remaining = len(report.bundles)
         for s in sorted(report.bundles, key=lambda x: (x.throughput, x.bundle)):
-            if self.owner(s.bundle) != hi:
-                result.skipped_bundles.append((s.bundle, "not_owner"))
-                continue
-            if s.bundle in self.state.recent_bundles:
-                result.skipped_bundles.append((s.bundle, "grace_period"))
-                continue
-            why = self.guard(s.bundle, hi, dst)
+            why = why_stays(s.bundle, hi, dst, self.owner, self.state, self.guard)
             if why is not None:
                 result.skipped_bundles.append((s.bundle, why))
                 continue
