@@ -126,9 +126,8 @@ class MergeScheduler:
         for ns in sorted(mine):
             try:
                 layout = await self.layouts(ns)
-            except (
-                Exception
-            ) as e:  # ZooKeeper away, or a hostile znode: this namespace waits for the next check
+            # ZooKeeper away, or a hostile znode: this namespace waits for the next check, the rest go on.
+            except Exception as e:
                 self.metrics.merges.labels("layout_unavailable").inc()
                 log.warning("merge_layout_unavailable", namespace=ns, error=str(e) or type(e).__name__)
                 continue
@@ -153,14 +152,15 @@ class MergeScheduler:
         return started
 
     async def _start(self, d: MergeDecision) -> bool:
-        """Both ``Merging`` records, from one read of the table. If the second cannot be written, the first
-        parent's merge aborts by itself (its partner never follows, balance/roles.py)."""
-        _, merged_range = d.merged.rsplit("/", 1)
+        """Both ``Merging`` records, each from the table as it stands. If the second cannot be written (the
+        bundle moved meanwhile), the first parent's merge aborts by itself (its partner never follows,
+        balance/roles.py)."""
+        _, union = d.merged.rsplit("/", 1)
         now = int(self.clock() * 1000)
         for bundle in (d.left, d.right):
             cur: Record | None = self.channel.table.get(bundle)
             try:
-                rec = intents.merge(cur, self.me, merged_range, writer=self.me, now_ms=now)
+                rec = intents.merge(cur, self.me, union, writer=self.me, now_ms=now)
                 published = asyncio.wrap_future(self.channel.publish(bundle, rec))
                 await asyncio.wait_for(published, self.publish_timeout_s)
             except (intents.IntentRefused, TransportError, TimeoutError) as e:
