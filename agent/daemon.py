@@ -440,6 +440,7 @@ class Agent:
                 "grantable_s": round(max(0.0, min(self.leases.lease_s, self.leases.bound())), 3),
                 "stale_records": len(self.reconciler.stale),
             },
+            "merges": self.merger.status() if self.merger is not None else None,
             "pending_reactions": self.reconciler.pending(),
             "uptime_s": round(self._monotonic() - self.started, 1),
         }

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
@@ -73,6 +75,7 @@ class MergeScheduler:
         self.clock = clock
         self.publish_timeout_s = publish_timeout_s
         self.hits: dict[str, dict[str, int]] = {}  # namespace -> merged bundle -> consecutive cold checks
+        self.last: dict[str, Any] | None = None  # the last check, for the agent's status
 
     @classmethod
     def from_settings(
@@ -123,6 +126,7 @@ class MergeScheduler:
             except BundleError:  # a broker's sample is its bytes: a bad name is skipped, never fatal
                 self.metrics.merges.labels("bad_bundle_name").inc()
         started: list[MergeDecision] = []
+        skipped: Counter[str] = Counter()
         for ns in sorted(mine):
             try:
                 layout = await self.layouts(ns)
@@ -143,13 +147,25 @@ class MergeScheduler:
             self.hits[ns] = cycle.hits
             for _merged, reason in cycle.skipped:
                 self.metrics.merges.labels(reason).inc()
+                skipped[reason] += 1
             for d in cycle.decisions:
                 if await self._start(d):
                     started.append(d)
         # Forget the counters of namespaces this broker no longer holds bundles of.
         for ns in set(self.hits) - mine:
             del self.hits[ns]
+        self.last = {
+            "at_ms": int(self.clock() * 1000),
+            "namespaces": len(mine),
+            "started": [d.merged for d in started],
+            "skipped": dict(sorted(skipped.items())),
+        }
         return started
+
+    def status(self) -> dict[str, Any]:
+        """For the agent's ``/v1/status``: on or off, paused or not, and what the last check did and why it
+        left the other pairs alone (the same reasons as ``trimtab_merges_total``)."""
+        return {"enabled": self.limits.enabled, "paused": self._paused(), "last_check": self.last}
 
     async def _start(self, d: MergeDecision) -> bool:
         """Both ``Merging`` records, each from the table as it stands. If the second cannot be written (the

@@ -74,5 +74,10 @@ def test_cold_bundles_of_one_broker_merge_down_to_the_minimum(zk_hosts: str, zk:
             min_bundles = merges.labels("min_bundles")._value
             await until(lambda: min_bundles.get() >= 1, 10, what="the pair left counted as min_bundles")
             assert len(live()) == 2
+            shown = a.agent.status()["merges"]  # the agent's /v1/status says why it stopped
+            assert shown["enabled"] and not shown["paused"]
+            await until(
+                lambda: "min_bundles" in (a.agent.status()["merges"]["last_check"] or {}).get("skipped", {})
+            )
 
     asyncio.run(scenario())

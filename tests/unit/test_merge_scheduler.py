@@ -105,6 +105,16 @@ def test_one_check_starts_the_merge_of_a_pair_it_owns_both_of() -> None:
         (f"{NS}/0x40000000_0x80000000", State.MERGING, ME, {"0x00000000_0x80000000": ME}),
     ]
     assert count(metrics, "started") == 1 and count(metrics, "owners_differ") == 2
+    assert sched.status() == {
+        "enabled": True,
+        "paused": False,
+        "last_check": {
+            "at_ms": 1_000_000,
+            "namespaces": 1,
+            "started": [f"{NS}/0x00000000_0x80000000"],
+            "skipped": {"owners_differ": 2},
+        },
+    }
     assert events.sent == [
         (
             "merge",
