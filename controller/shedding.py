@@ -21,8 +21,6 @@ from trimtab.balance.shed import (
     track_move,
     transfer_shedder,
 )
-from trimtab.channel import intents
-from trimtab.channel.intents import IntentRefused
 from trimtab.channel.records import State
 from trimtab.channel.table import TableView
 from trimtab.cluster.kvview import LatestValues
@@ -33,7 +31,6 @@ from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.stores import ControllerSwitches
-from trimtab.controller.writes import ChannelWrites
 from trimtab.errors import RequestError
 
 log = structlog.get_logger("trimtab.controller")
@@ -100,7 +97,6 @@ class SheddingJob:
         destinations: Destinations,
         loads: LatestValues[BrokerLoadData],
         top: LatestValues[TopBundles],
-        writes: ChannelWrites,
         journal: DecisionJournal,
         metrics: ControllerMetrics,
         cfg: ShedConfig,
@@ -108,11 +104,11 @@ class SheddingJob:
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
         shedder: Shedder | None = None,
-        operations: OperationsJob | None = None,
+        operations: OperationsJob,
     ) -> None:
-        """``operations``: the leader's operations -- each cycle's moves are then an operation (``shed``),
-        stored before its records are published, listed by ``admin ops``, and proposed again by the next
-        leader if this one dies before Kafka acknowledged them; without it (tests), published directly."""
+        """``operations``: the leader's operations -- each cycle's moves are an operation (``shed``), stored
+        before its records are published, listed by ``admin ops``, and proposed again by the next leader if
+        this one dies before Kafka acknowledged them."""
         self.settings = settings
         self.operations = operations
         self.table = table
@@ -120,7 +116,6 @@ class SheddingJob:
         self.destinations = destinations
         self.loads = loads
         self.top = top
-        self.writes = writes
         self.journal = journal
         self.metrics = metrics
         self.cfg = cfg
@@ -227,42 +222,19 @@ class SheddingJob:
             return 0
         now = int(self.clock() * 1000)
         reasons = {u.bundle: u.reason for u in res.decisions}
-        if self.operations is not None:
-            try:
-                _, done = await self.operations.start_moves(
-                    OpKind.SHED,
-                    [(u.bundle, u.src, u.dst) for u in res.decisions],
-                    reason=f"shedding ({res.reason}): std {res.std:.4f}, hit count {res.hit_count}",
-                    requested_by="shedder",
-                )
-            except RequestError as e:  # not confirmed, or the operations not read yet: the next cycle
-                log.warning("shedding_not_started", error=str(e))
-                res.decisions = []
-                return 0
-            for bundle, rec in done:
-                assert rec.src is not None
-                track_move(self.state, bundle, rec.src, rec.version, now)
-                self.metrics.unloads.labels("transfer" if rec.dst else "unload", reasons[bundle]).inc()
-            return len(done)
-        if not await self.leadership.confirm():
+        try:
+            _, done = await self.operations.start_moves(
+                OpKind.SHED,
+                [(u.bundle, u.src, u.dst) for u in res.decisions],
+                reason=f"shedding ({res.reason}): std {res.std:.4f}, hit count {res.hit_count}",
+                requested_by="shedder",
+            )
+        except RequestError as e:  # not confirmed, or the operations not read yet: the next cycle
+            log.warning("shedding_not_started", error=str(e))
             res.decisions = []
-        published = 0
-        for u in res.decisions:
-            try:
-                rec = intents.release(
-                    self.table.get(u.bundle),
-                    src=u.src,
-                    dst=u.dst,
-                    writer=self.leadership.writer(),
-                    now_ms=now,
-                )
-            except IntentRefused:
-                continue  # moved since the decision's inputs were read
-            try:
-                await self.writes.publish(u.bundle, rec)
-                published += 1
-                track_move(self.state, u.bundle, u.src, rec.version, now)
-                self.metrics.unloads.labels("transfer" if u.dst else "unload", u.reason).inc()
-            except Exception as e:
-                log.warning("unload_publish_failed", bundle=u.bundle, error=str(e))
-        return published
+            return 0
+        for bundle, rec in done:
+            assert rec.src is not None
+            track_move(self.state, bundle, rec.src, rec.version, now)
+            self.metrics.unloads.labels("transfer" if rec.dst else "unload", reasons[bundle]).inc()
+        return len(done)

@@ -176,7 +176,6 @@ def build_controller(
         destinations,
         loads,
         top,
-        writes,
         journal,
         metrics,
         ShedConfig.from_settings(s),

@@ -212,7 +212,6 @@ class SimController:
                 self.destinations,
                 loads,
                 top,
-                writes,
                 journal,
                 self.metrics,
                 ShedConfig.from_settings(s),

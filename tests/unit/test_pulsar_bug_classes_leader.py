@@ -51,6 +51,8 @@ from trimtab.controller.leadership import Leadership
 from trimtab.controller.memory_stores import MemoryFailedBrokers, MemoryReassignments
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.monitor import MonitorJob
+from trimtab.controller.operation_store import MemoryOperations
+from trimtab.controller.operations import OperationsJob
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.shedding import SheddingJob
 from trimtab.controller.writes import ChannelWrites
@@ -272,6 +274,11 @@ class Leader:
             clock=self.clock,
             mono=self.mono,
         )
+        operations = OperationsJob(
+            lambda: s.operations, MemoryOperations(), self.table, self.leadership, writes, journal, metrics,
+            clock=self.clock,
+        )  # fmt: skip
+        operations.load()
         self.shedding = SheddingJob(
             s.shedding,
             self.table,
@@ -279,11 +286,11 @@ class Leader:
             destinations,
             self.loads,  # type: ignore[arg-type]
             top,  # type: ignore[arg-type]
-            writes,
             journal,
             metrics,
             ShedConfig.from_settings(s),
             clock=self.clock,
+            operations=operations,
         )
         asyncio.run(self.healing.on_lead())  # what a new leader reads first (no failures persisted here)
         if caught_up:

@@ -106,9 +106,7 @@ class Journal:
 class World:
     """hot (90%) owns four bundles of namespace t/a, cold (10%) one of t/b: std .4, hot sheds to cold."""
 
-    def __init__(
-        self, *, with_policies: frozenset[str] = frozenset(), operations: bool = False, **shedding: Any
-    ) -> None:
+    def __init__(self, *, with_policies: frozenset[str] = frozenset(), **shedding: Any) -> None:
         self.clock = Clock()
         self.table = Table()
         self.writes = Writes(self.table)
@@ -134,22 +132,17 @@ class World:
             ),
             "cold": TopBundles(broker="cold", bundles=[BundleStats(bundle=self.cold, msg_throughput_in=10)]),
         }
-        self.operations = (
-            OperationsJob(
-                OperationSettings,
-                MemoryOperations(),
-                self.table,  # type: ignore[arg-type]
-                Leadership(),  # type: ignore[arg-type]
-                self.writes,  # type: ignore[arg-type]
-                self.journal,  # type: ignore[arg-type]
-                self.metrics,
-                clock=self.clock,
-            )
-            if operations
-            else None
+        self.operations = OperationsJob(
+            OperationSettings,
+            MemoryOperations(),
+            self.table,  # type: ignore[arg-type]
+            Leadership(),  # type: ignore[arg-type]
+            self.writes,  # type: ignore[arg-type]
+            self.journal,  # type: ignore[arg-type]
+            self.metrics,
+            clock=self.clock,
         )
-        if self.operations is not None:
-            self.operations.load()
+        self.operations.load()
         self.job = SheddingJob(
             settings,
             self.table,  # type: ignore[arg-type]
@@ -157,7 +150,6 @@ class World:
             Destinations(["cold", "hot"], Placement(with_policies)),  # type: ignore[arg-type]
             self.loads,
             View(top),
-            self.writes,  # type: ignore[arg-type]
             self.journal,  # type: ignore[arg-type]
             self.metrics,
             cfg,
@@ -258,7 +250,7 @@ def test_bundles_with_policies_stay_unless_the_setting_allows_them() -> None:
 
 
 def test_a_cycles_moves_are_one_operation_stored_before_they_are_published_and_followed_to_done() -> None:
-    w = World(operations=True)
+    w = World()
     assert w.operations is not None
     first = w.cycle()
     assert first is not None and first.decisions
