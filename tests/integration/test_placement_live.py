@@ -162,7 +162,7 @@ def test_healing_and_admin_moves_obey_isolation(
         c.channel.table,
         c.leadership,
         c.registry,
-        sh.writes,
+        c.healing.writes,
         sh.journal,
         c.metrics,
         c.switch_store,
