@@ -266,7 +266,9 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         "/v1/admin/drain",
         status_code=202,
         responses={
-            200: {"description": "A dry run: the bundles the broker owns and where each would go now"},
+            200: {
+                "description": "A dry run: the bundles the broker owns and where the drain operation would move each now"
+            },
             404: {"model": ErrorBody, "description": "The broker is not live"},
             409: {"model": ErrorBody, "description": "The broker is draining already"},
         },
@@ -277,7 +279,8 @@ def _admin(app: FastAPI, ctl: ControllerApi) -> None:
         "dies; /v1/admin/ops/{id} shows its progress. Answers {broker, operation, agent}. To take it back "
         "into service, use maintenance (start, then end) instead, or restart the agent. 202 when the drain started; "
         "404 if the broker is not live; 409 if it is draining already. The real call is the leader's; a dry "
-        "run is forwarded by any controller to the broker's agent.",
+        "run is answered by any controller from its replica: the moves the leader's drain operation would "
+        "store now (planned_by: leader).",
     )
     async def drain(req: DrainRequest, response: Response) -> Any:
         if req.dry_run:
