@@ -123,7 +123,7 @@ class ChaosReport:
             duration_s=data.get("duration_s"),
             params=dict(data.get("params", {})),
             by_fault=cast(dict[str, FaultUnavailability], dict(data.get("unavailability_by_fault", {}))),
-            problems=[str(p) for p in data.get("problems", [])],
+            problems=[str(p) for p in data.get("problems") or []],
         )
 
     def to_markdown(self) -> str:

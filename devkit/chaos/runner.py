@@ -819,39 +819,23 @@ class ChaosRun:
                 max(120.0, len(topics) * 0.02),
                 "warm-up",
             )
-            actions: dict[str, Callable[[], None]] = {kind: getattr(self, kind) for kind in cfg.faults}
-            rounds = 0
-            end = time.monotonic() + cfg.duration_s
-
-            def more() -> bool:
-                if cfg.rounds is not None:
-                    return rounds < cfg.rounds
-                return rounds == 0 or time.monotonic() < end
-
             log.info("chaos_warm", bundles=len(self.cluster.ownership()), topics=len(topics))
             # A fault that cannot be injected, or a cluster that does not settle, ends the run with a
             # report that says so (and does not pass): the history up to there is the evidence.
             problems: list[str] = []
-            while more() and not problems:
-                order = list(cfg.faults)
-                self.rng.shuffle(order)
-                for kind in order:
-                    try:
-                        actions[kind]()
-                    except ClusterError as e:
-                        problems.append(f"{kind} in round {rounds + 1}: {e}")
-                        log.warning("chaos_fault_failed", fault=kind, round=rounds + 1, error=str(e))
-                        break
-                    time.sleep(cfg.quiet_s)
-                rounds += 1
+            rounds = self._inject(problems)
             try:
                 self._wait(lambda: self._settled()[0], cfg.settle_s, "settle")
-            except ClusterError as e:
+            except (ClusterError, httpx.HTTPError, OSError) as e:
                 problems.append(str(e))
                 log.warning("chaos_unsettled", error=str(e))
             settled_at = time.monotonic()
-            leader = self.cluster.leader()
-            tracked = len(self.cluster.ownership(leader)) if leader is not None else None
+            try:
+                leader = self.cluster.leader()
+                tracked = len(self.cluster.ownership(leader)) if leader is not None else None
+            except (ClusterError, httpx.HTTPError, OSError) as e:
+                tracked = None
+                problems.append(f"the leader's ownership table could not be read: {e}")
             self.client.stop()
             timelines = self.cluster.timelines()
             history = load_history(timelines, observed_until_ns=time.monotonic_ns())
@@ -890,6 +874,33 @@ class ChaosRun:
             if self.network is not None:
                 self.network.close()
 
+    def _inject(self, problems: list[str]) -> int:
+        """The fault rounds, each kind once a round in a seeded order; returns how many rounds began. A fault
+        that raises -- whatever it raises -- is recorded in ``problems`` and ends the faults, not the run."""
+        cfg = self.cfg
+        actions: dict[str, Callable[[], None]] = {kind: getattr(self, kind) for kind in cfg.faults}
+        rounds = 0
+        end = time.monotonic() + cfg.duration_s
+
+        def more() -> bool:
+            if cfg.rounds is not None:
+                return rounds < cfg.rounds
+            return rounds == 0 or time.monotonic() < end
+
+        while more() and not problems:
+            order = list(cfg.faults)
+            self.rng.shuffle(order)
+            for kind in order:
+                try:
+                    actions[kind]()
+                except Exception as e:
+                    problems.append(f"{kind} in round {rounds + 1}: {e}")
+                    log.warning("chaos_fault_failed", fault=kind, round=rounds + 1, error=str(e))
+                    break
+                time.sleep(cfg.quiet_s)
+            rounds += 1
+        return rounds
+
     def _wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         last = ""
@@ -902,7 +913,12 @@ class ChaosRun:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.25)
-        detail = self._settled()[1] if what == "settle" else last
+        detail = last
+        if what == "settle":
+            try:
+                detail = self._settled()[1]
+            except (httpx.HTTPError, ClusterError, OSError) as e:  # a node that stopped answering
+                detail = f"the cluster's state could not be read: {type(e).__name__}: {e}"
         raise ClusterError(f"chaos: {what} did not finish within {timeout:g}s ({detail})")
 
 

@@ -49,16 +49,20 @@ def test_the_checker_catches_a_broker_that_ignores_its_leases(tmp_path: Path) ->
 def test_a_run_that_goes_wrong_still_writes_its_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fault that cannot be injected ends the faults, a cluster that does not settle ends the run -- and the
-    report is still written, with what went wrong, and does not pass (a long run that failed its final settle
+    """A fault that cannot be injected (whatever it raises) ends the faults, a cluster that does not settle --
+    here because a node stopped answering the settle's checks -- ends the run, and the report is still written, with what went wrong, and does not pass (a long run that failed its final settle
     once threw away two hours of evidence). The fault and the settle are made to fail here on purpose."""
+    import httpx
+
     from trimtab.devkit.chaos import runner
-    from trimtab.devkit.localcluster import ClusterError
+
+    def wedged(self: runner.ChaosRun) -> tuple[bool, str]:
+        raise httpx.ConnectError("an agent stopped answering")
 
     def broken_fault(self: runner.ChaosRun) -> None:
-        # From here on the cluster "never settles", as if a bundle stayed unserved.
-        monkeypatch.setattr(runner.ChaosRun, "_settled", lambda self: (False, "1 bundle left unserved"))
-        raise ClusterError("the fault could not be injected")
+        # From here on the cluster "never settles": a node stops answering the settle's checks.
+        monkeypatch.setattr(runner.ChaosRun, "_settled", wedged)
+        raise RuntimeError("the fault could not be injected")
 
     monkeypatch.setattr(runner.ChaosRun, "pause_agent", broken_fault)
     cfg = ChaosConfig(
@@ -69,7 +73,11 @@ def test_a_run_that_goes_wrong_still_writes_its_report(
     assert not report.passed
     assert report.runs == 1  # no further round after the failed fault
     assert report.problems[0].startswith("pause_agent in round 1: the fault could not be injected")
-    assert "settle did not finish within 1s (1 bundle left unserved)" in report.problems[-1]
+    assert (
+        "settle did not finish within 1s (the cluster's state could not be read: ConnectError: an agent stopped "
+        "answering)" in report.problems[-1]
+    )
     assert (tmp_path / "chaos" / "timelines.json").exists()
     assert "| problems | pause_agent in round 1" in report.to_markdown()
     assert runner.ChaosReport.from_dict(report.to_dict()).problems == report.problems
+    assert runner.ChaosReport.from_dict({**report.to_dict(), "problems": None}).problems == []
