@@ -28,7 +28,7 @@ import structlog
 from trimtab.agent.adapters.base import Sampler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.reporter import LoadReporter
-from trimtab.balance.merge import MergeDecision, MergeLimits, merge_candidates
+from trimtab.balance.merge import MergeDecision, MergeLimits, half_written, merge_candidates, merge_room
 from trimtab.channel import intents
 from trimtab.channel.bundles import BundleLayout, bundle_name, merged_range, parse_bundle
 from trimtab.channel.client import ChannelClient
@@ -116,7 +116,9 @@ class MergeScheduler:
         return self.limits.enabled and not self._paused()
 
     async def merge_cycle(self) -> list[MergeDecision]:
-        """One check of every namespace this broker owns a bundle of; returns the merges started."""
+        """One check of every namespace this broker owns a bundle of; returns the merges started. First,
+        this agent's own merges left half written are aborted (:func:`balance.merge.half_written`)."""
+        await self._abort_half_written(after_ms=int(self.publish_timeout_s * 2000))
         stats = {b.bundle: b for b in (self.reporter.last_bundles or (await self.adapter.sample()).bundles)}
         table = self.channel.table
         mine: set[str] = set()
@@ -143,7 +145,16 @@ class MergeScheduler:
                 bundle_name(ns, merged_range(lo, hi)) for lo, hi in itertools.pairwise(layout.ranges)
             ]
             records = {name: rec for name in names if (rec := table.get(name)) is not None}
-            cycle = merge_candidates(layout, records, stats, self.limits, self.hits.get(ns), owner=self.me)
+            cycle = merge_candidates(
+                layout,
+                records,
+                stats,
+                self.limits,
+                self.hits.get(ns),
+                owner=self.me,
+                room=merge_room(layout, records, self.me, self.limits.min_bundles_per_namespace),
+                budget=self.limits.max_merges_per_cycle - len(started),
+            )
             self.hits[ns] = cycle.hits
             for _merged, reason in cycle.skipped:
                 self.metrics.merges.labels(reason).inc()
@@ -167,10 +178,34 @@ class MergeScheduler:
         left the other pairs alone (the same reasons as ``trimtab_merges_total``)."""
         return {"enabled": self.limits.enabled, "paused": self._paused(), "last_check": self.last}
 
+    async def _abort_half_written(self, after_ms: int, only: str | None = None) -> None:
+        """Abort this agent's half-written merges (all of them, or ``only`` that bundle's) older than
+        ``after_ms``: the bundle is ``Owned`` here again instead of waiting for a second half that is not
+        coming."""
+        table = self.channel.table
+        now = int(self.clock() * 1000)
+        found = [(only, table.get(only))] if only is not None else table.items()
+        for bundle, rec in found:
+            if rec is None or not half_written(
+                self.me, bundle, rec, table.get, now_ms=now, after_ms=after_ms
+            ):
+                continue
+            try:
+                aborted = intents.abort_merge(rec, self.me, now_ms=now)
+                await asyncio.wait_for(
+                    asyncio.wrap_future(self.channel.publish(bundle, aborted)), self.publish_timeout_s
+                )
+            except (intents.IntentRefused, TransportError, TimeoutError) as e:
+                log.warning("merge_abort_failed", bundle=bundle, error=str(e) or type(e).__name__)
+                continue
+            self.metrics.merges.labels("aborted_half_written").inc()
+            log.info("merge_aborted_half_written", bundle=bundle)
+
     async def _start(self, d: MergeDecision) -> bool:
-        """Both ``Merging`` records, each from the table as it stands. If the second cannot be written (the
-        bundle moved meanwhile), the first parent's merge aborts by itself (its partner never follows,
-        balance/roles.py)."""
+        """Both ``Merging`` records, each from the table as it stands. If the second cannot be written, the
+        first is aborted at once if its partner is still ``Owned`` here (the merge flow would wait for the
+        second half, balance/roles.py); if the partner moved meanwhile, the flow aborts it by itself. A
+        second half that Kafka delivers after all is aborted by the next check."""
         _, union = d.merged.rsplit("/", 1)
         now = int(self.clock() * 1000)
         for bundle in (d.left, d.right):
@@ -182,6 +217,8 @@ class MergeScheduler:
             except (intents.IntentRefused, TransportError, TimeoutError) as e:
                 self.metrics.merges.labels("refused").inc()
                 log.info("merge_refused", bundle=bundle, merged=d.merged, reason=str(e) or type(e).__name__)
+                if bundle == d.right:  # the first half is written: take it back now, not at the next check
+                    await self._abort_half_written(after_ms=0, only=d.left)
                 return False
         self.metrics.merges.labels("started").inc()
         self.events.publish("merge", bundle=d.merged, parents=[d.left, d.right], reason="cold")

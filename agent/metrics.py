@@ -134,9 +134,10 @@ class AgentMetrics:
             ),
             merges=Counter(
                 "trimtab_merges_total",
-                "Automatic merge checks of pairs of neighbouring bundles, by result: started, refused, or why "
-                "the pair was skipped (not_owned, owners_differ, merged_exists, no_stats, hot, would_split, "
-                "hit_count, overlaps, min_bundles, cycle_limit, bad_bundle_name).",
+                "Automatic merge checks of pairs of neighbouring bundles, by result: started, refused, "
+                "aborted_half_written, or why the pair was skipped (not_owned, owners_differ, merged_exists, "
+                "no_stats, hot, would_split, hit_count, overlaps, min_bundles, cycle_limit, layout_unavailable, "
+                "bad_bundle_name).",
                 ["result"],
                 registry=registry,
             ),

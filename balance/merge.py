@@ -18,14 +18,15 @@ once one broker owns both.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from trimtab.balance.load import BundleStats
 from trimtab.balance.split import MB, SplitLimits
-from trimtab.channel.bundles import BundleLayout, bundle_name, merged_range
+from trimtab.channel.bundles import BundleLayout, bundle_name, merge_partner, merged_range, parse_bundle
 from trimtab.channel.records import Record, State
 from trimtab.config.settings import Settings
+from trimtab.errors import BundleError
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ def merge_candidates(
     hits: Mapping[str, int] | None = None,
     *,
     owner: str | None = None,
+    room: int | None = None,
+    budget: int | None = None,
 ) -> MergeCycle:
     """One merge check of one namespace: neighbouring pairs of ``layout``, coldest first, no bundle in two
     pairs, the namespace never below ``min_bundles_per_namespace``. ``records`` is the channel table (by
@@ -169,6 +172,9 @@ def merge_candidates(
 
     ``owner``: an agent's own check, which has figures for its own bundles only: only pairs it owns both
     of are decided; any other pair is skipped as ``owners_differ``, and no decision needs a transfer.
+    ``room``: how many merges this call may decide before the namespace could go below its minimum, given
+    merges in flight and the other owners' shares (:func:`merge_room`); ``budget``: how many are left of
+    this check's ``max_merges_per_cycle`` across namespaces.
     Nothing is moved to bring a pair together. Tried in the simulator (peak-and-trough): agents that
     offered a cold bundle to the owner of its lower neighbour moved one bundle between brokers eight times
     in nine minutes -- each offer changed the owner of the next bundle's lower neighbour, and merges and
@@ -202,12 +208,60 @@ def merge_candidates(
     for _, merged, left, right in sorted(pairs):
         if left in taken or right in taken:
             skipped.append((merged, "overlaps"))
-        elif len(layout) - len(decisions) - 1 < lim.min_bundles_per_namespace:
+        elif len(layout) - len(decisions) - 1 < lim.min_bundles_per_namespace or (
+            room is not None and len(decisions) >= room
+        ):
             skipped.append((merged, "min_bundles"))
-        elif len(decisions) >= lim.max_merges_per_cycle:
+        elif len(decisions) >= min(
+            lim.max_merges_per_cycle, budget if budget is not None else lim.max_merges_per_cycle
+        ):
             skipped.append((merged, "cycle_limit"))
         else:
             decisions.append(_decision(left, right, merged, records, stats))
             taken.update((left, right))
             new_hits.pop(merged, None)
     return MergeCycle(decisions, new_hits, skipped)
+
+
+def merge_room(layout: BundleLayout, records: Mapping[str, Record], me: str, minimum: int) -> int:
+    """How many merges broker ``me`` may start in the namespace of ``layout`` without it ever going below
+    ``minimum`` bundles, whatever the other owners decide at the same moment: the merges left (bundles,
+    less merges in flight, less the minimum) shared between the brokers that own its bundles, the
+    remainder to the first ones by name. Each agent checks with its own figures, so without a share two
+    agents could each take the namespace's last merge."""
+    in_flight = {
+        next(iter(r.children))
+        for b in layout.bundles
+        if (r := records.get(b)) is not None and r.state is State.MERGING and r.children
+    }
+    left = len(layout) - len(in_flight) - minimum
+    if left <= 0:
+        return 0
+    owners = sorted({o for b in layout.bundles if (o := settled_owner(records.get(b))) is not None} | {me})
+    share, extra = divmod(left, len(owners))
+    return share + (1 if owners.index(me) < extra else 0)
+
+
+def half_written(
+    me: str, bundle: str, rec: Record, lookup: Callable[[str], Record | None], *, now_ms: int, after_ms: int
+) -> bool:
+    """Whether ``rec`` is one of this broker's own automatic merges left half written for longer than
+    ``after_ms``: ``Merging{src=me}`` written by ``me``, the merged bundle not created, and the partner still
+    ``Owned`` by ``me`` -- the state in which the merge flow waits for a second half (balance/roles.py,
+    ``plan_merge``) that this agent failed to write (a publish that failed or timed out, a crash between the
+    two writes). Its owner aborts it (``intents.abort_merge``) rather than leave the bundle waiting for the
+    monitor -- which, where no other broker may take it, would wait forever."""
+    if rec.state is not State.MERGING or rec.src != me or rec.writer != me or not rec.children:
+        return False
+    if now_ms - rec.ts < after_ms:
+        return False
+    merged = next(iter(rec.children))
+    try:
+        partner = merge_partner(bundle, merged)
+        namespace = parse_bundle(bundle)[0]
+    except BundleError:
+        return False
+    if lookup(f"{namespace}/{merged}") is not None:
+        return False  # committed: the merge only goes forward
+    mate = lookup(partner)
+    return mate is not None and mate.state is State.OWNED and mate.dst == me

@@ -331,18 +331,21 @@ def transfer_shedder(
     def overloaded(b: str) -> bool:
         return load[b] > cfg.overload_threshold and load[b] > avg + cfg.target_std
 
+    isolation_skips: list[tuple[str, str]] = []
     if cfg.isolate_hot_bundles:
         guard = movable(cfg, transferable, has_policies)
         isolating = _isolate(load, tput, brokers, cooling, top, owner, state, cfg, guard)
         if isolating.decisions:
             isolating.avg, isolating.std, isolating.loads = avg, std, dict(load)
             return _finish(isolating, state, now_ms, "")
+        isolation_skips = isolating.skipped_bundles
         # Nothing to isolate now; a broker that holds a hot bundle still takes nothing from the others.
-        hosts = _hosts(load, top)
+        hosts = isolating_brokers(load, tput, top, owner)
         brokers = {b: ok and b not in hosts for b, ok in brokers.items()}
     triggered = std > cfg.target_std or underloaded(order[0]) or overloaded(order[-1])
     state.hit_count = state.hit_count + 1 if triggered else 0
     result = ShedResult([], "skip", "", avg=avg, std=std, hit_count=state.hit_count, loads=dict(load))
+    result.skipped_bundles.extend(isolation_skips)  # why isolation left bundles where they are
     if not triggered:
         result.reason = "balanced"
         return result
@@ -382,9 +385,24 @@ def isolated(bundle: str) -> bool:
     return rng.upper - rng.lower == 1
 
 
-def _hosts(load: Mapping[str, float], top: Mapping[str, TopBundles]) -> set[str]:
-    """Brokers of the population whose top-k report holds a cut-out hot topic."""
-    return {b for b, r in top.items() if b in load and any(isolated(x.bundle) for x in r.bundles)}
+def isolating_brokers(
+    load: Mapping[str, float], tput: Mapping[str, float], top: Mapping[str, TopBundles], owner: Owner
+) -> set[str]:
+    """Brokers of the population that serve a cut-out hot topic (:func:`isolated`) that is still hot: owned
+    by the broker per the channel, and alone at least half as loaded as the average broker (its share of
+    the broker's throughput, in load). A one-hash bundle whose topic cooled down gives its broker back."""
+    if not load:
+        return set()
+    avg = math.fsum(load.values()) / len(load)
+    out = set()
+    for b, r in top.items():
+        if b not in load or not tput.get(b):
+            continue
+        for x in r.bundles:
+            if isolated(x.bundle) and owner(x.bundle) == b and x.throughput * load[b] / tput[b] >= avg / 2:
+                out.add(b)
+                break
+    return out
 
 
 def _isolate(
@@ -398,31 +416,36 @@ def _isolate(
     cfg: ShedConfig,
     guard: Movable,
 ) -> ShedResult:
-    """``shedding.isolate_hot_bundles``: every other bundle of a broker that serves a cut-out hot topic
-    (:func:`isolated`), heaviest broker first, at most ``max_broker_pairs`` brokers a cycle, each bundle to
+    """``shedding.isolate_hot_bundles``: every other bundle of a broker that serves a hot cut-out topic
+    (:func:`_hosts`), heaviest broker first, at most ``max_broker_pairs`` brokers a cycle, each bundle to
     the least loaded broker that may receive it (not draining, not cooling, not isolating a hot bundle
-    itself; projected loads updated as moves are planned). Bundles in their grace period, not owned per the
-    channel, or not movable stay; a broker keeps its hot bundle."""
+    itself; projected loads updated as moves are planned) -- unless that would take it past
+    ``overload_threshold`` (``no_headroom``): a broker to itself must not overload another. Bundles in their
+    grace period, not owned per the channel, or not movable stay; a broker keeps its hot bundle; a bundle a
+    report lists twice moves once."""
     result = ShedResult([], "skip", "")
-    hosts = _hosts(load, top)
+    hosts = isolating_brokers(load, tput, top, owner)
     projected = dict(load)
     dests = [b for b in load if brokers.get(b, False) and b not in cooling and b not in hosts]
-    for src in sorted(hosts, key=lambda b: (-load[b], b))[: cfg.max_broker_pairs]:
-        if src in cooling:
-            continue
+    decided: set[str] = set()
+    ready = sorted((h for h in hosts if h not in cooling), key=lambda b: (-load[b], b))
+    for src in ready[: cfg.max_broker_pairs]:
         for s in sorted(top[src].bundles, key=lambda x: (-x.throughput, x.bundle)):
-            if isolated(s.bundle) or s.throughput <= 0 or not dests:
+            if isolated(s.bundle) or s.throughput <= 0 or not dests or s.bundle in decided:
                 continue
             dst = min(dests, key=lambda b: (projected[b], b))
             why = why_stays(s.bundle, src, dst if cfg.transfer else None, owner, state, guard)
+            shift = s.throughput * load[src] / tput[src] if tput.get(src) else 0.0
+            if why is None and projected[dst] + shift > cfg.overload_threshold:
+                why = "no_headroom"
             if why is not None:
                 result.skipped_bundles.append((s.bundle, why))
                 continue
-            shift = s.throughput * load[src] / tput[src] if tput.get(src) else 0.0
             result.decisions.append(
                 Unload(s.bundle, src, dst if cfg.transfer else None, "isolate_hot_bundle", s.throughput,
                        load[src], projected[dst])
             )  # fmt: skip
+            decided.add(s.bundle)
             projected[src] -= shift
             projected[dst] += shift
     return result

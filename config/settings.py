@@ -540,10 +540,11 @@ class SheddingSettings(Section):
     isolate_hot_bundles: bool = Field(
         False,
         description="Give a hot topic cut out into a bundle of its own (split.hot_topic_share) a broker to itself: "
-        "the transfer shedder moves the other bundles of that broker's top-k report to the least loaded brokers "
-        "that may take them, whatever the spread of load (decision reason isolate_hot_bundle), and never "
-        "moves a bundle onto a broker that holds such a bundle. Off: the hot bundle shares its broker like any "
-        "other.",
+        "while that one-hash bundle alone carries at least half an average broker's load, the transfer shedder "
+        "moves the other bundles of its broker's top-k report to the least loaded brokers that may take them "
+        "without passing overload_threshold_pct, whatever the spread of load (decision reason "
+        "isolate_hot_bundle; skip reason no_headroom), and moves nothing onto that broker. Off: the hot bundle "
+        "shares its broker like any other.",
     )
     shed_bundles_with_policies: bool = Field(
         False,
@@ -627,12 +628,18 @@ class MergeSettings(Section):
         "(split.max_*): a merge the next split check would undo is churn.",
     )
     min_bundles_per_namespace: int = Field(
-        4, ge=1, description="Merging never takes a namespace below this many bundles."
+        4,
+        ge=1,
+        description="Merging never takes a namespace below this many bundles: what is left above it (less "
+        "the merges in flight) is shared between the brokers owning its bundles, so agents checking at the "
+        "same moment cannot overshoot together.",
     )
     hit_count_threshold: int = Field(
         3, ge=0, description="A pair must be cold in more than this many consecutive checks."
     )
-    max_merges_per_cycle: int = Field(10, ge=1, description="Merges one agent starts per check, at most.")
+    max_merges_per_cycle: int = Field(
+        10, ge=1, description="Merges one agent starts per check, at most, over all namespaces."
+    )
 
 
 class HealingSettings(Section):

@@ -23,7 +23,9 @@ from trimtab.balance.merge import (
     Transfer,
     cold,
     fits_after_merge,
+    half_written,
     merge_candidates,
+    merge_room,
 )
 from trimtab.balance.roles import (
     Acquire,
@@ -919,3 +921,57 @@ def test_merge_limits_from_the_settings() -> None:
     assert (
         MergeLimits.from_settings(load_settings(None, {}, environ=False)).enabled is False
     )  # off by default
+
+
+def test_merge_room_shares_what_is_left_above_the_minimum_between_the_owners() -> None:
+    """Review finding: each agent checked the minimum alone, so three owners of 6 bundles (min 4) could
+    each start a merge and leave 3."""
+    layout, records, _ = ns_of(6, [S, S, B, B, C, C])
+    rooms = {o: merge_room(layout, records, o, 4) for o in (S, B, C)}
+    assert sum(rooms.values()) == 2 and max(rooms.values()) == 1  # 6 - 4, shared; the extra to the first
+    one_owner, recs1, _ = ns_of(6)
+    assert merge_room(one_owner, recs1, S, 4) == 2
+    # A merge in flight counts against what is left (its two Merging parents make one merge).
+    merged = merged_range(one_owner.ranges[0], one_owner.ranges[1]).name
+    for b in one_owner.bundles[:2]:
+        recs1[b] = r(State.MERGING, 3, src=S, children={merged: S})
+    assert merge_room(one_owner, recs1, S, 4) == 1
+    assert merge_room(one_owner, recs1, S, 6) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.lists(st.sampled_from(BROKERS), min_size=12, max_size=12), st.integers(1, 12))
+def test_merge_rooms_of_all_owners_never_take_a_namespace_below_its_minimum(
+    n: int, owners: list[str], minimum: int
+) -> None:
+    layout, records, _ = ns_of(n, owners[:n])
+    total = sum(merge_room(layout, records, o, minimum) for o in set(owners[:n]))
+    assert total == max(0, n - minimum)  # all of what is left, and never more
+
+
+def test_the_check_budget_spans_namespaces() -> None:
+    layout, records, figures = ns_of(8)
+    lim = MergeLimits(
+        enabled=True, hit_count_threshold=0, min_bundles_per_namespace=1, max_merges_per_cycle=3
+    )
+    assert len(merge_candidates(layout, records, figures, lim, owner=S, budget=1).decisions) == 1
+    got = merge_candidates(layout, records, figures, lim, owner=S, budget=0)
+    assert got.decisions == [] and {why for _, why in got.skipped} == {"cycle_limit"}
+
+
+def test_a_half_written_automatic_merge_is_recognised_after_its_delay() -> None:
+    layout, records, _ = ns_of(2)
+    left, right = layout.bundles
+    merged = merged_range(*layout.ranges).name
+    rec = make(State.MERGING, src=S, version=3, ts=1_000, writer=S, children={merged: S})
+    records[left] = rec
+    look = records.get
+    assert half_written(S, left, rec, look, now_ms=5_000, after_ms=1_000)
+    assert not half_written(S, left, rec, look, now_ms=1_500, after_ms=1_000)  # too young
+    assert not half_written(B, left, rec, look, now_ms=5_000, after_ms=1_000)  # not mine
+    leaders = make(State.MERGING, src=S, version=3, ts=1_000, writer="leader", children={merged: S})
+    assert not half_written(S, left, leaders, look, now_ms=5_000, after_ms=1_000)  # the leader's merge
+    records[right] = r(State.MERGING, 3, src=S, children={merged: S})
+    assert not half_written(S, left, rec, look, now_ms=5_000, after_ms=1_000)  # both halves written
+    records[right] = r(State.OWNED, 2, dst=B)
+    assert not half_written(S, left, rec, look, now_ms=5_000, after_ms=1_000)  # the flow aborts it itself

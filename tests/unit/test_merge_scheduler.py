@@ -26,6 +26,9 @@ class Table:
     def get(self, bundle: str) -> Record | None:
         return self.records.get(bundle)
 
+    def items(self) -> list[tuple[str, Record]]:
+        return list(self.records.items())
+
 
 class Channel:
     """What the scheduler touches of its channel: the table, and publish (accepted at once here)."""
@@ -165,3 +168,39 @@ def test_off_by_default_and_paused_while_draining() -> None:
     sched, *_ = scheduler([ME, ME])
     sched._paused = lambda: True
     assert not sched.active()
+
+
+def test_a_second_half_that_cannot_be_written_takes_the_first_back_at_once() -> None:
+    """Review finding: the first parent stayed Merging, waiting for a partner Owned here (the flow waits for
+    the second half), until the monitor moved it -- forever where no other broker may take it."""
+    from trimtab.errors import TransportError
+
+    sched, ch, metrics, _ = scheduler([ME, ME])
+    left, right = f"{NS}/0x00000000_0x80000000", f"{NS}/0x80000000_0xffffffff"
+    real_publish = ch.publish
+
+    def kafka_away_for_the_second(bundle: str, rec: Record) -> Future[None]:
+        if bundle == right:
+            f: Future[None] = Future()
+            f.set_exception(TransportError("Kafka is away"))
+            return f
+        return real_publish(bundle, rec)
+
+    ch.publish = kafka_away_for_the_second  # type: ignore[method-assign]
+    assert asyncio.run(sched.merge_cycle()) == []
+    assert [(b, r.state) for b, r in ch.published] == [(left, State.MERGING), (left, State.OWNED)]
+    assert ch.table.records[left].src == ME == ch.table.records[left].dst  # an aborted merge, in the log
+    assert count(metrics, "refused") == 1 and count(metrics, "aborted_half_written") == 1
+
+
+def test_a_half_written_merge_found_later_is_aborted_by_the_next_check() -> None:
+    """A crash between the two writes, or a second half delivered after the first was taken back."""
+    sched, ch, metrics, _ = scheduler([ME, ME])
+    left = f"{NS}/0x00000000_0x80000000"
+    ch.table.records[left] = make(
+        State.MERGING, src=ME, version=3, ts=0, writer=ME, children={"0x00000000_0xffffffff": ME}
+    )
+    sched.limits = MergeLimits(enabled=True, hit_count_threshold=5, min_bundles_per_namespace=1)  # no new one
+    asyncio.run(sched.merge_cycle())  # the clock reads 1000 s: far past twice the publish timeout
+    assert [(b, r.state) for b, r in ch.published] == [(left, State.OWNED)]
+    assert count(metrics, "aborted_half_written") == 1
