@@ -124,9 +124,12 @@ class MergeScheduler:
         mine: set[str] = set()
         for bundle in stats:
             try:
-                mine.add(parse_bundle(bundle)[0])
+                namespace = parse_bundle(bundle)[0]
             except BundleError:  # a broker's sample is its bytes: a bad name is skipped, never fatal
                 self.metrics.merges.labels("bad_bundle_name").inc()
+                continue
+            if intents.owned_by(table.get(bundle), self.me):  # not every name a broker reports: its own
+                mine.add(namespace)
         started: list[MergeDecision] = []
         skipped: Counter[str] = Counter()
         for ns in sorted(mine):
@@ -160,6 +163,8 @@ class MergeScheduler:
                 self.metrics.merges.labels(reason).inc()
                 skipped[reason] += 1
             for d in cycle.decisions:
+                if self._paused():
+                    break  # a drain began during this check: start nothing more
                 if await self._start(d):
                     started.append(d)
         # Forget the counters of namespaces this broker no longer holds bundles of.
