@@ -27,6 +27,7 @@ import structlog
 
 from trimtab.agent.adapters.base import Sampler
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.ownjobs import OwnerJobs
 from trimtab.agent.reporter import LoadReporter
 from trimtab.balance.merge import MergeDecision, MergeLimits, half_written, merge_candidates, merge_room
 from trimtab.channel import intents
@@ -78,33 +79,20 @@ class MergeScheduler:
         self.last: dict[str, Any] | None = None  # the last check, for the agent's status
 
     @classmethod
-    def from_settings(
-        cls,
-        s: Settings,
-        me: str,
-        channel: ChannelClient,
-        *,
-        reporter: LoadReporter,
-        adapter: Sampler,
-        layouts: LayoutSource,
-        events: EventPublisher,
-        metrics: AgentMetrics,
-        paused: Callable[[], bool],
-        clock: Callable[[], float] = time.time,
-    ) -> MergeScheduler:
+    def from_settings(cls, s: Settings, jobs: OwnerJobs, *, layouts: LayoutSource) -> MergeScheduler:
         """One construction for the agent's wiring and the simulator's agents."""
         return cls(
-            me,
-            channel,
-            reporter=reporter,
-            adapter=adapter,
+            jobs.me,
+            jobs.channel,
+            reporter=jobs.reporter,
+            adapter=jobs.adapter,
             layouts=layouts,
-            events=events,
-            metrics=metrics,
+            events=jobs.events,
+            metrics=jobs.metrics,
             limits=MergeLimits.from_settings(s),
             interval_s=s.merge.interval_s,
-            paused=paused,
-            clock=clock,
+            paused=jobs.paused,
+            clock=jobs.clock,
         )
 
     def schedule(self) -> Schedule:

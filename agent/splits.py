@@ -28,6 +28,7 @@ import structlog
 
 from trimtab.agent.adapters.base import Sampler
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.ownjobs import OwnerJobs
 from trimtab.agent.reporter import LoadReporter
 from trimtab.balance.load import BundleStats
 from trimtab.balance.split import SplitDecision, SplitLimits, children_for, decide_splits
@@ -105,35 +106,22 @@ class SplitScheduler:
         channel.table.add_listener(self._record_changed)
 
     @classmethod
-    def from_settings(
-        cls,
-        s: Settings,
-        me: str,
-        channel: ChannelClient,
-        *,
-        reporter: LoadReporter,
-        adapter: Sampler,
-        layouts: Layouts,
-        events: EventPublisher,
-        metrics: AgentMetrics,
-        paused: Callable[[], bool],
-        clock: Callable[[], float] = time.time,
-    ) -> SplitScheduler:
+    def from_settings(cls, s: Settings, jobs: OwnerJobs, *, layouts: Layouts) -> SplitScheduler:
         """The scheduler with the ``split`` settings (limits, cadence, auto-unload): one construction for the
         agent's wiring and the simulator's agents."""
         return cls(
-            me,
-            channel,
-            reporter=reporter,
-            adapter=adapter,
+            jobs.me,
+            jobs.channel,
+            reporter=jobs.reporter,
+            adapter=jobs.adapter,
             layouts=layouts,
-            events=events,
-            metrics=metrics,
+            events=jobs.events,
+            metrics=jobs.metrics,
             limits=SplitLimits.from_settings(s),
             enabled=s.split.enabled,
             interval_s=s.split.interval_s,
-            paused=paused,
-            clock=clock,
+            paused=jobs.paused,
+            clock=jobs.clock,
             auto_unload=s.split.auto_unload,
         )
 

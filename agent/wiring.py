@@ -32,6 +32,7 @@ from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.lookup import LayoutCache, LookupService, NamespaceLoader
 from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.ownjobs import OwnerJobs
 from trimtab.agent.prewarm import Prewarmer
 from trimtab.agent.ratelimit import ClientRateLimiter
 from trimtab.agent.reconciler import Reconciler
@@ -197,35 +198,16 @@ def build(
         draining=lambda: drainer.draining,
         clock=clock,
     )
-    splits = SplitScheduler.from_settings(
-        s,
-        me,
-        channel,
-        reporter=reporter,
-        adapter=retrying,
-        layouts=layouts,
-        events=events,
-        metrics=metrics,
-        paused=lambda: drainer.draining,
-        clock=clock,
+    own = OwnerJobs(
+        me, channel, reporter, retrying, events, metrics, paused=lambda: drainer.draining, clock=clock
     )
+    splits = SplitScheduler.from_settings(s, own, layouts=layouts)
 
     async def merge_layout(namespace: str) -> BundleLayout | None:
         got = await asyncio.to_thread(namespaces.read, namespace)
         return got[0].layout(namespace) if got is not None else None
 
-    merges = MergeScheduler.from_settings(
-        s,
-        me,
-        channel,
-        reporter=reporter,
-        adapter=retrying,
-        layouts=merge_layout,
-        events=events,
-        metrics=metrics,
-        paused=lambda: drainer.draining,
-        clock=clock,
-    )
+    merges = MergeScheduler.from_settings(s, own, layouts=merge_layout)
 
     _route_events(loop, channel, layouts, reconciler, lookups, registry, zk, metrics)
     prewarmer = Prewarmer(me, retrying, replica.standby_index, drainer.owned, metrics)

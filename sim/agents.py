@@ -34,6 +34,7 @@ from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.lookup import LayoutCache, LookupResult, LookupService
 from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.ownjobs import OwnerJobs
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.reporter import LoadReporter
 from trimtab.agent.splits import SplitScheduler
@@ -179,34 +180,6 @@ def build_reporter(
     )
 
 
-def build_splitter(
-    s: Settings,
-    loop: asyncio.AbstractEventLoop,
-    *,
-    me: str,
-    channel: ChannelClient,
-    reporter: LoadReporter,
-    sampler: SimBroker,
-    layouts: SimLayouts,
-    events: EventPublisher,
-    metrics: AgentMetrics,
-    paused: Callable[[], bool],
-) -> SplitScheduler:
-    """The split scheduler as the agent's wiring builds it (``paused``: the drain has begun)."""
-    return SplitScheduler.from_settings(
-        s,
-        me,
-        channel,
-        reporter=reporter,
-        adapter=sampler,
-        layouts=layouts,
-        events=events,
-        metrics=metrics,
-        paused=paused,
-        clock=loop.time,
-    )
-
-
 def _deleted(old: Record | None, new: Record | None) -> bool:
     return (new is not None and new.state is State.DELETED) or (
         new is None and old is not None and old.state is State.DELETED
@@ -313,38 +286,17 @@ class SimAgent:
             monotonic=clock,
         )
         self.requests = 0  # lookups being answered
-        self.splitter = None
-        if s.split.enabled:
-            self.splitter = build_splitter(
-                s,
-                loop,
-                me=me,
-                channel=channel,
-                reporter=reporter,
-                sampler=broker,
-                layouts=SimLayouts(layouts),
-                events=events,
-                metrics=metrics,
-                paused=leaving,
-            )
+        own = OwnerJobs(me, channel, reporter, broker, events, metrics, paused=leaving, clock=clock)
+        self.splitter = (
+            SplitScheduler.from_settings(s, own, layouts=SimLayouts(layouts)) if s.split.enabled else None
+        )
         self.merger: MergeScheduler | None = None
         if s.merge.enabled:
 
             async def merge_layout(namespace: str) -> BundleLayout | None:
                 return layouts().get(namespace)
 
-            self.merger = MergeScheduler.from_settings(
-                s,
-                me,
-                channel,
-                reporter=reporter,
-                adapter=broker,
-                layouts=merge_layout,
-                events=events,
-                metrics=metrics,
-                paused=leaving,
-                clock=clock,
-            )
+            self.merger = MergeScheduler.from_settings(s, own, layouts=merge_layout)
         self.jobs: JobRunner | None = None  # the load reports and auto-splits, while the agent stays
 
     def _served(self, reporter: LoadReporter, bundle: str, serving: bool) -> None:

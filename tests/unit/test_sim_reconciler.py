@@ -24,6 +24,7 @@ from tests.unit.test_sim_jobs import document
 from trimtab.agent.leases import LeaseGuard
 from trimtab.agent.lookup import LookupService
 from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.ownjobs import OwnerJobs
 from trimtab.agent.reconciler import Reconciler
 from trimtab.agent.splits import SplitScheduler
 from trimtab.channel.memory import MemoryTransport
@@ -293,21 +294,21 @@ def test_the_split_scheduler_has_one_construction_from_the_settings() -> None:
     s = load_settings(
         None, {"split": {"interval_s": 17, "auto_unload": True, "max_topics": 123}}, environ=False
     )
-    sched = SplitScheduler.from_settings(
-        s,
+    own = OwnerJobs(
         "me:1",
         MemoryChannel(),  # type: ignore[arg-type]
         reporter=None,  # type: ignore[arg-type]
         adapter=None,  # type: ignore[arg-type]
-        layouts=None,  # type: ignore[arg-type]
         events=None,  # type: ignore[arg-type]
         metrics=None,  # type: ignore[arg-type]
         paused=lambda: False,
     )
+    sched = SplitScheduler.from_settings(s, own, layouts=None)  # type: ignore[arg-type]
     assert (sched.interval_s, sched.auto_unload, sched.enabled) == (17, True, s.split.enabled)
     assert sched.limits.max_topics == 123
     wiring = (ROOT / "agent" / "wiring.py").read_text()
     assert "SplitScheduler.from_settings(" in wiring and "SplitScheduler(" not in wiring
+    assert "MergeScheduler.from_settings(" in wiring and "MergeScheduler(" not in wiring
 
 
 class MemoryChannel:
