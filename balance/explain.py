@@ -37,6 +37,7 @@ SHED_SKIPS: Mapping[str, str] = {
     "paused": "shedding is paused by an operator or disabled",
     "safe_mode": "the leader is in safe mode",
     "unloads_in_flight": "the last cycle's moves are not done yet (up to shedding.unload_timeout_s)",
+    "operations_not_loaded": "a new leader is still reading the stored operations: its moves could not be stored",
 }
 
 

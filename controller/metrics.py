@@ -65,7 +65,7 @@ class ControllerMetrics:
                 "trimtab_shedding_cycles_total",
                 "Shedding cycles by result (success, skip, failure) and reason "
                 "(overloaded, underloaded, balanced, hit_count, cool_down, no_load_data, no_brokers, no_bundles, paused, safe_mode, "
-                "unloads_in_flight).",
+                "unloads_in_flight, operations_not_loaded).",
                 ["result", "reason"],
                 registry=r,
             ),

@@ -149,11 +149,19 @@ class SheddingJob:
         skip = self.skip_reason(len(live))
         if skip is None and self.state.moves:
             skip = "unloads_in_flight"
+        if skip is None and not self.operations.loaded:
+            skip = "operations_not_loaded"  # a new leader still reading them: its moves could not be stored
         if skip is not None:
             self.metrics.shed_cycles.labels("skip", skip).inc()
             return None
+        # The shedder's memory as it was: restored if the moves it decided cannot be started, so that
+        # bundles and brokers do not sit out a grace period or cool-down for moves that never happened.
+        memory = (dict(self.state.recent_bundles), dict(self.state.recent_brokers), self.state.hit_count)
         res = self.decide({b: not i.draining for b, i in live.items()})
         published = await self._publish(res)
+        if published is None:
+            self.state.recent_bundles, self.state.recent_brokers, self.state.hit_count = memory
+            published = 0
         log.info(
             "shedding_cycle",
             result=res.result,
@@ -217,7 +225,9 @@ class SheddingJob:
         observe_shed_cycle(self.metrics, res, self.perf() - t0)
         return res
 
-    async def _publish(self, res: ShedResult) -> int:
+    async def _publish(self, res: ShedResult) -> int | None:
+        """The decisions started as one ``shed`` operation; how many moves were published, or None when the
+        operation could not be started (not confirmed as leader, operations not read)."""
         if not res.decisions:
             return 0
         now = int(self.clock() * 1000)
@@ -232,7 +242,7 @@ class SheddingJob:
         except RequestError as e:  # not confirmed, or the operations not read yet: the next cycle
             log.warning("shedding_not_started", error=str(e))
             res.decisions = []
-            return 0
+            return None
         for bundle, rec in done:
             assert rec.src is not None
             track_move(self.state, bundle, rec.src, rec.version, now)

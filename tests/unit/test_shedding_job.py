@@ -268,3 +268,26 @@ def test_a_cycles_moves_are_one_operation_stored_before_they_are_published_and_f
     asyncio.run(w.operations.run_once())
     done = w.operations.get(op.id)
     assert done.state is ops.OpState.DONE and done.progress() == (len(op.moves), len(op.moves))
+
+
+def test_no_cycle_before_the_operations_are_read_and_a_move_not_started_costs_no_grace_period() -> None:
+    """Review finding: with the operations not read yet (a new leader), or leadership not confirmed, the
+    shedder still put the bundles it chose in their 30-minute grace period and their brokers in cool-down,
+    though nothing moved."""
+    w = World()
+    assert w.operations is not None
+    w.operations.loaded = False
+    assert w.cycle() is None
+    assert w.value("trimtab_shedding_cycles_total", result="skip", reason="operations_not_loaded") == 1
+    w.operations.loaded = True
+
+    async def unconfirmed() -> bool:
+        return False
+
+    w.operations.leadership.confirm = unconfirmed  # type: ignore[method-assign]
+    res = w.cycle()
+    assert res is not None and res.decisions == [] and not w.writes.published
+    assert not w.job.state.recent_bundles and not w.job.state.recent_brokers  # as before the cycle
+    w.operations.leadership.confirm = Leadership().confirm  # type: ignore[method-assign]
+    again = w.cycle(after_s=1)
+    assert again is not None and again.decisions and w.writes.published  # nothing held them back
