@@ -110,6 +110,9 @@ def leader(settings: Settings, log: MemoryLog, nodes: list[Node]) -> Node:
     nodes.append(node)
     wait_for(lambda: node.ctl.leadership.is_leader, message="the only controller leads")
     wait_for(lambda: node.ctl.leadership.safe_mode() is None, message="out of safe mode")
+    # What a new leader reads first (the daemon's _on_lead, which this piecewise node does not run):
+    # without its stored operations its shedding skips (operations_not_loaded).
+    asyncio.run(node.ctl.operations.on_lead())
     return node
 
 
