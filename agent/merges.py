@@ -16,7 +16,6 @@ while the broker drains.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections import Counter
@@ -185,9 +184,7 @@ class MergeScheduler:
                 continue
             try:
                 aborted = intents.abort_merge(rec, self.me, now_ms=now)
-                await asyncio.wait_for(
-                    asyncio.wrap_future(self.channel.publish(bundle, aborted)), self.publish_timeout_s
-                )
+                await self.channel.publish_acked(bundle, aborted, self.publish_timeout_s)
             except (intents.IntentRefused, TransportError, TimeoutError) as e:
                 log.warning("merge_abort_failed", bundle=bundle, error=str(e) or type(e).__name__)
                 continue
@@ -205,8 +202,7 @@ class MergeScheduler:
             cur: Record | None = self.channel.table.get(bundle)
             try:
                 rec = intents.merge(cur, self.me, union, writer=self.me, now_ms=now)
-                published = asyncio.wrap_future(self.channel.publish(bundle, rec))
-                await asyncio.wait_for(published, self.publish_timeout_s)
+                await self.channel.publish_acked(bundle, rec, self.publish_timeout_s)
             except (intents.IntentRefused, TransportError, TimeoutError) as e:
                 self.metrics.merges.labels("refused").inc()
                 log.info("merge_refused", bundle=bundle, merged=d.merged, reason=str(e) or type(e).__name__)

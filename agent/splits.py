@@ -190,9 +190,7 @@ class SplitScheduler:
                     cur, src=self.me, dst=None, writer=self.me, now_ms=int(self.clock() * 1000)
                 )
                 try:
-                    await asyncio.wait_for(
-                        asyncio.wrap_future(self.channel.publish(child, rec)), self.publish_timeout_s
-                    )
+                    await self.channel.publish_acked(child, rec, self.publish_timeout_s)
                 except Exception as e:
                     log.warning("split_child_unload_failed", bundle=child, error=str(e))
                     continue
@@ -226,8 +224,7 @@ class SplitScheduler:
         cur = self.check_owned(d.bundle)
         children = [c.name for c in d.children]
         rec = intents.split(cur, self.me, children, writer=self.me, now_ms=int(self.clock() * 1000))
-        published = asyncio.wrap_future(self.channel.publish(d.bundle, rec))
-        await asyncio.wait_for(published, self.publish_timeout_s)
+        await self.channel.publish_acked(d.bundle, rec, self.publish_timeout_s)
         self.events.publish("split", bundle=d.bundle, reason=d.reason, children=children)
         log.info("split_published", bundle=d.bundle, reason=d.reason, children=children)
         return rec

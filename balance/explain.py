@@ -38,6 +38,7 @@ SHED_SKIPS: Mapping[str, str] = {
     "safe_mode": "the leader is in safe mode",
     "unloads_in_flight": "the last cycle's moves are not done yet (up to shedding.unload_timeout_s)",
     "operations_not_loaded": "a new leader is still reading the stored operations: its moves could not be stored",
+    "stale_load_data": "a broker that shed recently has not reported its load since: the statistics would be wrong",
 }
 
 
@@ -51,6 +52,7 @@ def explain_cluster(
     healing: Mapping[str, Any],
     waiting: Mapping[str, int],
     draining: Iterable[str],
+    stale: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Why the cluster is (or is not) balanced right now, most decisive first."""
     out: list[Reason] = []
@@ -75,8 +77,25 @@ def explain_cluster(
                 f"{failed} failed; {healing.get('pending_bundles', 0)} bundles still to move",
             )
         )
+    if healing.get("held"):
+        held = ", ".join(sorted(healing["held"]))
+        out.append(
+            Reason(
+                "healing_held",
+                f"an operator paused the healing of {held}: its bundles stay unowned until `admin ops resume`",
+            )
+        )
     for word, n in sorted(waiting.items()):
         out.append(Reason(word, f"{n} moves of operations wait ({word.replace('_', ' ')})"))
+    outdated = sorted(stale)
+    if outdated:
+        out.append(
+            Reason(
+                "stale_load_report",
+                f"{', '.join(outdated)} reported no load within load.ttl_s: left out of shedding (neither gives nor "
+                "takes load) until they report again",
+            )
+        )
     drained = sorted(draining)
     if drained:
         out.append(Reason("draining", f"{', '.join(drained)} take no new bundles (draining)"))

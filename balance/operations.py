@@ -33,6 +33,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from trimtab.balance.heal import needs_healing
 from trimtab.channel import intents
 from trimtab.channel.bundles import parse_bundle
 from trimtab.channel.records import Record, State
@@ -47,6 +48,16 @@ class OpKind(StrEnum):
     UNLOAD = "unload"  # an operator's unload of one bundle
     DRAIN = "drain"  # every bundle off one broker
     MAINTENANCE = "maintenance"  # a drain with a deadline, the broker then kept out of service
+    HEAL = "heal"  # a failed broker's bundles, moved by the healing job along its persisted plan
+    SPLIT = "split"  # one bundle split by its owner's agent
+    MERGE = "merge"  # two neighbouring bundles merged into one by their owner's agent
+
+
+#: Operations the leader records and follows but does not carry out itself: a split or a merge is one
+#: channel transition published by the owner's agent (only it has the bundle's figures), healing is driven by
+#: the healing job from its own persisted plan (forced overrides, re-chosen destinations, the mass-failure
+#: guard). Their moves end as the channel shows (:func:`follow`); :func:`advance` never publishes for them.
+FOLLOWED = frozenset({OpKind.HEAL, OpKind.SPLIT, OpKind.MERGE})
 
 
 class OpState(StrEnum):
@@ -74,6 +85,9 @@ class Outcome(StrEnum):
     SUPERSEDED = "superseded"  # the move was made, and something else moved the bundle afterwards
     GONE = "gone"  # the bundle was split or deleted
     CANCELLED = "cancelled"  # never started: the operation was cancelled
+    SPLIT = "split"  # a split operation's bundle was replaced by its children
+    MERGED = "merged"  # a merge operation's bundle was replaced by the merged bundle
+    ABORTED = "aborted"  # a split or merge that did not complete: the bundle is back as it was
 
 
 class Move(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -271,7 +285,27 @@ def extend(op: Operation, moves: Iterable[tuple[str, str, str | None]], *, now_m
 
 
 # ---------------------------------------------------------------------------------------------- the verbs
+_ONE_TRANSITION = (
+    "a split or merge is one channel transition published by the owner's agent: it completes or aborts by "
+    "itself within channel.in_flight_timeout_s"
+)
+
+
+def _refuse_followed(op: Operation, verb: str) -> None:
+    """Verbs that do not apply to a followed operation's kind (409 with the reason)."""
+    if op.kind in (OpKind.SPLIT, OpKind.MERGE):
+        raise OperationRefused(op, verb, _ONE_TRANSITION)
+    if op.kind is OpKind.HEAL and verb == "cancel":
+        raise OperationRefused(
+            op,
+            verb,
+            "cancelled healing would leave the failed broker's bundles unowned; pause it to hold it, or bring "
+            "the broker back (its healing then ends by itself)",
+        )
+
+
 def pause(op: Operation, *, why: str, now_ms: int) -> Operation:
+    _refuse_followed(op, "pause")
     if op.state.terminal:
         raise OperationRefused(op, "pause", "it has finished")
     if op.state is OpState.PAUSED:
@@ -280,11 +314,12 @@ def pause(op: Operation, *, why: str, now_ms: int) -> Operation:
 
 
 def resume(op: Operation, *, now_ms: int) -> Operation:
+    _refuse_followed(op, "resume")
     if op.state.terminal:
         raise OperationRefused(op, "resume", "it has finished")
     if op.state is not OpState.PAUSED:
         return op
-    started = any(m.started_version is not None or not m.open for m in op.moves)
+    started = op.kind in FOLLOWED or any(m.started_version is not None or not m.open for m in op.moves)
     state = OpState.RUNNING if started else OpState.PENDING
     return msgspec.structs.replace(op, state=state, state_reason=None, updated_ms=now_ms)
 
@@ -292,6 +327,7 @@ def resume(op: Operation, *, now_ms: int) -> Operation:
 def cancel(op: Operation, *, why: str, now_ms: int) -> Operation:
     """Cancelled: no new move starts; moves already started are finished by the channel and their outcome
     still recorded (a move cannot be taken back half made)."""
+    _refuse_followed(op, "cancel")
     if op.state.terminal:
         raise OperationRefused(op, "cancel", "it has finished")
     return msgspec.structs.replace(op, state=OpState.CANCELLED, state_reason=why, updated_ms=now_ms)
@@ -465,6 +501,8 @@ class _Pass:
         """Started moves: an outcome once the bundle is settled; proposed again if their record never
         arrived -- counted in the budget meanwhile, as the in-flight records they are meant to be."""
         for i, op in enumerate(self.ops):
+            if op.kind in FOLLOWED:
+                continue
             for j, m in enumerate(op.moves):
                 if not m.open or m.started_version is None:
                     continue
@@ -493,6 +531,8 @@ class _Pass:
     def start_new(self, budget: Budget) -> None:
         queues: dict[str, list[tuple[int, int]]] = {}
         for i, op in enumerate(self.ops):
+            if op.kind in FOLLOWED:
+                continue
             unstarted = [j for j, m in enumerate(op.moves) if m.open and m.started_version is None]
             if op.state is OpState.CANCELLED:
                 for j in unstarted:
@@ -570,6 +610,8 @@ class _Pass:
         """The operations' states follow their moves."""
         out = self.ops
         for i, op in enumerate(out):
+            if op.kind in FOLLOWED:
+                continue
             moves = tuple(self.moves[i]) if i in self.moves else op.moves
             state = op.state
             if state is OpState.PENDING and any(m.started_version is not None or not m.open for m in moves):
@@ -589,6 +631,165 @@ class _Pass:
                     op, moves=moves, state=state, state_reason=why, updated_ms=self.now
                 )
         return Advance(out, self.publish, self.waiting, self.outcomes)
+
+
+# ---------------------------------------------------------------------------------------------- followed
+def followed(
+    op_id: str,
+    kind: OpKind,
+    moves: Iterable[tuple[str, str, str | None, int | None]],
+    *,
+    reason: str,
+    requested_by: str,
+    now_ms: int,
+    target: str | None = None,
+) -> Operation:
+    """A running operation of a :data:`FOLLOWED` kind: ``moves`` are (bundle, src, dst or None, the version of
+    the record that started it or None). A split's one move is its bundle (src: its owner, started at the
+    ``Splitting`` record); a merge's two are its parents (``target``: the merged bundle); a heal's are the
+    failed broker's bundles (src: that broker, dst: the planned destination, never started here)."""
+    if kind not in FOLLOWED:
+        raise ValueError(f"{kind.value} operations are carried out by the leader, not followed")
+    given = list(moves)
+    out = _moves(op_id, [(b, src, dst) for b, src, dst, _ in given], set())
+    if len(out) > MAX_MOVES:
+        raise ValueError(f"operation {op_id} would have {len(out)} moves, more than {MAX_MOVES}")
+    out = [
+        msgspec.structs.replace(m, started_version=v, started_ms=now_ms if v is not None else None)
+        for m, (_, _, _, v) in zip(out, given, strict=True)
+    ]
+    return Operation(
+        id=op_id,
+        kind=kind,
+        reason=reason,
+        requested_by=requested_by,
+        created_ms=now_ms,
+        updated_ms=now_ms,
+        state=OpState.RUNNING,
+        target=target,
+        moves=tuple(out),
+    )
+
+
+def add_followed(
+    op: Operation, moves: Iterable[tuple[str, str, str | None, int | None]], *, now_ms: int
+) -> Operation:
+    """A followed operation with more moves (a merge's second parent, seen after the first)."""
+    given = [x for x in moves if x[0] not in {m.bundle for m in op.moves}]
+    if op.state.terminal or not given:
+        return op
+    more = followed(op.id, op.kind, given, reason=op.reason, requested_by=op.requested_by, now_ms=now_ms)
+    return msgspec.structs.replace(op, moves=op.moves + more.moves, updated_ms=now_ms)
+
+
+def _followed_outcome(kind: OpKind, move: Move, cur: Record | None) -> Outcome | None:
+    """How a followed move ended, from its bundle's record now; None while it is still under way."""
+    if kind is OpKind.HEAL:
+        # Healed once the record no longer needs the failed broker and is settled (an override in flight to
+        # a live broker is still on its way).
+        if cur is None or cur.state is State.DELETED:
+            return Outcome.GONE
+        if cur.state.in_flight or needs_healing(cur, frozenset({move.src})):
+            return None
+        return Outcome.MOVED if move.dst is not None and cur.owner() == move.dst else Outcome.MOVED_ON
+    assert move.started_version is not None
+    done = Outcome.SPLIT if kind is OpKind.SPLIT else Outcome.MERGED
+    if cur is None or cur.state is State.DELETED or cur.version < move.started_version:
+        return done  # replaced (tombstoned once settled; a lower version is the key made again since)
+    if cur.version == move.started_version:
+        return None  # still the record that started it
+    return Outcome.ABORTED  # moved on without being deleted: the split or merge did not complete
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A split or merge seen in the channel that no operation follows yet: the operation to record."""
+
+    kind: OpKind
+    target: str  # the bundle split, or the merged bundle
+    moves: tuple[tuple[str, str, str | None, int | None], ...]  # as :func:`followed` takes them
+    requested_by: str  # the record's writer: the owner's agent, or the leader for ``admin merge``
+    reason: str
+
+
+def observe(seen: Iterable[tuple[str, Record]], tracked: Callable[[str, int], bool]) -> list[Observed]:
+    """The operations to record for in-flight ``Splitting`` and ``Merging`` records not ``tracked(bundle,
+    version)`` yet: one per split, one per merged bundle (both parents together when both are seen)."""
+    out: list[Observed] = []
+    merges: dict[str, list[tuple[str, Record]]] = {}
+    for bundle, rec in sorted(seen, key=lambda x: x[0]):
+        if rec.src is None or tracked(bundle, rec.version):
+            continue
+        if rec.state is State.SPLITTING:
+            n = len(rec.children or ())
+            out.append(
+                Observed(
+                    OpKind.SPLIT,
+                    bundle,
+                    ((bundle, rec.src, None, rec.version),),
+                    rec.writer,
+                    f"split of {bundle} into {n} bundles by its owner {rec.src}",
+                )
+            )
+        elif rec.state is State.MERGING and rec.children and len(rec.children) == 1:
+            try:
+                ns = parse_bundle(bundle)[0]
+            except BundleError:
+                continue
+            merges.setdefault(f"{ns}/{next(iter(rec.children))}", []).append((bundle, rec))
+    for merged, parents in sorted(merges.items()):
+        names = " and ".join(b for b, _ in parents)
+        out.append(
+            Observed(
+                OpKind.MERGE,
+                merged,
+                tuple((b, r.src or "", None, r.version) for b, r in parents),
+                parents[0][1].writer,
+                f"merge of {names} into {merged} by their owner {parents[0][1].src}",
+            )
+        )
+    return out
+
+
+def follow(op: Operation, table_get: Callable[[str], Record | None], *, now_ms: int) -> Operation:
+    """A followed operation brought up to date with the channel (the same object when nothing changed):
+    each open move ends as its bundle's record shows; the operation is done once every move ended -- failed
+    when a split or merge aborted -- and a cancelled one (healing of a broker that came back) ends its open
+    moves as cancelled. Pure: the caller stores what changed."""
+    if op.kind not in FOLLOWED or (op.state.terminal and op.state is not OpState.CANCELLED):
+        return op
+    moves = list(op.moves)
+    for j, m in enumerate(moves):
+        if not m.open:
+            continue
+        got = (
+            Outcome.CANCELLED
+            if op.state is OpState.CANCELLED
+            else _followed_outcome(op.kind, m, table_get(m.bundle))
+        )
+        if got is not None:
+            moves[j] = msgspec.structs.replace(m, outcome=got)
+    state, why = op.state, op.state_reason
+    if not state.terminal and all(not m.open for m in moves):
+        aborted = sum(1 for m in moves if m.outcome is Outcome.ABORTED)
+        if aborted:
+            state, why = (
+                OpState.FAILED,
+                f"{aborted} of {len(moves)} bundles aborted: the bundle is back as it was",
+            )
+        else:
+            state = OpState.DONE
+    if tuple(moves) == op.moves and state is op.state:
+        return op
+    return msgspec.structs.replace(op, moves=tuple(moves), state=state, state_reason=why, updated_ms=now_ms)
+
+
+def end_followed(op: Operation, *, why: str, now_ms: int) -> Operation:
+    """A heal that ends before its moves did (its broker came back): cancelled with ``why``, open moves
+    ending as cancelled at the next :func:`follow`."""
+    if op.state.terminal:
+        return op
+    return msgspec.structs.replace(op, state=OpState.CANCELLED, state_reason=why, updated_ms=now_ms)
 
 
 def by_state(ops: Iterable[Operation]) -> Mapping[tuple[str, str], int]:

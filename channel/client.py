@@ -14,6 +14,7 @@ to be called more than once. Nothing on the channel can stop the follower (decod
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -247,6 +248,12 @@ class ChannelClient:
             fut: Future[Message] = Future()
             fut.set_exception(e)
             return fut
+
+    async def publish_acked(self, bundle: str, record: Record | None, timeout_s: float) -> Message:
+        """:meth:`publish` from the event loop, waiting for Kafka's acknowledgement: TimeoutError after
+        ``timeout_s``, the TransportError if it cannot be written. (Acknowledged is not accepted: replay
+        decides that.)"""
+        return await asyncio.wait_for(asyncio.wrap_future(self.publish(bundle, record)), timeout_s)
 
     def send(self, bundle: str, record: Record | None, on_done: Delivered) -> None:
         """:meth:`publish` without a future (:meth:`Transport.send`): ``on_done`` gets None once the record

@@ -690,8 +690,9 @@ class HealingSettings(Section):
 
 
 class OperationSettings(Section):
-    """The leader's operations (docs/operations.md): drains and maintenance (shedding moves and operators' transfers still publish directly), each a
-    record in ZooKeeper that a new leader resumes."""
+    """The leader's operations (docs/operations.md): shedding moves, operators' transfers, unloads and drains,
+    maintenance -- and the splits, merges and healing plans it follows -- each a record in ZooKeeper that a
+    new leader resumes."""
 
     interval_s: Seconds = Field(1.0, description="How often the leader advances the running operations.")
     max_in_flight: int = Field(

@@ -338,7 +338,11 @@ def _operations(app: FastAPI, ctl: ControllerApi) -> None:
             **leader_only,
             400: {"model": ErrorBody, "description": "Not a verb (pause, resume, cancel)"},
             404: {"model": ErrorBody, "description": "No such operation"},
-            409: {"model": ErrorBody, "description": "The verb does not apply: the operation has finished"},
+            409: {
+                "model": ErrorBody,
+                "description": "The verb does not apply: the operation has finished, or is of a kind it "
+                "never applies to (split and merge: one channel transition; heal: no cancel)",
+            },
         },
         summary="Pause, resume or cancel an operation (persisted: a new leader keeps it so)",
         description="pause: moves already started finish, no new one starts. resume: carries on. cancel: moves "

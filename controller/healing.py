@@ -43,6 +43,7 @@ from trimtab.cluster.kvview import LatestValues
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
+from trimtab.controller.operations import HealPlan
 from trimtab.controller.placement.destinations import Destinations
 from trimtab.controller.stores import Chunk, FailedBroker, FailedBrokerStore, PlanStore
 from trimtab.controller.writes import ChannelWrites
@@ -83,12 +84,35 @@ class Healer:
         # The persisted plans, as this leader last read or wrote them: it is their only writer while it
         # leads, so rounds need not read ZooKeeper again (load() re-reads them on every new leadership).
         self._chunks: dict[str, dict[int, Chunk]] = {}
+        # Each failed broker's whole plan (chunks already satisfied included), followed as a ``heal``
+        # operation; replaced whole, never changed in place (read on the loop while a round runs in a thread).
+        self._plans: dict[str, HealPlan] = {}
+        self.held: list[
+            str
+        ] = []  # failed brokers skipped in the last round: an operator paused their healing
 
     def load(self) -> None:
         """Read what a previous leader left (failed brokers); called when leadership starts."""
         self.failed = self.failed_store.read()
         self._chunks = {b: self.plans.read(b) for b in self.plans.brokers()}
+        self._plans = {
+            b: self._plan(b, [c.bundles for c in chunks.values()]) for b, chunks in self._chunks.items()
+        }
         self.loaded = True
+
+    def _plan(self, broker: str, chunks: list[dict[str, str | None]]) -> HealPlan:
+        f = self.failed.get(broker)
+        return HealPlan(f.first_failure if f is not None else 0, {b: d for c in chunks for b, d in c.items()})
+
+    def _forget(self, broker: str) -> None:
+        self.failed_store.clear(broker)
+        self.plans.drop(broker)
+        self._chunks.pop(broker, None)
+        self._plans = {b: p for b, p in self._plans.items() if b != broker}
+
+    def heal_plans(self) -> Mapping[str, HealPlan] | None:
+        """Each failed broker's whole plan (the ``heal`` operations follow them); None until loaded."""
+        return self._plans if self.loaded else None
 
     # ------------------------------------------------------------------ 1. bookkeeping (blocking)
     def bookkeeping(
@@ -103,15 +127,11 @@ class Healer:
             if b not in self.failed and self.failed_store.record(b, now_ms, self._writer(), self._term()):
                 events.append(("recorded", b))
         for b in sorted(set(self.failed) & live):
-            self.failed_store.clear(b)
-            self.plans.drop(b)
-            self._chunks.pop(b, None)
+            self._forget(b)
             events.append(("cancelled", b))
         for b in sorted(set(self.failed) - named - live):
             # Nothing names it any more: healed (or it owned nothing). Forget it.
-            self.failed_store.clear(b)
-            self.plans.drop(b)
-            self._chunks.pop(b, None)
+            self._forget(b)
             events.append(("healed", b))
         if events:
             self.failed = self.failed_store.read()
@@ -129,6 +149,7 @@ class Healer:
         plan_rules: PlanRules | None = None,
         emit: Callable[[list[Override]], None] | None = None,
         planned: Collection[str] = (),
+        held: Collection[str] = (),
     ) -> tuple[list[Override], dict[str, Any]]:
         """The overrides to publish now. ``live`` maps live, non-draining broker -> load EMA; ``allowed``
         (the placement rules) restricts each bundle's destination, in new plans and persisted ones.
@@ -136,7 +157,8 @@ class Healer:
         (it may copy the placement index), its ``placed`` callback sees every pick of every plan of the
         round, so the plans of two dead brokers spread one anti-affinity group together. ``emit``, when
         given, receives each chunk's overrides as soon as they are decided (to publish them while the round
-        goes on); they are returned all the same."""
+        goes on); they are returned all the same. ``held``: failed brokers whose healing an operator paused
+        (their ``heal`` operation): skipped, listed in ``info["held"]``."""
         info: dict[str, Any] = {
             "failed": sorted(self.failed),
             "planned": sorted(set(self.failed) & set(planned)),
@@ -161,12 +183,15 @@ class Healer:
         self.pending = len(needing)
         first_failures = {b: f.first_failure for b, f in self.failed.items()}
         self.overdue = overdue(first_failures, (r for _, r in needing), self.cfg, now_ms)
+        self.held = info["held"] = sorted(set(ripe) & set(held))
         if self.paused_reason is not None or not ripe:
             return [], info
         in_flight = in_flight_by_broker(items)
         out: list[Override] = []
         rules: tuple[Callable[[str], Collection[str]] | None, Callable[[str, str], None] | None] | None = None
         for dead in ripe:
+            if dead in held:
+                continue
             chunks = self._chunks.get(dead) or {}
             fresh = False  # a plan made this round already obeys this round's rules
             if not chunks:
@@ -177,8 +202,10 @@ class Healer:
                     rules = plan_rules() if plan_rules is not None else (allowed, None)
                 dests = plan_destinations(mine, dict(live), dict(in_flight), *rules)
                 parts = [mine[i : i + self.chunk_size] for i in range(0, len(mine), self.chunk_size)]
-                plan = self.plans.write_plan(dead, [{b: dests[b] for b in p} for p in parts], self._term())
+                whole = [{b: dests[b] for b in p} for p in parts]
+                plan = self.plans.write_plan(dead, whole, self._term())
                 chunks = self._chunks[dead] = plan
+                self._plans = {**self._plans, dead: self._plan(dead, whole)}
                 fresh = True
             for seq, chunk in list(chunks.items()):
                 todo = [
@@ -220,6 +247,7 @@ class Healer:
             },
             "paused": self.paused_reason,
             "pending_bundles": self.pending,
+            "held": list(self.held),
             "grace_s": self.cfg.grace_s,
             "overdue": dict(self.overdue),
             "alert_after_s": self.cfg.alert_after_s,
@@ -265,10 +293,14 @@ class HealingJob:
         mono: Callable[[], float] = time.monotonic,
         bookkeeping_every_s: float = 5.0,
         in_maintenance: Callable[[], Collection[str]] | None = None,
+        held: Callable[[], Collection[str]] | None = None,
     ) -> None:
         """``in_maintenance`` (blocking, read only while brokers are failed): brokers an operator took out
-        on purpose, which with the brokers last seen draining never count towards the mass-failure guard."""
+        on purpose, which with the brokers last seen draining never count towards the mass-failure guard.
+        ``held()``: failed brokers whose healing an operator paused (``admin ops pause`` of their ``heal``
+        operation)."""
         self.healer = healer
+        self.held = held
         self.in_maintenance = in_maintenance
         self.seen_draining: set[str] = set()  # live brokers last seen draining (a departure then is planned)
         self.table = table
@@ -341,6 +373,7 @@ class HealingJob:
                 self.destinations.plan_rules,
                 batch.add,
                 frozenset(planned),
+                self.held() if self.held is not None else (),
             )
         except Exception:
             await batch.finish()  # the chunks published before the failure are acknowledged and counted

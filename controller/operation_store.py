@@ -233,10 +233,21 @@ class ZkOperations:
         first, the header last."""
         old = chunks_of(before.moves) if before is not None else []
         for seq, chunk in enumerate(chunks_of(op.moves)):
-            if seq >= len(old) or old[seq] != chunk:
+            if seq >= len(old):
+                # A chunk the operation did not have (a drain extended past a multiple of CHUNK_MOVES): made,
+                # not set -- setting a znode that does not exist would read as a conflict on every pass.
+                self._create(self._path(op.id, seq), _ENC.encode(list(chunk)))
+            elif old[seq] != chunk:
                 self._set(self._path(op.id, seq), _ENC.encode(list(chunk)))
         if before is None or header_of(before) != header_of(op):
             self._set(self._path(op.id), _ENC.encode(header_of(op)))
+
+    def _create(self, path: str, data: bytes) -> None:
+        try:
+            self.zk.create(path, data)
+        except (NodeExistsError, NoNodeError):
+            raise OperationConflict(f"{path} was written (or deleted) by another controller") from None
+        self._versions[path] = 0
 
     def _set(self, path: str, data: bytes) -> None:
         try:
@@ -278,6 +289,8 @@ class MemoryOperations:
         self.parts[op.id] = (_ENC.encode(header_of(op)), [_ENC.encode(list(c)) for c in chunks_of(op.moves)])
 
     def write(self, op: Operation, before: Operation | None) -> None:
+        if op.id not in self.parts:  # as in ZooKeeper: an operation is created, then written
+            raise OperationConflict(f"operation {op.id} was not created (or was deleted)")
         self.writes += 1
         self.parts[op.id] = (_ENC.encode(header_of(op)), [_ENC.encode(list(c)) for c in chunks_of(op.moves)])
 

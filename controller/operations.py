@@ -18,6 +18,7 @@ one stopped; while it leads it is their only writer, so passes work from memory.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -59,11 +60,16 @@ class OperationsJob:
         new_id: Callable[[str], str] | None = None,
         planner: Callable[[str, list[str]], Mapping[str, str | None]] | None = None,
         usable: Callable[[str], bool] | None = None,
+        heal_plans: Callable[[], Mapping[str, HealPlan] | None] | None = None,
     ) -> None:
         """``settings`` is read on every pass: limits changed at run time apply from the next one.
         ``planner(broker, bundles)``: destinations for bundles that reached a broker being drained after its
         drain was planned (added to the drain); ``usable(broker)``: whether a planned destination may still
-        take bundles (live, not draining, not in maintenance) -- a move to one that may not is an unload."""
+        take bundles (live, not draining, not in maintenance) -- a move to one that may not is an unload.
+        ``heal_plans()``: the healing job's persisted plans (failed broker -> its first failure and the
+        planned destination of each of its bundles), None until it has read them: each is followed as a
+        ``heal`` operation. Splits and merges are seen in the channel (a table listener) and followed as
+        ``split`` and ``merge`` operations."""
         self.settings = settings
         self.store = store
         self.table = table
@@ -75,6 +81,13 @@ class OperationsJob:
         self.new_id = new_id or (lambda kind: f"{kind}-{int(clock() * 1000):x}-{secrets.token_hex(3)}")
         self.planner = planner
         self.usable = usable
+        self.heal_plans = heal_plans
+        # Splitting/Merging records seen since the last pass, by bundle: kept by a table listener (the feeder's
+        # thread; single dict operations), the table rescanned when it was replaced (a history gap) or
+        # leadership starts.
+        self._transitions: dict[str, Record] = {}
+        self._rescan = True
+        table.add_listener(self._on_change)
         self.ops: dict[str, ops.Operation] = {}
         self.loaded = False
         self.last_waits: dict[str, int] = {}
@@ -92,6 +105,8 @@ class OperationsJob:
     def load(self) -> None:
         """Read every stored operation (leadership starts: what the last leader left)."""
         self.ops = {op.id: op for op in self.store.list()}
+        self._transitions.clear()
+        self._rescan = True
         self.loaded = True
         unfinished = [op.id for op in self.ops.values() if not op.state.terminal]
         log.info("operations_loaded", operations=len(self.ops), unfinished=len(unfinished))
@@ -132,10 +147,126 @@ class OperationsJob:
             log.warning("operation_not_extended", operation=op.id, error=str(e))
             return op
 
+    # ------------------------------------------------------------------ followed operations
+    def _on_change(self, bundle: str, old: Record | None, new: Record | None) -> None:
+        # Kept until the next pass records it, even if it settles before: a split is often published and
+        # completed within one pass. Only while leading (followers would keep them forever).
+        if self.loaded and new is not None and new.state in _TRANSITIONS:
+            self._transitions[bundle] = new
+
+    def _seen_transitions(self) -> list[tuple[str, Record]]:
+        """Splits and merges seen since the last pass (taken: each is recorded once)."""
+        if not self.table.live:
+            self._rescan = True  # replaced after a history gap: listeners hear nothing until it is live again
+            return []
+        if self._rescan:
+            self._rescan = False
+            for b, r in self.table.items():
+                if r.state in _TRANSITIONS:
+                    self._transitions[b] = r
+        out = []
+        for b, r in list(self._transitions.items()):
+            out.append((b, r))
+            if self._transitions.get(b) is r:  # not replaced meanwhile by the feeder's thread
+                del self._transitions[b]
+        return out
+
+    async def _follow(self) -> None:
+        """Record the splits, merges and healing plans no operation follows yet, and bring the followed
+        operations up to date with the channel. Nothing is published: only operations are written."""
+        now = self._now()
+        tracked = {
+            (m.bundle, m.started_version)
+            for op in self.ops.values()
+            if op.kind in (ops.OpKind.SPLIT, ops.OpKind.MERGE)
+            for m in op.moves
+        }
+        open_by_target = {
+            (op.kind, op.target): op
+            for op in self.ops.values()
+            if op.kind in ops.FOLLOWED and not op.state.terminal
+        }
+        changed: dict[str, ops.Operation] = {}  # by id: an operation recorded and followed in one pass
+        for seen in ops.observe(self._seen_transitions(), lambda b, v: (b, v) in tracked):
+            merging = (
+                open_by_target.get((ops.OpKind.MERGE, seen.target)) if seen.kind is ops.OpKind.MERGE else None
+            )
+            if merging is not None:
+                changed[merging.id] = ops.add_followed(merging, seen.moves, now_ms=now)  # its second parent
+            else:
+                op = ops.followed(
+                    self.new_id(seen.kind.value),
+                    seen.kind,
+                    seen.moves,
+                    reason=seen.reason,
+                    requested_by=seen.requested_by,
+                    now_ms=now,
+                    target=seen.target,
+                )
+                changed[op.id] = op
+        plans = self.heal_plans() if self.heal_plans is not None else None
+        if plans is not None:
+            for broker, plan in sorted(plans.items()):
+                op_id = heal_id(broker, plan.first_failure_ms)
+                if op_id not in self.ops and (ops.OpKind.HEAL, broker) not in open_by_target and plan.bundles:
+                    changed[op_id] = ops.followed(
+                        op_id,
+                        ops.OpKind.HEAL,
+                        [(b, broker, d, None) for b, d in sorted(plan.bundles.items())],
+                        reason=f"{broker} failed (first failure at {plan.first_failure_ms} ms)",
+                        requested_by="healing",
+                        now_ms=now,
+                        target=broker,
+                    )
+        for op in list({**self.ops, **changed}.values()):
+            if op.kind not in ops.FOLLOWED or (op.state.terminal and not any(m.open for m in op.moves)):
+                continue
+            new = ops.follow(op, self.table.get, now_ms=now)
+            if (
+                op.kind is ops.OpKind.HEAL
+                and plans is not None
+                and not new.state.terminal
+                and op.target not in plans
+            ):
+                # Its broker is no longer failed: it came back (Healer bookkeeping dropped the plan).
+                new = ops.follow(
+                    ops.end_followed(new, why="the broker came back", now_ms=now), self.table.get, now_ms=now
+                )
+            if new is not op:
+                changed[new.id] = new
+        if not changed or not await self.leadership.confirm():
+            return
+        for op in changed.values():
+            before = self.ops.get(op.id)
+            if before is None:
+                try:
+                    await self._create(op)
+                except RequestError as e:  # its id is stored already: another controller wrote since we read
+                    log.warning("operation_not_recorded", operation=op.id, error=str(e), action="reloading")
+                    await asyncio.to_thread(self.load)
+                    return
+            else:
+                await self._store(op)
+            ended = {m.bundle for m in before.moves if not m.open} if before is not None else set()
+            for m in op.moves:
+                if m.outcome is not None and m.bundle not in ended:
+                    self.metrics.operation_moves.labels(op.kind.value, m.outcome.value).inc()
+
+    def held_heals(self) -> frozenset[str]:
+        """Failed brokers whose healing an operator paused (``admin ops pause``): the healing job skips
+        them until resumed."""
+        return frozenset(
+            op.target
+            for op in self.ops.values()
+            if op.kind is ops.OpKind.HEAL and op.state is ops.OpState.PAUSED and op.target is not None
+        )
+
     async def _pass(self) -> ops.Advance | None:
         if not self.loaded:
             return None
-        active = [op for op in self.ops.values() if _active(op)]
+        if self.leadership.safe_mode() is None:
+            await self._follow()
+        active = [op for op in self.ops.values() if _active(op) and op.kind not in ops.FOLLOWED]
         if not active:
             self.last_waits = {}
             return None
@@ -277,11 +408,14 @@ class OperationsJob:
             deadline_ms=deadline_ms,
             target=target,
         )
+        await self._create(op)
+        return op
+
+    async def _create(self, op: ops.Operation) -> None:
         await asyncio.to_thread(self.store.create, op)
         self.ops[op.id] = op
         self._decision(op)
         self._gauge()
-        return op
 
     async def start_now(
         self,
@@ -350,10 +484,7 @@ class OperationsJob:
             now_ms=self._now(),
         )
         if records:
-            await asyncio.to_thread(self.store.create, op)
-            self.ops[op.id] = op
-            self._decision(op)
-            self._gauge()
+            await self._create(op)
         return op, records
 
     def get(self, op_id: str) -> ops.Operation:
@@ -411,6 +542,21 @@ class OperationsJob:
         }
 
 
+_TRANSITIONS = frozenset({State.SPLITTING, State.MERGING})
+
+
+def heal_id(broker: str, first_failure_ms: int) -> str:
+    """One heal per failure of a broker, whichever leader records it: the id is made from both."""
+    return f"heal-{hashlib.blake2s(broker.encode(), digest_size=5).hexdigest()}-{first_failure_ms:x}"
+
+
+class HealPlan(msgspec.Struct, frozen=True):
+    """A failed broker's persisted healing plan, as the healing job holds it."""
+
+    first_failure_ms: int
+    bundles: Mapping[str, str | None]  # bundle -> planned destination (None: chosen when it moves)
+
+
 def _active(op: ops.Operation) -> bool:
     """Still something to do: moves to start, or started moves whose outcome is not known yet (a paused,
     cancelled or failed operation's started moves are still followed to their end)."""
@@ -431,6 +577,7 @@ def operation_detail(op: ops.Operation, moves: int = 100) -> dict[str, Any]:
     return {
         **op.summary(),
         "requested_by": op.requested_by,
+        "target": op.target,
         "created_ms": op.created_ms,
         "updated_ms": op.updated_ms,
         "state_reason": op.state_reason,

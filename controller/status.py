@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from trimtab.balance.explain import explain_bundle, explain_cluster
-from trimtab.balance.load import BrokerLoadData
+from trimtab.balance.load import BrokerLoadData, is_fresh
 from trimtab.channel.client import ChannelClient
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.placement.view import LivePlacement
@@ -118,6 +118,18 @@ class StatusReport:
             healing=self.healer.status(),
             waiting=self.operations.last_waits if self.operations is not None else {},
             draining=[b for b, i in self.registry.brokers.items() if i.draining],
+            stale=self._stale_reports(),
+        )
+
+    def _stale_reports(self) -> list[str]:
+        """Registered brokers whose load report is older than ``load.ttl_s``: the shedders leave them out."""
+        now = int(self.clock() * 1000)
+        loads = self.loads.snapshot()
+        ttl = self.shedding.cfg.load_ttl_s
+        return sorted(
+            b
+            for b in self.registry.brokers
+            if (ld := loads.get(b)) is not None and not is_fresh(ld, now, ttl)
         )
 
     def explain_bundle(self, bundle: str) -> dict[str, Any]:

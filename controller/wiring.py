@@ -128,18 +128,6 @@ def build_controller(
     table = channel.table
     monitor = MonitorJob(table, leadership, destinations, writes, journal, metrics, heal_cfg, clock=clock)
     maintenance = ZkMaintenance(zk.client, paths)
-    healing = HealingJob(
-        healer,
-        table,
-        leadership,
-        destinations,
-        loads,
-        writes,
-        journal,
-        metrics,
-        clock=clock,
-        in_maintenance=lambda: list(maintenance.read()),
-    )
     p = s.placement
     standbys = StandbyJob(
         placement,
@@ -168,6 +156,20 @@ def build_controller(
         clock=clock,
         planner=lambda broker, bundles: plan_drain(destinations, broker, bundles),
         usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
+        heal_plans=healer.heal_plans,
+    )
+    healing = HealingJob(
+        healer,
+        table,
+        leadership,
+        destinations,
+        loads,
+        writes,
+        journal,
+        metrics,
+        clock=clock,
+        in_maintenance=lambda: list(maintenance.read()),
+        held=operations.held_heals,
     )
     shedding = SheddingJob(
         s.shedding,

@@ -164,18 +164,6 @@ class SimController:
             term=self.leadership.term,
             clock=clock,
         )
-        self.healing = HealingJob(
-            self.healer,
-            table,
-            self.leadership,
-            self.destinations,
-            loads,
-            writes,
-            journal,
-            self.metrics,
-            clock=clock,
-            mono=clock,
-        )
         self.monitor = MonitorJob(
             table,
             self.leadership,
@@ -201,6 +189,20 @@ class SimController:
             clock=clock,
             new_id=lambda kind: f"{kind}-{next(ids)}",
             usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
+            heal_plans=self.healer.heal_plans,
+        )
+        self.healing = HealingJob(
+            self.healer,
+            table,
+            self.leadership,
+            self.destinations,
+            loads,
+            writes,
+            journal,
+            self.metrics,
+            clock=clock,
+            mono=clock,
+            held=self.operations.held_heals,
         )
         self.shedding = (
             None

@@ -719,6 +719,26 @@ class TestBalancing:
             got = h.lookup(probe, via=node)
             assert got["bundle"] in children and got["owner"] == owner, got
         assert h.owners(leader).get(parent) is None
+        # The leader recorded the split as an operation (issue 32), followed to its end; it refuses to
+        # cancel it, with the reason.
+        split_op = wait_for(
+            lambda: next(
+                (
+                    d
+                    for o in c.get(leader, "/v1/admin/ops")
+                    if o["kind"] == "split"
+                    and (d := c.get(leader, f"/v1/admin/ops/{o['id']}"))["target"] == parent
+                    and d["state"] == "done"
+                ),
+                None,
+            ),
+            20,
+            interval=0.2,
+            message=lambda: f"a done split operation of {parent}: {c.get(leader, '/v1/admin/ops')}",
+        )
+        assert split_op["progress"] == {"done": 1, "total": 1} and split_op["outcomes"] == {"split": 1}
+        r = c.post(leader, f"/v1/admin/ops/{split_op['id']}/cancel", {})
+        assert r.status_code == 409 and "one channel transition" in r.text, r.text
         # Splitting something nobody owns is refused by the controller.
         r = c.post(leader, "/v1/admin/split", {"bundle": parent})
         assert r.status_code == 409, r.text
@@ -859,6 +879,7 @@ class TestFailover:
         )
         assert h.metric(leader, "trimtab_broker_failures_total", event="recorded") == recorded + 1
         assert h.metric(leader, "trimtab_broker_failures_total", event="healed") == healed + 1
+        assert_one_heal_done(h, leader, victim, len(mine))
         # Exactly one forced override per bundle moved it; nothing else was forced.
         per_bundle = Counter(a.key for a in forced_off(h.accepted(), victim))
         assert set(per_bundle) == set(mine) and set(per_bundle.values()) == {1}, per_bundle
@@ -917,6 +938,34 @@ class TestFailover:
             interval=0.1,
             message=f"plan and failure record of {victim} cleared",
         )
+        # One heal operation, whichever leader recorded it (its id is made from the broker and its first
+        # failure): done. Its total is the plan as the leader that recorded it held it.
+        assert_one_heal_done(h, new, victim, None)
+
+
+def assert_one_heal_done(h: Harness, leader: Node, victim: str, total: int | None) -> None:
+    """The healing of ``victim`` is one ``heal`` operation in ``leader``'s list, done, every move ended."""
+    c = h.cluster
+
+    def heals() -> list[dict[str, Any]]:
+        shown = [
+            c.get(leader, f"/v1/admin/ops/{o['id']}")
+            for o in c.get(leader, "/v1/admin/ops")
+            if o["kind"] == "heal"
+        ]
+        return [d for d in shown if d["target"] == victim]
+
+    wait_for(
+        lambda: (got := heals()) and got[0]["state"] == "done",
+        20,
+        interval=0.2,
+        message=lambda: f"the heal operation of {victim} done: {heals()}",
+    )
+    (op,) = heals()
+    assert op["progress"]["done"] == op["progress"]["total"] > 0, op["progress"]
+    if total is not None:
+        assert op["progress"]["total"] == total, op["progress"]
+    assert op["requested_by"] == "healing" and victim in op["reason"]
 
 
 def set_acquire_latency(h: Harness, nodes: list[Node], seconds: float) -> None:

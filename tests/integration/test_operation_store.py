@@ -59,6 +59,24 @@ def test_an_operation_of_many_chunks_is_stored_updated_and_read_back(
     assert store.list() == []
 
 
+@pytest.mark.parametrize("store_kind", ["zk", "memory"])
+def test_a_drain_extended_past_its_last_chunk_is_written_and_read_back(
+    zk: KazooClient, store_kind: str
+) -> None:
+    """A drain whose broker was given more bundles after it was planned grows a chunk: stored, not taken
+    for a conflict (which would have reloaded every operation on every pass and stopped the drain)."""
+    paths = ZkPaths("/trimtab/ops-extend")
+    store = ZkOperations(zk, paths) if store_kind == "zk" else MemoryOperations()
+    op = drain("drain-2", CHUNK_MOVES)  # exactly one full chunk
+    store.create(op)
+    more = ops.extend(op, [(bundle(CHUNK_MOVES + i), "a:1", None) for i in range(3)], now_ms=T0 + 1)
+    store.write(more, op)
+    assert store.list() == [more]
+    with pytest.raises(OperationConflict):
+        store.write(drain("never-created", 1), None)  # written without being created: refused, both stores
+    store.delete("drain-2")
+
+
 def _fields(op: ops.Operation) -> dict[str, object]:
     return {f: getattr(op, f) for f in op.__struct_fields__}
 

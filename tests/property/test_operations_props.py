@@ -248,3 +248,81 @@ def test_an_operation_split_into_chunks_assembles_back(n: int) -> None:
     assert assemble(msgspec.json.encode(header_of(op)), parts) == op
     if parts:  # a chunk lost or added is refused, not read as a smaller operation
         assert isinstance(assemble(msgspec.json.encode(header_of(op)), parts[:-1]), ops.Undecodable)
+
+
+# ---------------------------------------------------------------------------------------------- followed
+_FOLLOWED_STATES = [
+    State.OWNED,
+    State.SPLITTING,
+    State.MERGING,
+    State.ASSIGNING,
+    State.RELEASING,
+    State.DELETED,
+]
+
+
+@st.composite
+def _histories(draw: st.DrawFn) -> tuple[ops.OpKind, list[list[Record | None]]]:
+    """A followed operation's kind and, for each of its (up to 3) bundles, what the channel shows it as over
+    a few passes: versions that only grow (a tombstone, then the key made again from version 1)."""
+    kind = draw(st.sampled_from(sorted(ops.FOLLOWED)))
+    histories = []
+    for _ in range(draw(st.integers(1, 3))):
+        version, seq = 4, []
+        for _ in range(draw(st.integers(1, 6))):
+            if draw(st.booleans()) and draw(st.booleans()):
+                seq.append(None)  # tombstoned
+                version = 0
+                continue
+            version += draw(st.integers(0, 2))
+            state = draw(st.sampled_from(_FOLLOWED_STATES))
+            dst = draw(st.sampled_from([*BROKERS, None]))
+            seq.append(make(state, dst=dst, src=BROKERS[0], version=max(1, version), ts=T0, writer="w"))
+        histories.append(seq)
+    return kind, histories
+
+
+@settings(max_examples=300, deadline=None)
+@given(_histories(), st.booleans())
+def test_a_followed_operation_never_takes_an_outcome_back_and_ends_once(
+    case: tuple[ops.OpKind, list[list[Record | None]]], cancel_midway: bool
+) -> None:
+    """Whatever the channel shows, pass after pass: an ended move keeps its outcome, a finished operation
+    stays finished, ``done`` means every move ended and none aborted, ``failed`` that one aborted, and a
+    cancelled heal ends every move still open; nothing here ever publishes (advance proposes nothing)."""
+    kind, histories = case
+    bundles = [bundle(0, i) for i in range(len(histories))]
+    moves = [
+        (
+            b,
+            BROKERS[0],
+            BROKERS[1] if kind is ops.OpKind.HEAL else None,
+            None if kind is ops.OpKind.HEAL else 4,
+        )
+        for b in bundles
+    ]
+    op = ops.followed("f-1", kind, moves, reason="r", requested_by="w", now_ms=T0)
+    ended: dict[str, ops.Outcome] = {}
+    passes = max(len(h) for h in histories)
+    for k in range(passes):
+        table = {b: h[min(k, len(h) - 1)] for b, h in zip(bundles, histories, strict=True)}
+        if cancel_midway and kind is ops.OpKind.HEAL and k == passes // 2:
+            op = ops.end_followed(op, why="the broker came back", now_ms=T0 + k)
+        was_terminal = op.state if op.state.terminal else None
+        op = ops.follow(op, table.get, now_ms=T0 + k)
+        adv = ops.advance([op], table.get, ops.Budget(), writer="l", now_ms=T0 + k, republish_after_ms=0)
+        assert adv.publish == [] and adv.ops == [op]
+        if was_terminal is not None:
+            assert op.state is was_terminal
+        for m in op.moves:
+            if m.bundle in ended:
+                assert m.outcome is ended[m.bundle]
+            elif m.outcome is not None:
+                ended[m.bundle] = m.outcome
+        if op.state is ops.OpState.DONE:
+            assert all(not m.open for m in op.moves)
+            assert all(m.outcome is not ops.Outcome.ABORTED for m in op.moves)
+        if op.state is ops.OpState.FAILED:
+            assert any(m.outcome is ops.Outcome.ABORTED for m in op.moves)
+        if op.state is ops.OpState.CANCELLED:
+            assert all(not m.open for m in op.moves)

@@ -52,9 +52,10 @@ def test_every_stop_is_listed_most_decisive_first() -> None:
         safe_mode="zookeeper session suspended",
         shedding_paused=True,
         last=ShedResult([], "skip", "hit_count", std=0.3),
-        healing={"paused": "mass_failure", "failed": {"b:1": {}}, "pending_bundles": 12},
+        healing={"paused": "mass_failure", "failed": {"b:1": {}}, "pending_bundles": 12, "held": ["b:1"]},
         waiting={"throttled_cluster": 40},
         draining=["c:1"],
+        stale=["d:1"],
     )
     assert words(out) == [
         "safe_mode",
@@ -62,7 +63,9 @@ def test_every_stop_is_listed_most_decisive_first() -> None:
         "hit_count",
         "healing_mass_failure",
         "failed_brokers",
+        "healing_held",
         "throttled_cluster",
+        "stale_load_report",
         "draining",
     ]
     assert all(r["detail"] for r in out["reasons"])

@@ -7,6 +7,7 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any
 
+from tests.support.acked import AckedPublish
 from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.balance.load import BundleStats
@@ -30,7 +31,7 @@ class Table:
         return list(self.records.items())
 
 
-class Channel:
+class Channel(AckedPublish):
     """What the scheduler touches of its channel: the table, and publish (accepted at once here)."""
 
     def __init__(self) -> None:

@@ -31,7 +31,28 @@ def bundle(i: int) -> str:
 
 
 class Table(dict[str, Record]):
-    pass
+    """The channel's table as the job reads it: a dict whose listeners hear each change (as TableView's)."""
+
+    live = True
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.listeners: list[Any] = []
+
+    def add_listener(self, fn: Any) -> None:
+        self.listeners.append(fn)
+
+    def __setitem__(self, b: str, rec: Record) -> None:
+        old = self.get(b)
+        super().__setitem__(b, rec)
+        for fn in self.listeners:
+            fn(b, old, rec)
+
+    def __delitem__(self, b: str) -> None:
+        old = self.get(b)
+        super().__delitem__(b)
+        for fn in self.listeners:
+            fn(b, old, None)
 
 
 @dataclass
@@ -318,3 +339,102 @@ def test_an_operators_move_of_a_bundle_that_changed_is_refused_and_nothing_is_st
             )
         )
     assert e.value.status == 503
+
+
+# ---------------------------------------------------------------------------------------------- followed
+def test_a_split_seen_in_the_channel_is_recorded_and_followed_to_its_end_also_by_a_new_leader() -> None:
+    c = Cluster(2)
+    parent = bundle(0)
+    lo = "0x00000000_0x00800000"
+    hi = "0x00800000_0x01000000"
+    c.table[parent] = intents.split(c.table[parent], A, [lo, hi], writer="agent-a", now_ms=0)
+    asyncio.run(c.job.run_once())
+    (op,) = c.job.list()
+    assert op.kind is ops.OpKind.SPLIT and op.state is ops.OpState.RUNNING and op.requested_by == "agent-a"
+    assert c.writes.published == []  # followed, never carried out by the leader
+    c.job = c.leader()  # a failover: the new leader reads it and does not record the split twice
+    asyncio.run(c.job.run_once())
+    assert [o.id for o in c.job.list()] == [op.id]
+    c.table[parent] = intents.retire(c.table[parent], A, now_ms=0)
+    asyncio.run(c.job.run_once())
+    done = c.job.get(op.id)
+    assert done.state is ops.OpState.DONE and done.moves[0].outcome is ops.Outcome.SPLIT
+    assert c.metrics.operation_moves.labels("split", "split")._value.get() == 1
+    assert [e["state"] for e in c.journal.events if e["kind"] == "operation"][-1] == "done"
+    with pytest.raises(RequestError) as e:
+        asyncio.run(c.job.verb(op.id, "cancel"))
+    assert e.value.status == 409
+
+
+def test_a_healing_plan_is_one_heal_operation_an_operator_can_hold() -> None:
+    from trimtab.controller.operations import HealPlan
+
+    c = Cluster(3)
+    plans: dict[str, HealPlan] = {A: HealPlan(5000, {bundle(0): B, bundle(1): B, bundle(2): None})}
+    c.job = OperationsJob(
+        lambda: c.settings,
+        c.store,
+        c.table,  # type: ignore[arg-type]
+        c.leadership,  # type: ignore[arg-type]
+        c.writes,  # type: ignore[arg-type]
+        c.journal,  # type: ignore[arg-type]
+        c.metrics,
+        clock=lambda: c.now,
+        heal_plans=lambda: plans,
+    )
+    c.job.load()
+    asyncio.run(c.job.run_once())
+    (op,) = c.job.list()
+    assert op.kind is ops.OpKind.HEAL and op.target == A and op.progress() == (0, 3)
+    assert op.requested_by == "healing" and "first failure" in op.reason
+    asyncio.run(c.job.verb(op.id, "pause"))
+    assert c.job.held_heals() == {A}  # the healing job skips A while held
+    asyncio.run(c.job.verb(op.id, "resume"))
+    assert c.job.held_heals() == frozenset()
+    c.table[bundle(0)] = make(State.OWNED, dst=B, src=A, version=3, ts=0, writer="leader")
+    c.table[bundle(1)] = make(State.OWNED, dst=B, src=A, version=3, ts=0, writer="leader")
+    c.table[bundle(2)] = make(State.OWNED, dst="c:1", src=A, version=3, ts=0, writer="leader")
+    asyncio.run(c.job.run_once())
+    done = c.job.get(op.id)
+    assert done.state is ops.OpState.DONE and done.progress() == (3, 3)
+    asyncio.run(c.job.run_once())  # the plan is still held until A is forgotten: no second heal
+    assert [o.id for o in c.job.list()] == [op.id]
+
+
+def test_a_heal_whose_broker_came_back_is_cancelled_with_the_reason() -> None:
+    from trimtab.controller.operations import HealPlan
+
+    c = Cluster(1)
+    plans: dict[str, HealPlan] = {A: HealPlan(5000, {bundle(0): B})}
+    c.job = OperationsJob(
+        lambda: c.settings,
+        c.store,
+        c.table,  # type: ignore[arg-type]
+        c.leadership,  # type: ignore[arg-type]
+        c.writes,  # type: ignore[arg-type]
+        c.journal,  # type: ignore[arg-type]
+        c.metrics,
+        clock=lambda: c.now,
+        heal_plans=lambda: plans,
+    )
+    c.job.load()
+    asyncio.run(c.job.run_once())
+    plans.clear()  # the healing job's bookkeeping: A registered again
+    asyncio.run(c.job.run_once())
+    (op,) = c.job.list()
+    assert op.state is ops.OpState.CANCELLED and op.state_reason == "the broker came back"
+    assert op.moves[0].outcome is ops.Outcome.CANCELLED
+
+
+def test_a_split_completed_between_two_passes_is_recorded_done() -> None:
+    """Agents publish a split and its children within milliseconds: the pass after sees it settled."""
+    c = Cluster(1)
+    parent = bundle(0)
+    c.table[parent] = intents.split(c.table[parent], A, ["0x00000000_0x00800000"], writer="agent-a", now_ms=0)
+    c.table[parent] = intents.retire(c.table[parent], A, now_ms=0)
+    del c.table[parent]  # tombstoned
+    asyncio.run(c.job.run_once())
+    (op,) = c.job.list()
+    assert (op.kind, op.state, op.target) == (ops.OpKind.SPLIT, ops.OpState.DONE, parent)
+    asyncio.run(c.job.run_once())
+    assert len(c.job.list()) == 1  # recorded once

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from tests.support.acked import AckedPublish
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.splits import CHILD_WAIT_MAX_S, SplitScheduler
 from trimtab.balance.load import BundleStats
@@ -47,7 +48,7 @@ class Table:
             fn(bundle, old, rec)
 
 
-class Channel:
+class Channel(AckedPublish):
     """Accepts every record. A ``Splitting`` is carried out (children Owned here, parent Deleted) only when
     the scheduler has looked for a child and not found it, one turn of the loop later -- so it is waiting
     for them by then. ``split_done=False``: the reconciler does not get to it."""
