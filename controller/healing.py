@@ -52,8 +52,9 @@ from trimtab.controller.writes import ChannelWrites
 PlanRules = Callable[[], tuple[Callable[[str], Collection[str]], Callable[[str, str], None]]]
 
 log = structlog.get_logger("trimtab.healing")
-#: The reasons of ``trimtab_healing_paused`` (every one is set on each round: 1 for the current one).
-HEALING_PAUSE_REASONS = ("mass_failure", "disabled")
+#: The reasons of ``trimtab_healing_paused`` (every one is set on each round: 1 for the current one; ``held``:
+#: an operator paused the healing of at least one failed broker, ``admin ops pause`` of its heal).
+HEALING_PAUSE_REASONS = ("mass_failure", "disabled", "held")
 
 
 class Healer:
@@ -348,6 +349,7 @@ class HealingJob:
             self.metrics.healing_pending.set(0)
             self.metrics.healing_overdue.set(0)
             self._alerted.clear()
+            self.healer.held = []
             # Nothing to heal, so nothing is paused: a pause must not outlive the failures behind it
             # (TrimtabHealingPausedMassFailure would fire on after every broker came back).
             for reason in HEALING_PAUSE_REASONS:
@@ -407,7 +409,8 @@ class HealingJob:
         self.metrics.failed_brokers.set(len(healer.failed))
         self.metrics.healing_pending.set(healer.pending)
         for reason in HEALING_PAUSE_REASONS:
-            self.metrics.healing_paused.labels(reason).set(1 if healer.paused_reason == reason else 0)
+            on = bool(healer.held) if reason == "held" else healer.paused_reason == reason
+            self.metrics.healing_paused.labels(reason).set(1 if on else 0)
         if healer.paused_reason == "mass_failure" and healer.failed:
             log.error(
                 "healing_paused",

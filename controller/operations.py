@@ -209,11 +209,19 @@ class OperationsJob:
             for broker, plan in sorted(plans.items()):
                 op_id = heal_id(broker, plan.first_failure_ms)
                 if op_id not in self.ops and (ops.OpKind.HEAL, broker) not in open_by_target and plan.bundles:
+                    planned = sorted(plan.bundles.items())
+                    # A broker with more bundles than an operation holds: the first ones are followed, the
+                    # healing job moves them all the same (admin healing counts every one).
+                    part = (
+                        ""
+                        if len(planned) <= ops.MAX_MOVES
+                        else f"; {ops.MAX_MOVES} of {len(planned)} followed"
+                    )
                     changed[op_id] = ops.followed(
                         op_id,
                         ops.OpKind.HEAL,
-                        [(b, broker, d, None) for b, d in sorted(plan.bundles.items())],
-                        reason=f"{broker} failed (first failure at {plan.first_failure_ms} ms)",
+                        [(b, broker, d, None) for b, d in planned[: ops.MAX_MOVES]],
+                        reason=f"{broker} failed (first failure at {plan.first_failure_ms} ms{part})",
                         requested_by="healing",
                         now_ms=now,
                         target=broker,
@@ -265,7 +273,13 @@ class OperationsJob:
         if not self.loaded:
             return None
         if self.leadership.safe_mode() is None:
-            await self._follow()
+            try:
+                await self._follow()
+            except OperationConflict:
+                raise
+            except Exception as e:  # recording what others do must never stop the leader's own operations
+                self.metrics.operation_waits.labels("follow_failed").inc()
+                log.warning("operations_follow_failed", error=str(e) or type(e).__name__)
         active = [op for op in self.ops.values() if _active(op) and op.kind not in ops.FOLLOWED]
         if not active:
             self.last_waits = {}

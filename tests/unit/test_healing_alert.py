@@ -135,12 +135,13 @@ class Journal:
 class World:
     """``dead`` failed at T0 owning three bundles; healing is disabled (grace -1), so they stay put."""
 
-    def __init__(self, alert_after_s: float) -> None:
+    def __init__(self, alert_after_s: float, grace_s: float = -1) -> None:
         self.now = T0
+        self.held: set[str] = set()
         self.prom = CollectorRegistry()
         self.metrics = ControllerMetrics.create(self.prom)
         self.journal = Journal()
-        cfg = HealConfig(grace_s=-1, alert_after_s=alert_after_s)
+        cfg = HealConfig(grace_s=grace_s, alert_after_s=alert_after_s)
         self.table = Table({f"t/ns/{i:#010x}_{i + 1:#010x}": owned("dead") for i in range(3)})
         self.table.records["t/ns/0x000000ff_0x00000100"] = owned("live")
         self.healer = Healer(
@@ -163,6 +164,7 @@ class World:
             self.journal,  # type: ignore[arg-type]
             self.metrics,
             clock=lambda: self.now / 1000,
+            held=lambda: self.held,
         )
 
     def round(self, at_s: float) -> None:
@@ -197,3 +199,16 @@ def test_the_alert_ends_when_the_bundles_moved() -> None:
             w.table.records[b] = owned("live", v=2)
     w.round(at_s=62)
     assert w.gauge() == 0
+
+
+def test_a_held_heal_is_a_reason_in_the_paused_gauge_and_ends_with_the_hold() -> None:
+    w = World(alert_after_s=600, grace_s=0)
+    w.held = {"dead"}  # an operator paused the heal of "dead" (admin ops pause)
+    w.round(at_s=1)
+    paused = {
+        r: w.prom.get_sample_value("trimtab_healing_paused", {"reason": r}) for r in ("held", "disabled")
+    }
+    assert paused == {"held": 1, "disabled": 0} and w.healer.status()["held"] == ["dead"]
+    w.held = set()
+    w.round(at_s=2)
+    assert w.prom.get_sample_value("trimtab_healing_paused", {"reason": "held"}) == 0

@@ -438,3 +438,41 @@ def test_a_split_completed_between_two_passes_is_recorded_done() -> None:
     assert (op.kind, op.state, op.target) == (ops.OpKind.SPLIT, ops.OpState.DONE, parent)
     asyncio.run(c.job.run_once())
     assert len(c.job.list()) == 1  # recorded once
+
+
+def test_a_heal_of_more_bundles_than_an_operation_holds_follows_the_first_and_says_so() -> None:
+    from trimtab.controller.operations import HealPlan
+
+    c = Cluster(0)
+    n = ops.MAX_MOVES + 5
+    plans = {A: HealPlan(5000, {f"t/ns/0x{i:08x}_0x{i + 1:08x}": B for i in range(n)})}
+    c.job = OperationsJob(
+        lambda: c.settings,
+        c.store,
+        c.table,  # type: ignore[arg-type]
+        c.leadership,  # type: ignore[arg-type]
+        c.writes,  # type: ignore[arg-type]
+        c.journal,  # type: ignore[arg-type]
+        c.metrics,
+        clock=lambda: c.now,
+        heal_plans=lambda: plans,
+    )
+    c.job.load()
+    asyncio.run(c.job.run_once())
+    (op,) = c.job.list()
+    assert len(op.moves) == ops.MAX_MOVES and f"{ops.MAX_MOVES} of {n} followed" in op.reason
+
+
+def test_a_failure_to_record_what_others_do_does_not_stop_the_leaders_own_operations() -> None:
+    from trimtab.controller.operations import HealPlan
+
+    c = Cluster(3)
+    op = c.drain(3)
+
+    def broken() -> dict[str, HealPlan]:
+        raise RuntimeError("the healing job's plans could not be read")
+
+    c.job.heal_plans = broken
+    asyncio.run(c.job.run_once())
+    assert len(c.writes.published) == 3 and c.job.get(op.id).state is ops.OpState.RUNNING
+    assert c.metrics.operation_waits.labels("follow_failed")._value.get() == 1
