@@ -661,8 +661,8 @@ def followed(
     return Operation(
         id=op_id,
         kind=kind,
-        reason=reason,
-        requested_by=requested_by,
+        reason=reason[:1024],  # written from channel records (a writer's name, bundle names): cut to what
+        requested_by=requested_by[:256],  # decodes again, or the next leader would skip the whole operation
         created_ms=now_ms,
         updated_ms=now_ms,
         state=OpState.RUNNING,
@@ -718,8 +718,8 @@ def observe(seen: Iterable[tuple[str, Record]], tracked: Callable[[str, int], bo
     out: list[Observed] = []
     merges: dict[str, list[tuple[str, Record]]] = {}
     for bundle, rec in sorted(seen, key=lambda x: x[0]):
-        if rec.src is None or tracked(bundle, rec.version):
-            continue
+        if rec.src is None or len(rec.src) > 512 or tracked(bundle, rec.version):
+            continue  # (a broker name longer than a stored move holds would make it unreadable)
         if rec.state is State.SPLITTING:
             n = len(rec.children or ())
             out.append(

@@ -1,12 +1,13 @@
-"""Operators' actions on the leader: transfer or unload a bundle, split one (forwarded to its owner's
-agent, which alone may split what it serves), drain a broker (forwarded to its agent, which moves its
-bundles away and stays up, registered as draining), pause or resume shedding (persisted, so it survives a
-failover). Each is refused with a :class:`RequestError` saying why, recorded as a decision, and counted.
+"""Operators' actions on the leader: transfer or unload a bundle (an operation of one move), split one
+(forwarded to its owner's agent, which alone may split what it serves), merge two, drain a broker or take
+it into maintenance (an operation of the leader's; the broker's agent only marks it draining and stays up),
+pause or resume shedding (persisted, so it survives a failover). Each is refused with a
+:class:`RequestError` saying why, recorded as a decision, and counted.
 
-Transfer, unload, split and drain have a dry run: every check of the real call except leadership (any
-controller answers from its own replica, as the placement dry runs do), the same refusal when one fails,
-and nothing published. A dry-run split or drain is computed by the agent that would do it.
-"""
+Transfer, unload, split, merge and drain have a dry run: every check of the real call except leadership
+(any controller answers from its own replica, as the placement dry runs do), the same refusal when one
+fails, and nothing published. A dry-run split is computed by the owner's agent; a dry-run drain is the
+leader's plan."""
 
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ class Admin:
         clock: Callable[[], float] = time.time,
         forward_timeout_s: float = 30.0,
         peers: PeerHttp | None = None,
-        operations: OperationsJob | None = None,
-        destinations: Destinations | None = None,
+        operations: OperationsJob,
+        destinations: Destinations,
         maintenance: MaintenanceStore | None = None,
         operation_settings: Callable[[], OperationSettings] | None = None,
     ) -> None:
@@ -110,10 +111,9 @@ class Admin:
         self.clock = clock
         self.forward_timeout_s = forward_timeout_s
         self.peers = peers if peers is not None else PeerHttp()
-        # A drain runs as the leader's operation when both are given (the controller); else it is
-        # forwarded whole to the agent (its moves then made by the agent itself).
+        # Transfers, unloads and drains run as the leader's operations (the agent only marks a drained broker).
         self.operations = operations
-        self.destinations = destinations if operations is not None else None
+        self.destinations = destinations
         self.maintenance = maintenance
         self._maintenance_lock = asyncio.Lock()
         self.operation_settings = operation_settings or OperationSettings
@@ -161,34 +161,23 @@ class Admin:
 
     async def move(
         self, bundle: str, dst: str | None, *, reason: str = "", requested_by: str = "admin"
-    ) -> tuple[Record, Operation | None]:
+    ) -> tuple[Record, Operation]:
         """Transfer (dst set) or unload (dst None) a bundle, as an operator asked: with the leader's
         operations, a started operation of one move (listed by ``admin ops``, followed to its end, proposed
         again by a new leader if this one dies before Kafka acknowledged it); returns the published record
         and that operation."""
         self.leadership.require_leader()
         plan = self.plan_move(bundle, dst)
-        op: Operation | None = None
-        if self.operations is not None:
-            kind = OpKind.TRANSFER if dst is not None else OpKind.UNLOAD
-            op, rec = await self.operations.start_now(
-                kind,
-                bundle,
-                src=plan.src,
-                dst=dst,
-                version=plan.version,
-                reason=reason or f"{plan.action} {bundle}",
-                requested_by=requested_by,
-            )
-        else:
-            rec = await self.writes.release(
-                bundle,
-                src=plan.src,
-                dst=dst,
-                version=plan.version,
-                writer=self.leadership.writer(),
-                now_ms=int(self.clock() * 1000),
-            )
+        kind = OpKind.TRANSFER if dst is not None else OpKind.UNLOAD
+        op, rec = await self.operations.start_now(
+            kind,
+            bundle,
+            src=plan.src,
+            dst=dst,
+            version=plan.version,
+            reason=reason or f"{plan.action} {bundle}",
+            requested_by=requested_by,
+        )
         self.metrics.unloads.labels(plan.action, "admin").inc()
         self.metrics.admin.labels(plan.action, "ok").inc()
         self.journal.record(
@@ -197,7 +186,7 @@ class Admin:
             src=plan.src,
             dst=dst,
             reason="admin",
-            operation=op.id if op is not None else None,
+            operation=op.id,
         )
         return rec, op
 
@@ -329,16 +318,9 @@ class Admin:
         if info.draining:
             raise RequestError(409, f"{broker} is draining already (restart its agent to undo a drain)")
         what = f"{broker}'s agent to drain it"
-        if dry_run and self.destinations is not None:
+        if dry_run:
             self.metrics.admin.labels("drain", "dry_run").inc()
             return self._drain_plan(broker)
-        if dry_run or self.operations is None:
-            answer = await self._forward(
-                info, "/v1/admin/drain", {"dry_run": dry_run}, "drain", what, dry_run
-            )
-            if not dry_run:
-                self.journal.record("drain", key=broker, broker=broker, reason="admin")
-            return answer
         # The operation first, the mark last: a step that fails leaves nothing half done behind.
         op = await self._submit_drain(OpKind.DRAIN, broker, f"drain {broker}", requested_by, None)
         answer = await self._mark_or_cancel(info, op.id, what)
@@ -348,7 +330,6 @@ class Admin:
     async def _submit_drain(
         self, kind: OpKind, broker: str, reason: str, requested_by: str, deadline_ms: int | None
     ) -> Operation:
-        assert self.operations is not None
         try:
             return await self.operations.submit(
                 kind,
@@ -364,7 +345,6 @@ class Admin:
     async def _mark_or_cancel(self, info: BrokerInfo, op_id: str, what: str) -> Any:
         """Ask the broker's agent to mark itself draining; if it refuses or cannot be reached, cancel the
         operation just stored (nothing moves) and raise the refusal."""
-        assert self.operations is not None
         try:
             return await self._forward(info, "/v1/admin/drain", {"mark_only": True}, "drain", what, False)
         except RequestError:
@@ -382,8 +362,10 @@ class Admin:
         :meth:`maintenance_end`. Refused: 400 a deadline that is not positive, 404 not live, 409 already in
         maintenance or draining, or its failure domain's budget used up."""
         self.leadership.require_leader()
-        if self.operations is None or self.maintenance is None:
-            raise RequestError(503, "maintenance needs the leader's operations")
+        if self.maintenance is None:
+            raise RequestError(
+                503, "maintenance is not available on this controller (it has no maintenance store)"
+            )
         bad = deadline_refusal(deadline_s)
         if bad is not None:
             raise RequestError(400, bad)
@@ -432,8 +414,10 @@ class Admin:
         """Back in service: its drain (if still running) cancelled, its agent takes bundles again, and
         balance brings load back as it requires. 404 if it is not in maintenance."""
         self.leadership.require_leader()
-        if self.operations is None or self.maintenance is None:
-            raise RequestError(503, "maintenance needs the leader's operations")
+        if self.maintenance is None:
+            raise RequestError(
+                503, "maintenance is not available on this controller (it has no maintenance store)"
+            )
         async with self._maintenance_lock:
             current = await asyncio.to_thread(self.maintenance.read)
             if broker not in current:
@@ -489,7 +473,6 @@ class Admin:
 
     def _drain_moves(self, broker: str) -> list[tuple[str, str, str | None]]:
         """Every bundle ``broker`` owns or is being given, with a destination (:func:`plan_drain`)."""
-        assert self.destinations is not None
         mine = sorted(
             b
             for b, r in self.table.items()

@@ -451,7 +451,4 @@ async def _move(ctl: ControllerApi, response: Response, req: UnloadRequest, dst:
         response.status_code = 200
         return MoveDryRun(bundle=bundle, dry_run=True, would=MoveRecord(**plan.would()), why=plan.why)
     rec, op = await ctl.admin.move(bundle, dst, reason=req.reason, requested_by=req.by)
-    out: dict[str, Any] = {"bundle": bundle, "record": rec.to_json()}
-    if op is not None:
-        out["operation"] = op.summary()
-    return out
+    return {"bundle": bundle, "record": rec.to_json(), "operation": op.summary()}

@@ -168,7 +168,10 @@ def test_healing_and_admin_moves_obey_isolation(
         c.switch_store,
         sh,
         placement,
+        operations=c.operations,
+        destinations=c.healing.destinations,
     )
+    asyncio.run(c.operations.on_lead())  # what a new leader reads first: a move is stored as an operation
     with pytest.raises(RequestError, match="placement forbids") as refused:
         asyncio.run(admin.move(bundle(9), "plain-1:1"))
     assert refused.value.status == 409

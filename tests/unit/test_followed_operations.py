@@ -152,3 +152,21 @@ def test_advance_never_publishes_for_a_followed_operation() -> None:
 def test_only_followed_kinds_are_followed() -> None:
     with pytest.raises(ValueError, match="carried out by the leader"):
         ops.followed("d-1", ops.OpKind.DRAIN, [(P, A, B, None)], reason="r", requested_by="a", now_ms=T0)
+
+
+def test_what_comes_from_channel_records_is_cut_to_what_decodes_again() -> None:
+    """A writer's name or bundle names longer than an operation's fields hold would make the stored
+    operation unreadable to the next leader: cut (reason, who asked) or not followed (a broker name)."""
+    long_writer = intents.split(owned(A, 3), A, ["0x00000000_0x40000000"], writer="w" * 5000, now_ms=T0)
+    (seen,) = ops.observe([(P, long_writer)], lambda b, v: False)
+    op = ops.followed(
+        "s-1", seen.kind, seen.moves, reason="r" * 5000, requested_by=seen.requested_by, now_ms=T0
+    )
+    assert ops.decode(ops.encode(op)) == op
+    far = "b" * 600
+    assert (
+        ops.observe(
+            [(P, intents.split(owned(far, 3), far, ["0x0_0x1"], writer="w", now_ms=T0))], lambda b, v: False
+        )
+        == []
+    )
