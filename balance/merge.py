@@ -1,4 +1,4 @@
-"""Which neighbouring bundles of a namespace the leader should merge this cycle (issue 32 point 5). Pure.
+"""Which neighbouring bundles of a namespace an agent should merge this cycle (issue 32 point 5). Pure.
 
 Splits only ever add bundles (balance/split.py); a namespace whose traffic fell keeps them all, and every
 bundle costs a channel key, a lease, lookups and a row in every balancing pass. A merge joins two
@@ -7,12 +7,13 @@ adjacent bundles that have both been cold -- every figure at or below its merge 
 together stays at or below ``split_fraction`` of every split limit: a merge that the next split check
 undoes would churn the namespace. Namespaces keep at least ``min_bundles_per_namespace`` bundles.
 
-The channel decides ownership per key, so the leader checks what the merge flow needs before it writes a
-parent's ``Merging``: both parents ``Owned`` and not in flight, and no record yet under the merged
-bundle's name (a split parent still ``Deleted`` there must be tombstoned first: the agents take an
-existing merged record as the sign that the merge committed, see balance/roles.py). Parents with
-different owners need a transfer first; the decision says which, and the pair is merged by a later cycle
-once one broker owns both.
+The channel decides ownership per key, so the owner's agent checks what the merge flow needs before it
+writes a parent's ``Merging``: both parents ``Owned`` by it and not in flight, and no record yet under the
+merged bundle's name (a split parent still ``Deleted`` there must be tombstoned first: the agents take an
+existing merged record as the sign that the merge committed, see balance/roles.py). Parents with different
+owners are skipped (``owners_differ``): only an agent has a cold bundle's figures, and moving bundles to
+bring pairs together churned (see :func:`merge_candidates`); ``admin transfer`` then ``admin merge`` joins
+them.
 """
 
 from __future__ import annotations
@@ -62,21 +63,11 @@ class MergeLimits:
 
 
 @dataclass(frozen=True)
-class Transfer:
-    """The move that has to happen before a pair can merge: both parents must have one owner."""
-
-    bundle: str
-    src: str
-    dst: str
-
-
-@dataclass(frozen=True)
 class MergeDecision:
     left: str  # the lower range's bundle
     right: str
     merged: str  # bundle name of the union
     owner: str  # the broker that merges (and owns the merged bundle)
-    transfer: Transfer | None = None  # to do first; the merge itself waits for a later cycle
 
 
 @dataclass
@@ -137,20 +128,6 @@ def _why_not(
     return None
 
 
-def _decision(
-    left: str, right: str, merged: str, records: Mapping[str, Record], stats: Mapping[str, BundleStats]
-) -> MergeDecision:
-    """Merge on the heavier parent's broker: the lighter one, if owned elsewhere, moves (fewer clients
-    reconnect)."""
-    lo, ro = settled_owner(records[left]), settled_owner(records[right])
-    assert lo is not None and ro is not None
-    if lo == ro:
-        return MergeDecision(left, right, merged, lo)
-    if _weight(stats[left]) >= _weight(stats[right]):
-        return MergeDecision(left, right, merged, lo, Transfer(right, ro, lo))
-    return MergeDecision(left, right, merged, ro, Transfer(left, lo, ro))
-
-
 def _weight(s: BundleStats) -> tuple[float, float, int]:
     return (s.throughput, s.msg_rate, s.topics)
 
@@ -162,7 +139,7 @@ def merge_candidates(
     lim: MergeLimits,
     hits: Mapping[str, int] | None = None,
     *,
-    owner: str | None = None,
+    owner: str,
     room: int | None = None,
     budget: int | None = None,
 ) -> MergeCycle:
@@ -170,8 +147,8 @@ def merge_candidates(
     pairs, the namespace never below ``min_bundles_per_namespace``. ``records`` is the channel table (by
     bundle name), ``stats`` the latest per-bundle figures, ``hits`` the previous cycle's counters.
 
-    ``owner``: an agent's own check, which has figures for its own bundles only: only pairs it owns both
-    of are decided; any other pair is skipped as ``owners_differ``, and no decision needs a transfer.
+    ``owner``: the agent whose check this is -- it has figures for its own bundles only: only pairs it owns
+    both of are decided; any other pair is skipped as ``owners_differ``.
     ``room``: how many merges this call may decide before the namespace could go below its minimum, given
     merges in flight and the other owners' shares (:func:`merge_room`); ``budget``: how many are left of
     this check's ``max_merges_per_cycle`` across namespaces.
@@ -188,10 +165,8 @@ def merge_candidates(
         left, right = bundle_name(layout.namespace, lo), bundle_name(layout.namespace, hi)
         merged = bundle_name(layout.namespace, merged_range(lo, hi))
         why = _why_not(left, right, merged, records, stats, lim)
-        if (
-            owner is not None
-            and why != "not_owned"
-            and not (settled_owner(records.get(left)) == owner == settled_owner(records.get(right)))
+        if why != "not_owned" and not (
+            settled_owner(records.get(left)) == owner == settled_owner(records.get(right))
         ):
             why = "owners_differ"
         if why is not None:
@@ -217,7 +192,7 @@ def merge_candidates(
         ):
             skipped.append((merged, "cycle_limit"))
         else:
-            decisions.append(_decision(left, right, merged, records, stats))
+            decisions.append(MergeDecision(left, right, merged, owner))
             taken.update((left, right))
             new_hits.pop(merged, None)
     return MergeCycle(decisions, new_hits, skipped)

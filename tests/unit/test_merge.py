@@ -20,7 +20,6 @@ from trimtab.balance.merge import (
     MergeCycle,
     MergeDecision,
     MergeLimits,
-    Transfer,
     cold,
     fits_after_merge,
     half_written,
@@ -728,17 +727,16 @@ def pairs(cycle: MergeCycle) -> list[tuple[str, str]]:
 
 def test_cold_neighbours_merge_on_their_broker() -> None:
     layout, records, st_ = ns_of(2)
-    got = merge_candidates(layout, records, st_, LIM)
+    got = merge_candidates(layout, records, st_, LIM, owner=S)
     left, right = layout.bundles
     assert got.decisions == [MergeDecision(left, right, f"{NS}/0x00000000_0xffffffff", S)]
 
 
-def test_different_owners_need_a_transfer_of_the_lighter_first() -> None:
+def test_different_owners_are_skipped_and_nothing_is_moved_to_join_them() -> None:
     layout, records, st_ = ns_of(2, [S, B])
-    st_[layout.bundles[1]] = stats(layout.bundles[1], rate=20)  # heavier by rate, same bytes
-    st_[layout.bundles[0]] = stats(layout.bundles[0], mbytes=0.05)
-    (d,) = merge_candidates(layout, records, st_, LIM).decisions
-    assert d.owner == B and d.transfer == Transfer(layout.bundles[0], S, B)
+    for me in (S, B):
+        got = merge_candidates(layout, records, st_, LIM, owner=me)
+        assert got.decisions == [] and got.skipped == [(f"{NS}/0x00000000_0xffffffff", "owners_differ")]
 
 
 @pytest.mark.parametrize(
@@ -758,10 +756,10 @@ def test_thresholds_at_equality_are_cold_and_above_are_not(
     a = layout.bundles[0]
     st_[a] = stats(a, **figure)
     assert cold(st_[a], roomy)
-    assert len(merge_candidates(layout, records, st_, roomy).decisions) == 1
+    assert len(merge_candidates(layout, records, st_, roomy, owner=S).decisions) == 1
     over = {k: (v + 1 if isinstance(v, int) else v * 1.01) for k, v in figure.items()}
     st_[a] = stats(a, **over)
-    got = merge_candidates(layout, records, st_, roomy)
+    got = merge_candidates(layout, records, st_, roomy, owner=S)
     assert got.decisions == [] and got.skipped == [(f"{NS}/0x00000000_0xffffffff", "hot")]
 
 
@@ -772,10 +770,10 @@ def test_the_pair_must_stay_clear_of_the_split_limits() -> None:
     a, b = layout.bundles
     st_[a], st_[b] = stats(a, rate=25), stats(b, rate=25)  # 50 = half of the split limit: fits
     assert fits_after_merge(st_[a], st_[b], lim)
-    assert len(merge_candidates(layout, records, st_, lim).decisions) == 1
+    assert len(merge_candidates(layout, records, st_, lim, owner=S).decisions) == 1
     st_[b] = stats(b, rate=25.5)
     assert not fits_after_merge(st_[a], st_[b], lim)
-    assert merge_candidates(layout, records, st_, lim).skipped == [
+    assert merge_candidates(layout, records, st_, lim, owner=S).skipped == [
         (f"{NS}/0x00000000_0xffffffff", "would_split")
     ]
 
@@ -783,10 +781,10 @@ def test_the_pair_must_stay_clear_of_the_split_limits() -> None:
 def test_minimum_bundle_count() -> None:
     layout, records, st_ = ns_of(4)
     lim = MergeLimits(enabled=True, hit_count_threshold=0, min_bundles_per_namespace=3)
-    got = merge_candidates(layout, records, st_, lim)
+    got = merge_candidates(layout, records, st_, lim, owner=S)
     assert len(got.decisions) == 1 and ("min_bundles" in {why for _, why in got.skipped})
     lim4 = MergeLimits(enabled=True, hit_count_threshold=0, min_bundles_per_namespace=4)
-    assert merge_candidates(layout, records, st_, lim4).decisions == []
+    assert merge_candidates(layout, records, st_, lim4, owner=S).decisions == []
 
 
 @pytest.mark.parametrize(
@@ -803,19 +801,19 @@ def test_minimum_bundle_count() -> None:
 def test_in_flight_or_unowned_bundles_are_left_alone(rec: Record) -> None:
     layout, records, st_ = ns_of(2)
     records[layout.bundles[0]] = rec
-    got = merge_candidates(layout, records, st_, LIM)
+    got = merge_candidates(layout, records, st_, LIM, owner=S)
     assert got.decisions == [] and got.skipped == [(f"{NS}/0x00000000_0xffffffff", "not_owned")]
 
 
 def test_no_stats_or_an_existing_merged_record_block_the_pair() -> None:
     layout, records, st_ = ns_of(2)
     del st_[layout.bundles[1]]
-    assert merge_candidates(layout, records, st_, LIM).skipped == [
+    assert merge_candidates(layout, records, st_, LIM, owner=S).skipped == [
         (f"{NS}/0x00000000_0xffffffff", "no_stats")
     ]
     layout, records, st_ = ns_of(2)
     records[f"{NS}/0x00000000_0xffffffff"] = r(State.DELETED, src=S)  # a split parent not yet tombstoned
-    assert merge_candidates(layout, records, st_, LIM).skipped == [
+    assert merge_candidates(layout, records, st_, LIM, owner=S).skipped == [
         (f"{NS}/0x00000000_0xffffffff", "merged_exists")
     ]
 
@@ -825,19 +823,19 @@ def test_hit_count_needs_consecutive_cold_checks() -> None:
     lim = MergeLimits(enabled=True, hit_count_threshold=2, min_bundles_per_namespace=1)
     hits: dict[str, int] = {}
     for _ in range(2):
-        got = merge_candidates(layout, records, st_, lim, hits)
+        got = merge_candidates(layout, records, st_, lim, hits, owner=S)
         assert got.decisions == []
         hits = got.hits
-    assert len(merge_candidates(layout, records, st_, lim, hits).decisions) == 1
+    assert len(merge_candidates(layout, records, st_, lim, hits, owner=S).decisions) == 1
     st_[layout.bundles[0]] = stats(layout.bundles[0], rate=1e9)  # one hot check resets the count
-    assert merge_candidates(layout, records, st_, lim, hits).hits == {}
+    assert merge_candidates(layout, records, st_, lim, hits, owner=S).hits == {}
 
 
 def test_coldest_pairs_first_and_no_bundle_twice() -> None:
     layout, records, st_ = ns_of(4)
     a, b, c, _ = layout.bundles
     st_[a] = stats(a, mbytes=1)
-    got = merge_candidates(layout, records, st_, LIM)
+    got = merge_candidates(layout, records, st_, LIM, owner=S)
     assert pairs(got) == [(b, c)]  # (b, c) is coldest; (a, b) and (c, d) share a bundle with it
     assert {why for _, why in got.skipped} == {"overlaps"}
 
@@ -867,7 +865,7 @@ def test_candidates_are_disjoint_neighbours_and_keep_the_minimum(
         min_bundles_per_namespace=data.draw(st.integers(1, 8)),
         max_merges_per_cycle=data.draw(st.integers(1, 5)),
     )
-    owner = data.draw(st.sampled_from([None, *BROKERS]))
+    owner = data.draw(st.sampled_from(BROKERS))
     got = merge_candidates(layout, records, figures, lim, owner=owner)
     seen: set[str] = set()
     for dec in got.decisions:
@@ -878,10 +876,8 @@ def test_candidates_are_disjoint_neighbours_and_keep_the_minimum(
         seen |= {dec.left, dec.right}
         for name in (dec.left, dec.right):
             assert records[name].state is State.OWNED and cold(figures[name], lim)
-        assert dec.owner in (records[dec.left].dst, records[dec.right].dst)
-        assert (dec.transfer is None) == (records[dec.left].dst == records[dec.right].dst)
-        if owner is not None:  # an agent's own check: only pairs it owns both of, never a transfer
-            assert dec.owner == owner and dec.transfer is None
+        # An agent's own check: only pairs it owns both of.
+        assert dec.owner == owner == records[dec.left].dst == records[dec.right].dst
     assert len(got.decisions) <= lim.max_merges_per_cycle
     if got.decisions:
         assert len(layout) - len(got.decisions) >= lim.min_bundles_per_namespace
@@ -893,7 +889,7 @@ def test_an_agents_own_check_decides_only_pairs_it_owns_both_of() -> None:
     layout, records, figures = ns_of(4, [S, S, B, S])
     got = merge_candidates(layout, records, figures, LIM, owner=S)
     assert pairs(got) == [(layout.bundles[0], layout.bundles[1])]
-    assert got.decisions[0].owner == S and got.decisions[0].transfer is None
+    assert got.decisions[0].owner == S
     assert sorted(why for _, why in got.skipped) == ["owners_differ", "owners_differ"]
     # B's own check: no pair of its own.
     assert merge_candidates(layout, records, figures, LIM, owner=B).decisions == []
