@@ -331,9 +331,9 @@ def transfer_shedder(
     def overloaded(b: str) -> bool:
         return load[b] > cfg.overload_threshold and load[b] > avg + cfg.target_std
 
+    guard = movable(cfg, transferable, has_policies)
     isolation_skips: list[tuple[str, str]] = []
     if cfg.isolate_hot_bundles:
-        guard = movable(cfg, transferable, has_policies)
         isolating = _isolate(load, tput, brokers, cooling, top, owner, state, cfg, guard)
         if isolating.decisions:
             isolating.avg, isolating.std, isolating.loads = avg, std, dict(load)
@@ -342,6 +342,7 @@ def transfer_shedder(
         # Nothing to isolate now; a broker that holds a hot bundle still takes nothing from the others.
         hosts = isolating_brokers(load, tput, top, owner)
         brokers = {b: ok and b not in hosts for b, ok in brokers.items()}
+        guard = _keeping_hot(guard, hosts)  # nor does it give its hot bundle away to relieve an overload
     triggered = std > cfg.target_std or underloaded(order[0]) or overloaded(order[-1])
     state.hit_count = state.hit_count + 1 if triggered else 0
     result = ShedResult([], "skip", "", avg=avg, std=std, hit_count=state.hit_count, loads=dict(load))
@@ -353,7 +354,6 @@ def transfer_shedder(
         result.reason = "hit_count"
         return result
 
-    guard = movable(cfg, transferable, has_policies)
     if cfg.plan == "half_gap":
         last_skip = _shed_pairs(
             order, load, tput, tput_ema, m, brokers, cooling, top, owner, state, cfg, guard, result
@@ -374,6 +374,12 @@ def why_stays(
     if bundle in state.recent_bundles:
         return "grace_period"
     return guard(bundle, src, dst)
+
+
+def load_share(throughput: float, load: float, tput: float) -> float:
+    """The part of a broker's ``load`` that ``throughput`` bytes/s of its ``tput`` carry: what a move of
+    them takes off the broker and adds to its destination (0 when the broker reports no throughput)."""
+    return throughput * load / tput if tput else 0.0
 
 
 def isolated(bundle: str) -> bool:
@@ -399,10 +405,26 @@ def isolating_brokers(
         if b not in load or not tput.get(b):
             continue
         for x in r.bundles:
-            if isolated(x.bundle) and owner(x.bundle) == b and x.throughput * load[b] / tput[b] >= avg / 2:
+            if (
+                isolated(x.bundle)
+                and owner(x.bundle) == b
+                and load_share(x.throughput, load[b], tput[b]) >= avg / 2
+            ):
                 out.add(b)
                 break
     return out
+
+
+def _keeping_hot(guard: Movable, hosts: set[str]) -> Movable:
+    """``guard``, and a hot cut-out topic (:func:`isolated`) stays on the broker that isolates it
+    (``isolated_hot``): moved, it would only take its overload elsewhere and its broker would take others'."""
+
+    def why(bundle: str, src: str, dst: str | None) -> str | None:
+        if src in hosts and isolated(bundle):
+            return "isolated_hot"
+        return guard(bundle, src, dst)
+
+    return why
 
 
 def _isolate(
@@ -435,7 +457,7 @@ def _isolate(
                 continue
             dst = min(dests, key=lambda b: (projected[b], b))
             why = why_stays(s.bundle, src, dst if cfg.transfer else None, owner, state, guard)
-            shift = s.throughput * load[src] / tput[src] if tput.get(src) else 0.0
+            shift = load_share(s.throughput, load[src], tput.get(src, 0.0))
             if why is None and projected[dst] + shift > cfg.overload_threshold:
                 why = "no_headroom"
             if why is not None:
@@ -536,7 +558,7 @@ def _shed_pairs(
             few += 1
             continue
         # LoadStats.offload: project the pair's net move onto the statistics.
-        shift = net * load[hi] / tput[hi]
+        shift = load_share(net, load[hi], tput[hi])
         sq_sum -= load[hi] ** 2 + load[lo] ** 2
         sq_sum += max(0.0, load[hi] - shift) ** 2 + (load[lo] + shift) ** 2
         std = math.sqrt(abs(sq_sum / n - avg * avg))
@@ -922,7 +944,7 @@ class _ThresholdShed:
             dst = self.coldest.pop_for(b) if self.cfg.transfer else None
             why = self.guard(s.bundle, b, dst)
             if why is None and dst is not None and tput > 0:
-                shift = s.throughput * load[b] / tput
+                shift = load_share(s.throughput, load[b], tput)
                 self.projected[dst] += shift
                 self.projected[b] -= shift
             if dst is not None:

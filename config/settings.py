@@ -543,8 +543,8 @@ class SheddingSettings(Section):
         "while that one-hash bundle alone carries at least half an average broker's load, the transfer shedder "
         "moves the other bundles of its broker's top-k report to the least loaded brokers that may take them "
         "without passing overload_threshold_pct, whatever the spread of load (decision reason "
-        "isolate_hot_bundle; skip reason no_headroom), and moves nothing onto that broker. Off: the hot bundle "
-        "shares its broker like any other.",
+        "isolate_hot_bundle; skip reason no_headroom), moves nothing onto that broker and never moves the hot "
+        "bundle itself off it (skip reason isolated_hot). Off: the hot bundle shares its broker like any other.",
     )
     shed_bundles_with_policies: bool = Field(
         False,

@@ -144,3 +144,23 @@ def test_isolation_never_moves_a_hot_bundle_or_onto_its_broker(data: st.DataObje
             assert u.src in hosts
             assert u.dst_load is not None and u.dst_load <= ON.overload_threshold
     assert len({u.bundle for u in res.decisions}) == len(res.decisions)  # no bundle moved twice
+
+
+def test_an_overloaded_broker_keeps_its_hot_bundle_even_when_nothing_else_can_move() -> None:
+    """Found by the property test above: b4's other bundle could not be moved away without overloading b3
+    (no_headroom), and the overload shedding that followed moved b4's hot cut-out topic itself to b3 -- its
+    overload moved with it. It stays, with the reason."""
+    hot = "t/hot/0x50000000_0x50000001"
+    w = world(
+        {
+            "b0": (1.0, []),
+            "b1": (0.5, []),
+            "b2": (0.5, []),
+            "b3": (0.25, []),
+            "b4": (1.0, [(hot, 4.0), (bundle(1), 7.0)]),
+        }
+    )
+    assert isolating_brokers(w.loads_of(), w.tput_of(), w.top, w.owner) == {"b4"}
+    res = shed(w)
+    assert all(u.bundle != hot for u in res.decisions), res.decisions
+    assert (hot, "isolated_hot") in res.skipped_bundles
