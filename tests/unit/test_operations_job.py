@@ -6,6 +6,7 @@ retention of finished operations."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from trimtab.channel.records import Record, State, make
 from trimtab.config.settings import OperationSettings
 from trimtab.controller.metrics import ControllerMetrics
 from trimtab.controller.operation_store import MemoryOperations
-from trimtab.controller.operations import OperationsJob
+from trimtab.controller.operations import HealPlan, OperationsJob
 from trimtab.errors import RequestError
 
 T0 = 1_800_000_000.0
@@ -106,8 +107,11 @@ class Cluster:
         self.metrics = ControllerMetrics.create(CollectorRegistry())
         self.job = self.leader()
 
-    def leader(self, load: bool = True) -> OperationsJob:
-        """A new leader's job over the same store (what a failover gives); ``load``: it has read them."""
+    def leader(
+        self, load: bool = True, heal_plans: Callable[[], Mapping[str, HealPlan]] | None = None
+    ) -> OperationsJob:
+        """A new leader's job over the same store (what a failover gives); ``load``: it has read them;
+        ``heal_plans``: the healing job's plans it follows."""
         job = OperationsJob(
             lambda: self.settings,
             self.store,
@@ -117,6 +121,7 @@ class Cluster:
             self.journal,  # type: ignore[arg-type]
             self.metrics,
             clock=lambda: self.now,
+            heal_plans=heal_plans,
         )
         if load:
             job.load()
@@ -367,22 +372,9 @@ def test_a_split_seen_in_the_channel_is_recorded_and_followed_to_its_end_also_by
 
 
 def test_a_healing_plan_is_one_heal_operation_an_operator_can_hold() -> None:
-    from trimtab.controller.operations import HealPlan
-
     c = Cluster(3)
     plans: dict[str, HealPlan] = {A: HealPlan(5000, {bundle(0): B, bundle(1): B, bundle(2): None})}
-    c.job = OperationsJob(
-        lambda: c.settings,
-        c.store,
-        c.table,  # type: ignore[arg-type]
-        c.leadership,  # type: ignore[arg-type]
-        c.writes,  # type: ignore[arg-type]
-        c.journal,  # type: ignore[arg-type]
-        c.metrics,
-        clock=lambda: c.now,
-        heal_plans=lambda: plans,
-    )
-    c.job.load()
+    c.job = c.leader(heal_plans=lambda: plans)
     asyncio.run(c.job.run_once())
     (op,) = c.job.list()
     assert op.kind is ops.OpKind.HEAL and op.target == A and op.progress() == (0, 3)
@@ -402,22 +394,9 @@ def test_a_healing_plan_is_one_heal_operation_an_operator_can_hold() -> None:
 
 
 def test_a_heal_whose_broker_came_back_is_cancelled_with_the_reason() -> None:
-    from trimtab.controller.operations import HealPlan
-
     c = Cluster(1)
     plans: dict[str, HealPlan] = {A: HealPlan(5000, {bundle(0): B})}
-    c.job = OperationsJob(
-        lambda: c.settings,
-        c.store,
-        c.table,  # type: ignore[arg-type]
-        c.leadership,  # type: ignore[arg-type]
-        c.writes,  # type: ignore[arg-type]
-        c.journal,  # type: ignore[arg-type]
-        c.metrics,
-        clock=lambda: c.now,
-        heal_plans=lambda: plans,
-    )
-    c.job.load()
+    c.job = c.leader(heal_plans=lambda: plans)
     asyncio.run(c.job.run_once())
     plans.clear()  # the healing job's bookkeeping: A registered again
     asyncio.run(c.job.run_once())
@@ -441,31 +420,16 @@ def test_a_split_completed_between_two_passes_is_recorded_done() -> None:
 
 
 def test_a_heal_of_more_bundles_than_an_operation_holds_follows_the_first_and_says_so() -> None:
-    from trimtab.controller.operations import HealPlan
-
     c = Cluster(0)
     n = ops.MAX_MOVES + 5
     plans = {A: HealPlan(5000, {f"t/ns/0x{i:08x}_0x{i + 1:08x}": B for i in range(n)})}
-    c.job = OperationsJob(
-        lambda: c.settings,
-        c.store,
-        c.table,  # type: ignore[arg-type]
-        c.leadership,  # type: ignore[arg-type]
-        c.writes,  # type: ignore[arg-type]
-        c.journal,  # type: ignore[arg-type]
-        c.metrics,
-        clock=lambda: c.now,
-        heal_plans=lambda: plans,
-    )
-    c.job.load()
+    c.job = c.leader(heal_plans=lambda: plans)
     asyncio.run(c.job.run_once())
     (op,) = c.job.list()
     assert len(op.moves) == ops.MAX_MOVES and f"{ops.MAX_MOVES} of {n} followed" in op.reason
 
 
 def test_a_failure_to_record_what_others_do_does_not_stop_the_leaders_own_operations() -> None:
-    from trimtab.controller.operations import HealPlan
-
     c = Cluster(3)
     op = c.drain(3)
 
