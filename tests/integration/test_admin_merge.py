@@ -14,6 +14,7 @@ simulated broker.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,27 @@ pytestmark = pytest.mark.integration
 def settings(zk_hosts: str) -> Settings:
     # Only the test moves bundles; the controller decides at once (no settling after connecting).
     return agent_settings(zk_hosts, healing={"safe_mode_settle_s": 0}, shedding={"enabled": False})
+
+
+async def merge_followed(c: Any, merged: str) -> None:
+    """The leader follows the merge as one operation of both parents, done once both were replaced; it
+    refuses to pause it, with the reason."""
+    op = await until(
+        lambda: next(
+            (
+                o
+                for o in c.ctl.operations.list()
+                if o.kind.value == "merge" and o.target == merged and o.state.value == "done"
+            ),
+            None,
+        ),
+        10,
+        f"a done merge operation of {merged}",
+    )
+    shown = (await c.http.get(f"/v1/admin/ops/{op.id}")).json()
+    assert shown["outcomes"] == {"merged": 2} and shown["progress"] == {"done": 2, "total": 2}, shown
+    r = await c.http.post(f"/v1/admin/ops/{op.id}/pause", json={})
+    assert r.status_code == 409 and "one channel transition" in r.text, r.text
 
 
 def test_an_operator_merges_two_neighbours_into_one_served_in_place(
@@ -86,6 +108,8 @@ def test_an_operator_merges_two_neighbours_into_one_served_in_place(
                 )
 
             await until(done, 20, "the merged bundle owned, both parents deleted")
+
+            await merge_followed(c, merged)
             await until(lambda: merged in sim.serving, 10, "the owner's broker serves the merged bundle")
             assert not ({first, second} & sim.serving)
             # The layout in ZooKeeper: the inner boundary is gone.
