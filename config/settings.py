@@ -663,12 +663,14 @@ class HealingSettings(Section):
         ge=1,
         description="Cluster-wide reassignments in flight (Assigning). Bundles of stateless brokers are cheap "
         "to acquire, so the default lets a 10 000-bundle broker fail over in one round; lower it if taking "
-        "bundles over is expensive for your brokers. [max.num.cluster.movements]",
+        "bundles over is expensive for your brokers. Live: `trimtab admin settings set` changes it at run "
+        "time (the next healing round uses it). [max.num.cluster.movements]",
     )
     max_in_flight_per_broker: int = Field(
         5000,
         ge=1,
-        description="Reassignments in flight into one broker. [num.concurrent.partition.movements.per.broker]",
+        description="Reassignments in flight into one broker. Live, as max_in_flight. "
+        "[num.concurrent.partition.movements.per.broker]",
     )
     chunk_size: int = Field(500, ge=1, le=10_000, description="Bundles per persisted reassignment chunk.")
     mass_failure_max_brokers: int = Field(

@@ -295,13 +295,16 @@ class HealingJob:
         bookkeeping_every_s: float = 5.0,
         in_maintenance: Callable[[], Collection[str]] | None = None,
         held: Callable[[], Collection[str]] | None = None,
+        config: Callable[[], HealConfig] | None = None,
     ) -> None:
         """``in_maintenance`` (blocking, read only while brokers are failed): brokers an operator took out
         on purpose, which with the brokers last seen draining never count towards the mass-failure guard.
         ``held()``: failed brokers whose healing an operator paused (``admin ops pause`` of their ``heal``
-        operation)."""
+        operation). ``config()``: healing's settings in force, read at the start of every round (its
+        throttles are live settings)."""
         self.healer = healer
         self.held = held
+        self.config = config
         self.in_maintenance = in_maintenance
         self.seen_draining: set[str] = set()  # live brokers last seen draining (a departure then is planned)
         self.table = table
@@ -335,6 +338,8 @@ class HealingJob:
         """One round; returns the overrides it published (none in safe mode or while paused)."""
         if self.leadership.safe_mode() is not None:
             return []
+        if self.config is not None:
+            self.healer.cfg = self.config()
         now = int(self.clock() * 1000)
         live = self.destinations.live()
         for b, i in live.items():

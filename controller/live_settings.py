@@ -1,7 +1,8 @@
 """Settings an operator changes while the cluster runs, without a restart (issue 32 point 2).
 
 Why: Cruise Control users stop and restart it to change how many moves run at once (its #431), losing the
-work in progress. Here the operations' limits are *live*: an override stored in ZooKeeper
+work in progress. Here the operations' limits -- and healing's, whose plans are operations too -- are
+*live*: an override stored in ZooKeeper
 (``<root>/<cluster>/admin/config``) that every controller watches, so the leader's next pass -- and any
 future leader's first -- uses it. Only the keys of :data:`LIVE_KEYS` may be overridden; every other setting
 still needs a restart (it sizes a thread pool, a socket, a topic...).
@@ -24,6 +25,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from pydantic import ValidationError
 
+from trimtab.balance.heal import HealConfig
 from trimtab.cluster.zk import ZkPaths, zk_call
 from trimtab.config.settings import OperationSettings, Settings
 from trimtab.errors import RequestError
@@ -37,26 +39,33 @@ LIVE_KEYS = frozenset(
         "operations.max_in_flight_per_broker",
         "operations.max_in_flight_per_namespace",
         "operations.republish_after_s",
+        "healing.max_in_flight",
+        "healing.max_in_flight_per_broker",
     }
 )
+_SECTIONS = ("operations", "healing")
 MAX_BYTES = 64 * 1024
 
 
-def effective(base: Settings, overrides: Mapping[str, Any]) -> OperationSettings:
-    """The operations' settings with ``overrides`` (``section.field`` -> value) applied; :class:`ValueError`
-    naming the key and the reason when one is not live or does not validate. Pure."""
+def effective(base: Settings, overrides: Mapping[str, Any]) -> Settings:
+    """``base`` with ``overrides`` (``section.field`` -> value) applied; :class:`ValueError` naming the key
+    and the reason when one is not live or does not validate. Pure."""
     unknown = sorted(set(overrides) - LIVE_KEYS)
     if unknown:
         raise ValueError(
             f"not settable at run time: {', '.join(unknown)} (live: {', '.join(sorted(LIVE_KEYS))})"
         )
-    fields = {k.split(".", 1)[1]: v for k, v in overrides.items()}
-    try:
-        return OperationSettings.model_validate({**base.operations.model_dump(), **fields})
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise ValueError(f"operations.{where}: {first['msg']}") from None
+    update: dict[str, Any] = {}
+    for section in _SECTIONS:
+        fields = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.split(".", 1)[0] == section}
+        current = getattr(base, section)
+        try:
+            update[section] = type(current).model_validate({**current.model_dump(), **fields})
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ValueError(f"{section}.{where}: {first['msg']}") from None
+    return base.model_copy(update=update)
 
 
 def decode(value: bytes | None) -> dict[str, Any]:
@@ -93,11 +102,21 @@ class LiveSettings:
         self.overrides: dict[str, Any] = {}
         self.by: str | None = None
         self.unreadable = 0
-        self._ops = base.operations
+        self._in_force = base
+        self._heal = HealConfig.from_settings(base)
         self._lock = threading.Lock()
 
     def operations(self) -> OperationSettings:
-        return self._ops
+        return self._in_force.operations
+
+    def heal_config(self) -> HealConfig:
+        """Healing's settings in force (its throttles are live; the healing job reads them every round)."""
+        return self._heal
+
+    def _apply(self, overrides: dict[str, Any], in_force: Settings) -> None:
+        with self._lock:
+            self.overrides, self._in_force = overrides, in_force
+            self._heal = HealConfig.from_settings(in_force)
 
     def start(self) -> None:
         """Watch the stored overrides (ZooKeeper's thread calls :meth:`_changed` now and on every change)."""
@@ -107,20 +126,22 @@ class LiveSettings:
     def _changed(self, data: bytes | None, _stat: Any) -> None:
         try:
             raw = decode(data)
-            ops = effective(self.base, raw)
+            in_force = effective(self.base, raw)
         except ValueError as e:
             self.unreadable += 1
             log.warning("live_settings_unreadable", reason=str(e), action="keeping the settings in force")
             return
-        with self._lock:
-            self.overrides, self._ops = raw, ops
+        self._apply(raw, in_force)
         log.info("live_settings", overrides=raw)
 
     def view(self) -> dict[str, Any]:
         return {
             "live_keys": sorted(LIVE_KEYS),
             "overrides": dict(self.overrides),
-            "operations": self._ops.model_dump(),
+            "operations": self._in_force.operations.model_dump(),
+            "healing": {
+                k: getattr(self._in_force.healing, k) for k in ("max_in_flight", "max_in_flight_per_broker")
+            },
         }
 
     def change(self, set_: Mapping[str, Any], reset: list[str], *, by: str) -> dict[str, Any]:
@@ -147,7 +168,7 @@ class LiveSettings:
                 current = {}  # unreadable: replaced by a valid one
             new = {k: v for k, v in {**current, **set_}.items() if k not in reset}
             try:
-                ops = effective(self.base, new)
+                in_force = effective(self.base, new)
             except ValueError as e:
                 raise RequestError(400, str(e)) from None
             body = orjson.dumps({"overrides": new, "by": by, "ts": int(self.clock() * 1000)})
@@ -158,8 +179,7 @@ class LiveSettings:
                     zk_call(self.zk, self.zk.set, self.path, body, version=version)
             except (BadVersionError, NodeExistsError):
                 continue  # another writer came first: read again
-            with self._lock:
-                self.overrides, self._ops = new, ops
+            self._apply(new, in_force)
             log.info("live_settings_changed", overrides=new, by=by)
             return self.view()
         raise RequestError(

@@ -170,6 +170,7 @@ def build_controller(
         clock=clock,
         in_maintenance=lambda: list(maintenance.read()),
         held=operations.held_heals,
+        config=live.heal_config,
     )
     shedding = SheddingJob(
         s.shedding,

@@ -34,7 +34,11 @@ def test_a_change_reaches_every_controller_and_a_refused_one_changes_nothing(zk:
         10,
         message="both overrides",
     )
-    leader.change({}, ["operations.max_in_flight"], by="test")
+    leader.change({"healing.max_in_flight": 40}, [], by="test")  # healing's throttle: live too
+    wait_for(
+        lambda: follower.heal_config().max_in_flight == 40, 10, message="healing's throttle on the follower"
+    )
+    leader.change({}, ["operations.max_in_flight", "healing.max_in_flight"], by="test")
     wait_for(lambda: follower.operations().max_in_flight == Settings().operations.max_in_flight, 10)
     zk.set(paths.dynamic_config, b"\x00 not json")
     wait_for(lambda: follower.unreadable >= 1, 10, message="the hostile value counted")

@@ -141,7 +141,7 @@ class World:
         self.prom = CollectorRegistry()
         self.metrics = ControllerMetrics.create(self.prom)
         self.journal = Journal()
-        cfg = HealConfig(grace_s=grace_s, alert_after_s=alert_after_s)
+        cfg = self.cfg = HealConfig(grace_s=grace_s, alert_after_s=alert_after_s)
         self.table = Table({f"t/ns/{i:#010x}_{i + 1:#010x}": owned("dead") for i in range(3)})
         self.table.records["t/ns/0x000000ff_0x00000100"] = owned("live")
         self.healer = Healer(
@@ -165,6 +165,7 @@ class World:
             self.metrics,
             clock=lambda: self.now / 1000,
             held=lambda: self.held,
+            config=lambda: self.cfg,
         )
 
     def round(self, at_s: float) -> None:
@@ -212,3 +213,11 @@ def test_a_held_heal_is_a_reason_in_the_paused_gauge_and_ends_with_the_hold() ->
     w.held = set()
     w.round(at_s=2)
     assert w.prom.get_sample_value("trimtab_healing_paused", {"reason": "held"}) == 0
+
+
+def test_the_healing_job_reads_its_settings_in_force_every_round() -> None:
+    """Its throttles are live settings: a change reaches the healer at the next round."""
+    w = World(alert_after_s=600, grace_s=0)
+    w.cfg = HealConfig(grace_s=0, alert_after_s=600, max_in_flight=1, max_in_flight_per_broker=1)
+    w.round(at_s=1)
+    assert (w.healer.cfg.max_in_flight, w.healer.cfg.max_in_flight_per_broker) == (1, 1)

@@ -13,8 +13,10 @@ from trimtab.controller.live_settings import LIVE_KEYS, LiveSettings, decode, ef
 
 def test_an_override_changes_only_its_key() -> None:
     base = Settings()
-    ops = effective(base, {"operations.max_in_flight": 7, "operations.max_in_flight_per_namespace": None})
+    got = effective(base, {"operations.max_in_flight": 7, "operations.max_in_flight_per_namespace": None})
+    ops = got.operations
     assert ops.max_in_flight == 7 and ops.max_in_flight_per_broker == base.operations.max_in_flight_per_broker
+    assert got.healing == base.healing and got.model_copy(update={"operations": base.operations}) == base
 
 
 @pytest.mark.parametrize(
@@ -24,6 +26,8 @@ def test_an_override_changes_only_its_key() -> None:
         ({"zookeeper.hosts": "x"}, "not settable at run time"),
         ({"operations.max_in_flight": 0}, "operations.max_in_flight"),
         ({"operations.max_in_flight": "many"}, "operations.max_in_flight"),
+        ({"healing.max_in_flight": 0}, "healing.max_in_flight"),
+        ({"healing.grace_s": 5}, "not settable at run time: healing.grace_s"),
     ],
 )
 def test_what_is_not_live_or_not_valid_is_refused_naming_the_key(
@@ -56,5 +60,22 @@ def test_no_stored_bytes_raise_anything_but_a_value_error(value: bytes) -> None:
 
 
 def test_the_live_keys_are_real_settings() -> None:
-    fields = Settings().operations.model_dump()
-    assert {k.split(".", 1)[1] for k in LIVE_KEYS} <= set(fields)
+    base = Settings()
+    for key in LIVE_KEYS:
+        section, field = key.split(".", 1)
+        assert field in getattr(base, section).model_dump(), key
+
+
+def test_healings_throttles_are_live_and_reach_its_config() -> None:
+    """Healing plans are operations: their throttles change at run time as the operations' do (the healing
+    job reads heal_config() at the start of every round)."""
+    live = LiveSettings(Settings(), None, None)
+    live._changed(
+        b'{"overrides": {"healing.max_in_flight": 12, "healing.max_in_flight_per_broker": 3}}', None
+    )
+    cfg = live.heal_config()
+    assert (cfg.max_in_flight, cfg.max_in_flight_per_broker) == (12, 3)
+    assert cfg.grace_s == Settings().healing.grace_s
+    assert live.view()["healing"] == {"max_in_flight": 12, "max_in_flight_per_broker": 3}
+    live._changed(None, None)
+    assert live.heal_config().max_in_flight == Settings().healing.max_in_flight
