@@ -49,8 +49,10 @@ bundle, no cool-down for its source unless another of its moves completed).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Callable, Mapping
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -252,7 +254,7 @@ def settle_moves(
 def _stats(values: list[float]) -> tuple[float, float]:
     n = len(values)
     avg = sum(values) / n
-    var = max(0.0, sum(v * v for v in values) / n - avg * avg)
+    var = max(0.0, sum(map(operator.mul, values, values)) / n - avg * avg)  # = sum(v * v ...), bit for bit
     return avg, math.sqrt(var)
 
 
@@ -677,21 +679,42 @@ class _TargetPlan:
     picked: set[str] = field(default_factory=set)
     noted: set[str] = field(default_factory=set)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    _by_desc: list[str] = field(default_factory=list)  # the population by descending load, then name
+    _cursor: int = 0  # into _by_desc: the brokers before it can no longer start to shed
+    _heaviest: dict[str, list[BundleStats]] = field(default_factory=dict)  # a source's report, heaviest first
 
     def run(self, result: ShedResult) -> str:
-        """Appends the moves to ``result``; returns why the last step moved nothing."""
+        """Appends the moves to ``result``; returns why the last step moved nothing.
+
+        Each step needs the least loaded destination and the sources by load. At 10 000 brokers, scanning
+        every broker for them at every step cost most of a decision (128 ms); only the two brokers of a
+        move change load, so destinations come from a heap (their loads only grow) and sources from the
+        brokers in descending load order, fixed for the cycle (a broker's load changes only once it is a
+        source or a destination) merged with the few that shed already. The choices are the scan's exactly.
+        """
         last_skip = "no_bundles"
         load, cfg = self.load, self.cfg
+        dest_heap = [(load[b], b) for b in load if self.brokers.get(b, False) and b not in self.cooling]
+        heapq.heapify(dest_heap)
+        self._by_desc = sorted(load, key=lambda b: (-load[b], b))
+        self._cursor = 0
         while True:
             avg, std = _stats(list(load.values()))
-            taken = self.cooling | self.sources
-            dests = [b for b in load if self.brokers.get(b, False) and b not in taken]
-            srcs = [b for b in load if self._may_shed(b)]
-            if not dests or not srcs:
+            lo = self._least_loaded(dest_heap)
+            order = self._sources_desc()
+            first = next(order, None)
+            if lo is None or first is None:
                 last_skip = "cool_down" if self.cooling else last_skip
                 break
-            lo = min(dests, key=lambda b: (load[b], b))
-            hi = max(srcs, key=lambda b: (load[b], b))
+            # The most loaded source is the greatest (load, name): collect the ties at the top load.
+            ties, after = [first], None
+            for b in order:
+                if load[b] != load[first]:
+                    after = b
+                    break
+                ties.append(b)
+            hi = max(ties)
+            srcs: Iterable[str] = itertools.chain(ties, () if after is None else (after,), order)
             if std > cfg.target_std:
                 reason = "overloaded"
             elif load[lo] < avg * self.m or self.ema[lo] < max(self.ema.values()) * self.m:
@@ -711,20 +734,50 @@ class _TargetPlan:
         result.skipped_bundles.extend(self.skipped)
         return last_skip
 
-    def _may_shed(self, b: str) -> bool:
-        return (
-            b not in self.cooling
-            and b not in self.exhausted
-            and b not in self.received
-            and (b in self.sources or len(self.sources) < self.cfg.max_broker_pairs)
-        )
+    def _least_loaded(self, heap: list[tuple[float, str]]) -> str | None:
+        """The destination with the least (load, name): neither cooling nor a source; None if none is left.
+        An entry whose broker received load since is pushed again with its load now."""
+        load = self.load
+        while heap:
+            was, b = heap[0]
+            if b in self.sources:
+                heapq.heappop(heap)
+            elif load[b] != was:
+                heapq.heapreplace(heap, (load[b], b))
+            else:
+                return b
+        return None
 
-    def _choose(self, srcs: list[str], lo: str) -> tuple[tuple[float, str, BundleStats] | None, str]:
-        """The move that lowers the variance most, as (load it moves, source, bundle); else why none."""
+    def _blocked(self, b: str) -> bool:
+        return b in self.cooling or b in self.exhausted or b in self.received
+
+    def _sources_desc(self) -> Iterator[str]:
+        """The brokers that may shed -- neither cooling, exhausted nor a destination, and a source already or
+        while fewer than ``max_broker_pairs`` are -- by descending load, then name: those that shed already
+        (their loads changed), merged with the others in the cycle's fixed order."""
+        load = self.load
+        shed = sorted((b for b in self.sources if not self._blocked(b)), key=lambda b: (-load[b], b))
+        if len(self.sources) >= self.cfg.max_broker_pairs:
+            return iter(shed)
+        by_desc = self._by_desc
+        while self._cursor < len(by_desc) and (
+            self._blocked(by_desc[self._cursor]) or by_desc[self._cursor] in self.sources
+        ):
+            self._cursor += 1  # never eligible again as a new source: the sets only grow
+        rest = (
+            b
+            for b in itertools.islice(by_desc, self._cursor, None)
+            if not (self._blocked(b) or b in self.sources)
+        )
+        return heapq.merge(shed, rest, key=lambda b: (-load[b], b))
+
+    def _choose(self, srcs: Iterable[str], lo: str) -> tuple[tuple[float, str, BundleStats] | None, str]:
+        """The move that lowers the variance most, as (load it moves, source, bundle); else why none.
+        ``srcs`` by descending load, then name."""
         choice: tuple[float, str, BundleStats] | None = None
         top_gain = 0.0
         why = ""
-        for src in sorted(srcs, key=lambda b: (-self.load[b], b)):
+        for src in srcs:
             gap = self.load[src] - self.load[lo]
             if gap <= 0 or (choice is not None and gap * gap / 4 <= top_gain):
                 break  # by load, descending: no later source can do better (d (g - d) <= g^2 / 4)
@@ -752,7 +805,10 @@ class _TargetPlan:
         # Load per byte/s from the two EMAs, which lag alike: the bundles' rates are current.
         per_byte = load[src] / (ema[src] if ema[src] > 0 else tput[src])
         half_gap = (load[src] - load[lo]) / 2
-        for b in sorted(report.bundles, key=lambda x: (-x.throughput, x.bundle)):
+        heaviest = self._heaviest.get(src)
+        if heaviest is None:  # a source is tried at many steps of a cycle; its report does not change
+            heaviest = self._heaviest[src] = sorted(report.bundles, key=lambda x: (-x.throughput, x.bundle))
+        for b in heaviest:
             if b.bundle in self.picked or b.throughput <= 0:
                 continue
             if b.bundle in self.state.recent_bundles:
