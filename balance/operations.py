@@ -634,29 +634,36 @@ class _Pass:
 
 
 # ---------------------------------------------------------------------------------------------- followed
+#: A followed move as given: (bundle, src, dst or None, version and time stamp of the record that started
+#: it -- or None and None: a heal's moves are not started by a record of their own).
+FollowedMove = tuple[str, str, str | None, int | None, int | None]
+
+
 def followed(
     op_id: str,
     kind: OpKind,
-    moves: Iterable[tuple[str, str, str | None, int | None]],
+    moves: Iterable[FollowedMove],
     *,
     reason: str,
     requested_by: str,
     now_ms: int,
     target: str | None = None,
 ) -> Operation:
-    """A running operation of a :data:`FOLLOWED` kind: ``moves`` are (bundle, src, dst or None, the version of
-    the record that started it or None). A split's one move is its bundle (src: its owner, started at the
-    ``Splitting`` record); a merge's two are its parents (``target``: the merged bundle); a heal's are the
-    failed broker's bundles (src: that broker, dst: the planned destination, never started here)."""
+    """A running operation of a :data:`FOLLOWED` kind: ``moves`` are (bundle, src, dst or None, the version and
+    the time stamp of the record that started it, or None and None). A split's one move is its bundle (src:
+    its owner, started at the ``Splitting`` record); a merge's two are its parents (``target``: the merged
+    bundle); a heal's are the failed broker's bundles (src: that broker, dst: the planned destination, never
+    started here). A started move keeps the record's version *and* time stamp: a key deleted and made
+    again counts its versions from 1 again, so the version alone would take a later split for this one."""
     if kind not in FOLLOWED:
         raise ValueError(f"{kind.value} operations are carried out by the leader, not followed")
     given = list(moves)
-    out = _moves(op_id, [(b, src, dst) for b, src, dst, _ in given], set())
+    out = _moves(op_id, [(b, src, dst) for b, src, dst, _, _ in given], set())
     if len(out) > MAX_MOVES:
         raise ValueError(f"operation {op_id} would have {len(out)} moves, more than {MAX_MOVES}")
     out = [
-        msgspec.structs.replace(m, started_version=v, started_ms=now_ms if v is not None else None)
-        for m, (_, _, _, v) in zip(out, given, strict=True)
+        msgspec.structs.replace(m, started_version=v, started_ms=ts)
+        for m, (_, _, _, v, ts) in zip(out, given, strict=True)
     ]
     return Operation(
         id=op_id,
@@ -671,9 +678,7 @@ def followed(
     )
 
 
-def add_followed(
-    op: Operation, moves: Iterable[tuple[str, str, str | None, int | None]], *, now_ms: int
-) -> Operation:
+def add_followed(op: Operation, moves: Iterable[FollowedMove], *, now_ms: int) -> Operation:
     """A followed operation with more moves (a merge's second parent, seen after the first)."""
     given = [x for x in moves if x[0] not in {m.bundle for m in op.moves}]
     if op.state.terminal or not given:
@@ -707,26 +712,30 @@ class Observed:
 
     kind: OpKind
     target: str  # the bundle split, or the merged bundle
-    moves: tuple[tuple[str, str, str | None, int | None], ...]  # as :func:`followed` takes them
+    moves: tuple[FollowedMove, ...]  # as :func:`followed` takes them
     requested_by: str  # the record's writer: the owner's agent, or the leader for ``admin merge``
     reason: str
 
 
-def observe(seen: Iterable[tuple[str, Record]], tracked: Callable[[str, int], bool]) -> list[Observed]:
-    """The operations to record for in-flight ``Splitting`` and ``Merging`` records not ``tracked(bundle,
-    version)`` yet: one per split, one per merged bundle (both parents together when both are seen)."""
+def observe(seen: Iterable[tuple[str, Record]], tracked: Callable[[str, int, int], bool]) -> list[Observed]:
+    """The operations to record for ``Splitting`` and ``Merging`` records not ``tracked(bundle, version,
+    ts)`` yet (each once, however often it was seen): one per split, one per merged bundle (both parents
+    together when both are seen)."""
     out: list[Observed] = []
     merges: dict[str, list[tuple[str, Record]]] = {}
-    for bundle, rec in sorted(seen, key=lambda x: x[0]):
-        if rec.src is None or len(rec.src) > 512 or tracked(bundle, rec.version):
+    done: set[tuple[str, int, int]] = set()
+    for bundle, rec in sorted(seen, key=lambda x: (x[0], x[1].version, x[1].ts)):
+        key = (bundle, rec.version, rec.ts)
+        if rec.src is None or len(rec.src) > 512 or key in done or tracked(*key):
             continue  # (a broker name longer than a stored move holds would make it unreadable)
+        done.add(key)
         if rec.state is State.SPLITTING:
             n = len(rec.children or ())
             out.append(
                 Observed(
                     OpKind.SPLIT,
                     bundle,
-                    ((bundle, rec.src, None, rec.version),),
+                    ((bundle, rec.src, None, rec.version, rec.ts),),
                     rec.writer,
                     f"split of {bundle} into {n} bundles by its owner {rec.src}",
                 )
@@ -743,7 +752,7 @@ def observe(seen: Iterable[tuple[str, Record]], tracked: Callable[[str, int], bo
             Observed(
                 OpKind.MERGE,
                 merged,
-                tuple((b, r.src or "", None, r.version) for b, r in parents),
+                tuple((b, r.src or "", None, r.version, r.ts) for b, r in parents),
                 parents[0][1].writer,
                 f"merge of {names} into {merged} by their owner {parents[0][1].src}",
             )

@@ -87,6 +87,7 @@ class TableView:
         self._listeners: list[Listener] = []
         self._on_skip = on_skip
         self.live = False
+        self.generation = 0  # one more each time the table is replaced whole (load): listeners heard nothing
         self.last_outcome = ""
         # Held for a whole batch by the feeder and by snapshot(): a snapshot is always the state after
         # exactly the records its positions cover. One acquire per batch, nothing per record.
@@ -147,6 +148,7 @@ class TableView:
             self._table = dict(states)
             self.positions = dict(positions)
             self.live = False
+            self.generation += 1
 
     # ------------------------------------------------------------------ applying
     def _skip(self, key: str | None, partition: int | None, offset: int | None, reason: str) -> str:

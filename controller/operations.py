@@ -18,8 +18,10 @@ one stopped; while it leads it is their only writer, so passes work from memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -61,6 +63,7 @@ class OperationsJob:
         planner: Callable[[str, list[str]], Mapping[str, str | None]] | None = None,
         usable: Callable[[str], bool] | None = None,
         heal_plans: Callable[[], Mapping[str, HealPlan] | None] | None = None,
+        registered: Callable[[str], bool] | None = None,
     ) -> None:
         """``settings`` is read on every pass: limits changed at run time apply from the next one.
         ``planner(broker, bundles)``: destinations for bundles that reached a broker being drained after its
@@ -68,7 +71,8 @@ class OperationsJob:
         take bundles (live, not draining, not in maintenance) -- a move to one that may not is an unload.
         ``heal_plans()``: the healing job's persisted plans (failed broker -> its first failure and the
         planned destination of each of its bundles), None until it has read them: each is followed as a
-        ``heal`` operation. Splits and merges are seen in the channel (a table listener) and followed as
+        ``heal`` operation; ``registered(broker)``: whether a broker is registered (a heal whose plan is
+        gone ends as cancelled only if its broker came back; None: it always does). Splits and merges are seen in the channel (a table listener) and followed as
         ``split`` and ``merge`` operations."""
         self.settings = settings
         self.store = store
@@ -82,11 +86,15 @@ class OperationsJob:
         self.planner = planner
         self.usable = usable
         self.heal_plans = heal_plans
-        # Splitting/Merging records seen since the last pass, by bundle: kept by a table listener (the feeder's
-        # thread; single dict operations), the table rescanned when it was replaced (a history gap) or
-        # leadership starts.
-        self._transitions: dict[str, Record] = {}
+        self.registered = registered
+        # Splitting/Merging records seen since the last pass: kept by a table listener (the feeder's
+        # thread) under the lock the pass takes them with; the table rescanned when it was replaced
+        # (its generation changed: bootstrap, a history gap) or leadership starts.
+        self._transitions: list[tuple[str, Record]] = []
+        self._seen_lock = threading.Lock()
         self._rescan = True
+        self._generation = -1
+        self._unrecordable: set[str] = set()  # followed operations that could not be stored: not tried again
         table.add_listener(self._on_change)
         self.ops: dict[str, ops.Operation] = {}
         self.loaded = False
@@ -105,7 +113,8 @@ class OperationsJob:
     def load(self) -> None:
         """Read every stored operation (leadership starts: what the last leader left)."""
         self.ops = {op.id: op for op in self.store.list()}
-        self._transitions.clear()
+        with self._seen_lock:
+            self._transitions = []
         self._rescan = True
         self.loaded = True
         unfinished = [op.id for op in self.ops.values() if not op.state.terminal]
@@ -149,34 +158,47 @@ class OperationsJob:
 
     # ------------------------------------------------------------------ followed operations
     def _on_change(self, bundle: str, old: Record | None, new: Record | None) -> None:
-        # Kept until the next pass records it, even if it settles before: a split is often published and
-        # completed within one pass. Only while leading (followers would keep them forever).
+        # Every one kept until the next pass records it, even if it settles before (a split is often
+        # published and completed within one pass), and under the lock the pass takes them with. Only while
+        # leading (followers would keep them forever).
         if self.loaded and new is not None and new.state in _TRANSITIONS:
-            self._transitions[bundle] = new
+            with self._seen_lock:
+                self._transitions.append((bundle, new))
 
-    def _seen_transitions(self) -> list[tuple[str, Record]]:
-        """Splits and merges seen since the last pass (taken: each is recorded once)."""
-        if not self.table.live:
-            self._rescan = True  # replaced after a history gap: listeners hear nothing until it is live again
-            return []
-        if self._rescan:
-            self._rescan = False
-            for b, r in self.table.items():
-                if r.state in _TRANSITIONS:
-                    self._transitions[b] = r
-        out = []
-        for b, r in list(self._transitions.items()):
-            out.append((b, r))
-            if self._transitions.get(b) is r:  # not replaced meanwhile by the feeder's thread
-                del self._transitions[b]
-        return out
+    def _take_transitions(self) -> list[tuple[str, Record]]:
+        """Splits and merges seen since the last pass; the whole table's after it was replaced (bootstrap,
+        a history gap: its listeners heard nothing meanwhile) or leadership started. Given back with
+        :meth:`_give_back` when the pass records nothing."""
+        generation = self.table.generation
+        rescan = self._rescan or generation != self._generation
+        self._rescan, self._generation = False, generation
+        with self._seen_lock:
+            taken, self._transitions = self._transitions, []
+        if rescan:
+            taken += [(b, r) for b, r in self.table.items() if r.state in _TRANSITIONS]
+        return taken
+
+    def _give_back(self, taken: list[tuple[str, Record]]) -> None:
+        with self._seen_lock:
+            self._transitions[:0] = taken
 
     async def _follow(self) -> None:
         """Record the splits, merges and healing plans no operation follows yet, and bring the followed
-        operations up to date with the channel. Nothing is published: only operations are written."""
+        operations up to date with the channel. Nothing is published: only operations are written. What was
+        seen is given back if this pass stores nothing (leadership not confirmed, a failure): the next one
+        records it."""
+        taken = self._take_transitions()
+        stored = False
+        try:
+            stored = await self._follow_pass(taken)
+        finally:
+            if not stored:
+                self._give_back(taken)
+
+    async def _follow_pass(self, taken: list[tuple[str, Record]]) -> bool:
         now = self._now()
         tracked = {
-            (m.bundle, m.started_version)
+            (m.bundle, m.started_version, m.started_ms)
             for op in self.ops.values()
             if op.kind in (ops.OpKind.SPLIT, ops.OpKind.MERGE)
             for m in op.moves
@@ -187,7 +209,7 @@ class OperationsJob:
             if op.kind in ops.FOLLOWED and not op.state.terminal
         }
         changed: dict[str, ops.Operation] = {}  # by id: an operation recorded and followed in one pass
-        for seen in ops.observe(self._seen_transitions(), lambda b, v: (b, v) in tracked):
+        for seen in ops.observe(taken, lambda b, v, ts: (b, v, ts) in tracked):
             merging = (
                 open_by_target.get((ops.OpKind.MERGE, seen.target)) if seen.kind is ops.OpKind.MERGE else None
             )
@@ -204,28 +226,13 @@ class OperationsJob:
                     target=seen.target,
                 )
                 changed[op.id] = op
-        plans = self.heal_plans() if self.heal_plans is not None else None
+        plans = self._plans()
+        current = {heal_id(b, p.first_failure_ms) for b, p in plans.items()} if plans is not None else set()
         if plans is not None:
             for broker, plan in sorted(plans.items()):
                 op_id = heal_id(broker, plan.first_failure_ms)
-                if op_id not in self.ops and (ops.OpKind.HEAL, broker) not in open_by_target and plan.bundles:
-                    planned = sorted(plan.bundles.items())
-                    # A broker with more bundles than an operation holds: the first ones are followed, the
-                    # healing job moves them all the same (admin healing counts every one).
-                    part = (
-                        ""
-                        if len(planned) <= ops.MAX_MOVES
-                        else f"; {ops.MAX_MOVES} of {len(planned)} followed"
-                    )
-                    changed[op_id] = ops.followed(
-                        op_id,
-                        ops.OpKind.HEAL,
-                        [(b, broker, d, None) for b, d in planned[: ops.MAX_MOVES]],
-                        reason=f"{broker} failed (first failure at {plan.first_failure_ms} ms{part})",
-                        requested_by="healing",
-                        now_ms=now,
-                        target=broker,
-                    )
+                if op_id not in self.ops and op_id not in self._unrecordable and plan.bundles:
+                    changed[op_id] = _heal(op_id, broker, plan, now)
         for op in list({**self.ops, **changed}.values()):
             if op.kind not in ops.FOLLOWED or (op.state.terminal and not any(m.open for m in op.moves)):
                 continue
@@ -234,39 +241,89 @@ class OperationsJob:
                 op.kind is ops.OpKind.HEAL
                 and plans is not None
                 and not new.state.terminal
-                and op.target not in plans
+                and op.id not in current
             ):
-                # Its broker is no longer failed: it came back (Healer bookkeeping dropped the plan).
-                new = ops.follow(
-                    ops.end_followed(new, why="the broker came back", now_ms=now), self.table.get, now_ms=now
-                )
+                why = self._heal_ended(op)
+                if why is not None:
+                    new = ops.follow(ops.end_followed(new, why=why, now_ms=now), self.table.get, now_ms=now)
             if new is not op:
                 changed[new.id] = new
-        if not changed or not await self.leadership.confirm():
-            return
+        if not changed:
+            return True
+        if not await self.leadership.confirm():
+            return False
         for op in changed.values():
             before = self.ops.get(op.id)
             if before is None:
-                try:
-                    await self._create(op)
-                except RequestError as e:  # its id is stored already: another controller wrote since we read
-                    log.warning("operation_not_recorded", operation=op.id, error=str(e), action="reloading")
-                    await asyncio.to_thread(self.load)
-                    return
+                if not await self._record(op):
+                    continue
             else:
                 await self._store(op)
             ended = {m.bundle for m in before.moves if not m.open} if before is not None else set()
             for m in op.moves:
                 if m.outcome is not None and m.bundle not in ended:
                     self.metrics.operation_moves.labels(op.kind.value, m.outcome.value).inc()
+        return True
+
+    def _heal_ended(self, op: ops.Operation) -> str | None:
+        """Why a heal that is no longer the healing job's current plan for its broker ends before its moves
+        did, or None to go on following it: its broker is registered again (it came back; a newer failure
+        of it has a heal of its own). A broker the healing job forgot because nothing names it any more
+        (healed, its last bundles still on their way) is followed to the end."""
+        if op.target is not None and self.registered is not None and not self.registered(op.target):
+            plans = self._plans()
+            if plans is None or op.target not in plans:
+                return None  # healed: the moves settle by themselves
+            return "the broker came back and failed again: its new failure has a heal of its own"
+        return "the broker came back"
+
+    async def _record(self, op: ops.Operation) -> bool:
+        """Store a new followed operation; False (logged, counted, not tried again) if it would not read
+        back -- a name from a channel record too long for its field -- or its id is stored already but
+        unreadable to this leader. A create that failed half way is removed, so that it can be tried again."""
+        if isinstance(ops.decode(ops.encode(op)), ops.Undecodable) or op.id in self._unrecordable:
+            self._not_recordable(
+                op, "it would not read back (a name from the channel too long for its field)"
+            )
+            return False
+        try:
+            await self._create(op)
+        except RequestError as e:  # its id is stored already but did not read back when this leader loaded
+            self._not_recordable(op, str(e))
+            return False
+        except Exception:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.delete, op.id)
+            raise
+        return True
+
+    def _not_recordable(self, op: ops.Operation, why: str) -> None:
+        self._unrecordable.add(op.id)
+        self.metrics.operation_waits.labels("not_recordable").inc()
+        log.warning("operation_not_recorded", operation=op.id, kind=op.kind.value, reason=why)
+
+    def _plans(self) -> Mapping[str, HealPlan] | None:
+        """The healing job's plans, None if not known (not read yet, or reading them failed: logged)."""
+        if self.heal_plans is None:
+            return None
+        try:
+            return self.heal_plans()
+        except Exception as e:
+            log.warning("heal_plans_unreadable", error=str(e) or type(e).__name__)
+            return None
 
     def held_heals(self) -> frozenset[str]:
         """Failed brokers whose healing an operator paused (``admin ops pause``): the healing job skips
         them until resumed."""
+        plans = self._plans()
+        if not plans:
+            return frozenset()
+        # This failure's heal, not one of an earlier failure of the same broker.
+        current = {heal_id(b, p.first_failure_ms): b for b, p in plans.items()}
         return frozenset(
-            op.target
+            current[op.id]
             for op in self.ops.values()
-            if op.kind is ops.OpKind.HEAL and op.state is ops.OpState.PAUSED and op.target is not None
+            if op.kind is ops.OpKind.HEAL and op.state is ops.OpState.PAUSED and op.id in current
         )
 
     async def _pass(self) -> ops.Advance | None:
@@ -375,8 +432,16 @@ class OperationsJob:
             self.metrics.operations.labels(kind, state).set(n)
 
     async def _forget_finished(self, keep: int) -> None:
+        plans = self._plans()
+        # A finished heal stays while its plan does (until the healing job forgets the broker): forgotten
+        # earlier, it would be recorded again from that plan.
+        current = {heal_id(b, p.first_failure_ms) for b, p in plans.items()} if plans else set()
         finished = sorted(
-            (op for op in self.ops.values() if op.state.terminal and not _active(op)),
+            (
+                op
+                for op in self.ops.values()
+                if op.state.terminal and not _active(op) and op.id not in current
+            ),
             key=lambda o: o.updated_ms,
         )
         for op in finished[: max(0, len(finished) - keep)]:
@@ -557,6 +622,22 @@ class OperationsJob:
 
 
 _TRANSITIONS = frozenset({State.SPLITTING, State.MERGING})
+
+
+def _heal(op_id: str, broker: str, plan: HealPlan, now_ms: int) -> ops.Operation:
+    """The heal operation of ``broker``'s plan. A broker with more bundles than an operation holds: the
+    first ones are followed, the healing job moves them all the same (``admin healing`` counts every one)."""
+    planned = sorted(plan.bundles.items())
+    part = "" if len(planned) <= ops.MAX_MOVES else f"; {ops.MAX_MOVES} of {len(planned)} followed"
+    return ops.followed(
+        op_id,
+        ops.OpKind.HEAL,
+        [(b, broker, d, None, None) for b, d in planned[: ops.MAX_MOVES]],
+        reason=f"{broker} failed (first failure at {plan.first_failure_ms} ms{part})",
+        requested_by="healing",
+        now_ms=now_ms,
+        target=broker,
+    )
 
 
 def heal_id(broker: str, first_failure_ms: int) -> str:

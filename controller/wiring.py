@@ -157,6 +157,7 @@ def build_controller(
         planner=lambda broker, bundles: plan_drain(destinations, broker, bundles),
         usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
         heal_plans=healer.heal_plans,
+        registered=lambda broker: broker in registry.brokers,
     )
     healing = HealingJob(
         healer,

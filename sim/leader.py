@@ -190,6 +190,7 @@ class SimController:
             new_id=lambda kind: f"{kind}-{next(ids)}",
             usable=lambda broker: (i := registry.brokers.get(broker)) is not None and not i.draining,
             heal_plans=self.healer.heal_plans,
+            registered=lambda broker: broker in registry.brokers,
         )
         self.healing = HealingJob(
             self.healer,

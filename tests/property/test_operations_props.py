@@ -298,6 +298,7 @@ def test_a_followed_operation_never_takes_an_outcome_back_and_ends_once(
             BROKERS[0],
             BROKERS[1] if kind is ops.OpKind.HEAL else None,
             None if kind is ops.OpKind.HEAL else 4,
+            None if kind is ops.OpKind.HEAL else T0,
         )
         for b in bundles
     ]

@@ -37,10 +37,10 @@ def merging(version: int = 4) -> Record:
 
 
 def test_a_split_is_observed_once_and_ends_split_when_its_bundle_is_gone() -> None:
-    (seen,) = ops.observe([(P, splitting())], lambda b, v: False)
+    (seen,) = ops.observe([(P, splitting())], lambda b, v, ts: False)
     assert seen.kind is ops.OpKind.SPLIT and seen.target == P and seen.requested_by == "agent-a"
     assert "into 2 bundles" in seen.reason
-    assert ops.observe([(P, splitting())], lambda b, v: (b, v) == (P, 4)) == []  # already followed
+    assert ops.observe([(P, splitting())], lambda b, v, ts: (b, v) == (P, 4)) == []  # already followed
     op = ops.followed("s-1", seen.kind, seen.moves, reason=seen.reason, requested_by="a", now_ms=T0)
     assert op.state is ops.OpState.RUNNING and op.progress() == (0, 1)
     assert ops.follow(op, {P: splitting()}.get, now_ms=T0 + 1) is op  # still the record that started it
@@ -51,7 +51,7 @@ def test_a_split_is_observed_once_and_ends_split_when_its_bundle_is_gone() -> No
 
 
 def test_a_split_that_did_not_complete_fails_with_the_reason() -> None:
-    (seen,) = ops.observe([(P, splitting())], lambda b, v: False)
+    (seen,) = ops.observe([(P, splitting())], lambda b, v, ts: False)
     op = ops.followed("s-1", seen.kind, seen.moves, reason=seen.reason, requested_by="a", now_ms=T0)
     back = owned(A, version=5)  # aborted (or forced onward by the monitor): the bundle is back, not deleted
     failed = ops.follow(op, {P: back}.get, now_ms=T0 + 2)
@@ -60,12 +60,12 @@ def test_a_split_that_did_not_complete_fails_with_the_reason() -> None:
 
 
 def test_a_merge_is_one_operation_for_both_parents_even_when_seen_one_at_a_time() -> None:
-    (first,) = ops.observe([(P, merging())], lambda b, v: False)
+    (first,) = ops.observe([(P, merging())], lambda b, v, ts: False)
     assert first.kind is ops.OpKind.MERGE and first.target == M
     op = ops.followed(
         "m-1", first.kind, first.moves, reason=first.reason, requested_by="l", now_ms=T0, target=M
     )
-    (second,) = ops.observe([(P, merging()), (Q, merging())], lambda b, v: b == P)
+    (second,) = ops.observe([(P, merging()), (Q, merging())], lambda b, v, ts: b == P)
     assert second.target == M
     both = ops.add_followed(op, second.moves, now_ms=T0 + 1)
     assert [m.bundle for m in both.moves] == [P, Q]
@@ -79,7 +79,7 @@ def test_a_merge_is_one_operation_for_both_parents_even_when_seen_one_at_a_time(
 
 
 def test_both_parents_seen_together_make_one_merge() -> None:
-    (seen,) = ops.observe([(Q, merging()), (P, merging())], lambda b, v: False)
+    (seen,) = ops.observe([(Q, merging()), (P, merging())], lambda b, v, ts: False)
     assert [m[0] for m in seen.moves] == [P, Q] and P in seen.reason and Q in seen.reason
 
 
@@ -87,7 +87,7 @@ def test_a_heal_move_ends_when_its_bundle_no_longer_needs_the_failed_broker() ->
     op = ops.followed(
         "h-1",
         ops.OpKind.HEAL,
-        [(P, A, B, None), (Q, A, None, None)],
+        [(P, A, B, None, None), (Q, A, None, None, None)],
         reason="a failed",
         requested_by="healing",
         now_ms=T0,
@@ -104,7 +104,7 @@ def test_a_heal_move_ends_when_its_bundle_no_longer_needs_the_failed_broker() ->
 
 def test_a_heal_ended_because_the_broker_came_back_cancels_its_open_moves() -> None:
     op = ops.followed(
-        "h-1", ops.OpKind.HEAL, [(P, A, B, None)], reason="a failed", requested_by="healing", now_ms=T0
+        "h-1", ops.OpKind.HEAL, [(P, A, B, None, None)], reason="a failed", requested_by="healing", now_ms=T0
     )
     ended = ops.follow(
         ops.end_followed(op, why="the broker came back", now_ms=T0 + 1), {P: owned(A)}.get, now_ms=T0 + 1
@@ -116,7 +116,7 @@ def test_a_heal_ended_because_the_broker_came_back_cancels_its_open_moves() -> N
 @pytest.mark.parametrize("kind", [ops.OpKind.SPLIT, ops.OpKind.MERGE])
 @pytest.mark.parametrize("verb", ["pause", "resume", "cancel"])
 def test_a_split_or_merge_refuses_every_verb_with_the_reason(kind: ops.OpKind, verb: str) -> None:
-    op = ops.followed("x-1", kind, [(P, A, None, 4)], reason="r", requested_by="a", now_ms=T0)
+    op = ops.followed("x-1", kind, [(P, A, None, 4, T0)], reason="r", requested_by="a", now_ms=T0)
     with pytest.raises(ops.OperationRefused, match="one channel transition"):
         if verb == "pause":
             ops.pause(op, why="operator", now_ms=T0)
@@ -128,7 +128,7 @@ def test_a_split_or_merge_refuses_every_verb_with_the_reason(kind: ops.OpKind, v
 
 def test_healing_can_be_paused_and_resumed_but_not_cancelled() -> None:
     op = ops.followed(
-        "h-1", ops.OpKind.HEAL, [(P, A, B, None)], reason="a failed", requested_by="healing", now_ms=T0
+        "h-1", ops.OpKind.HEAL, [(P, A, B, None, None)], reason="a failed", requested_by="healing", now_ms=T0
     )
     paused = ops.pause(op, why="operator", now_ms=T0 + 1)
     assert paused.state is ops.OpState.PAUSED
@@ -139,9 +139,11 @@ def test_healing_can_be_paused_and_resumed_but_not_cancelled() -> None:
 
 def test_advance_never_publishes_for_a_followed_operation() -> None:
     heal = ops.followed(
-        "h-1", ops.OpKind.HEAL, [(P, A, B, None)], reason="r", requested_by="healing", now_ms=T0
+        "h-1", ops.OpKind.HEAL, [(P, A, B, None, None)], reason="r", requested_by="healing", now_ms=T0
     )
-    split = ops.followed("s-1", ops.OpKind.SPLIT, [(Q, A, None, 4)], reason="r", requested_by="a", now_ms=T0)
+    split = ops.followed(
+        "s-1", ops.OpKind.SPLIT, [(Q, A, None, 4, T0)], reason="r", requested_by="a", now_ms=T0
+    )
     table = {P: owned(A), Q: owned(A, 2)}  # Q's record "never arrived": a release op would republish it
     adv = ops.advance(
         [heal, split], table.get, ops.Budget(), writer="leader", now_ms=T0 + 60_000, republish_after_ms=1
@@ -151,14 +153,16 @@ def test_advance_never_publishes_for_a_followed_operation() -> None:
 
 def test_only_followed_kinds_are_followed() -> None:
     with pytest.raises(ValueError, match="carried out by the leader"):
-        ops.followed("d-1", ops.OpKind.DRAIN, [(P, A, B, None)], reason="r", requested_by="a", now_ms=T0)
+        ops.followed(
+            "d-1", ops.OpKind.DRAIN, [(P, A, B, None, None)], reason="r", requested_by="a", now_ms=T0
+        )
 
 
 def test_what_comes_from_channel_records_is_cut_to_what_decodes_again() -> None:
     """A writer's name or bundle names longer than an operation's fields hold would make the stored
     operation unreadable to the next leader: cut (reason, who asked) or not followed (a broker name)."""
     long_writer = intents.split(owned(A, 3), A, ["0x00000000_0x40000000"], writer="w" * 5000, now_ms=T0)
-    (seen,) = ops.observe([(P, long_writer)], lambda b, v: False)
+    (seen,) = ops.observe([(P, long_writer)], lambda b, v, ts: False)
     op = ops.followed(
         "s-1", seen.kind, seen.moves, reason="r" * 5000, requested_by=seen.requested_by, now_ms=T0
     )
@@ -166,7 +170,8 @@ def test_what_comes_from_channel_records_is_cut_to_what_decodes_again() -> None:
     far = "b" * 600
     assert (
         ops.observe(
-            [(P, intents.split(owned(far, 3), far, ["0x0_0x1"], writer="w", now_ms=T0))], lambda b, v: False
+            [(P, intents.split(owned(far, 3), far, ["0x0_0x1"], writer="w", now_ms=T0))],
+            lambda b, v, ts: False,
         )
         == []
     )

@@ -35,6 +35,7 @@ class Clock:
 
 class Table:
     live = True
+    generation = 0
 
     def __init__(self) -> None:
         self.records: dict[str, Record] = {}
