@@ -151,6 +151,7 @@ class Placement:
         self._group_counts: dict[str, dict[str, int]] = {}  # group -> broker -> owned bundles of the group
         self._group_version: dict[str, int] = {}
         self._memo: dict[tuple[str | None, str, str | None], tuple[int, tuple[str, ...]]] = {}
+        self._sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}  # see candidate_set
         for bundle, broker in (owned or {}).items():
             self.set_owner(bundle, broker)
 
@@ -233,6 +234,29 @@ class Placement:
         if owner is not None:
             return [b for b in cands if b != owner]
         return list(cands)
+
+    def candidate_set(self, bundle: str) -> frozenset[str]:
+        """:meth:`candidates` as a set -- the same object for every bundle with the same candidates (the
+        memoised tuple of its namespace's rules, or of its anti-affinity group's counts as they stand), so
+        that a plan over 100 000 bundles builds one set per namespace, not one per bundle (a healing plan
+        keeps its pool while the set is the same: balance/heal.py ``plan_destinations``)."""
+        rules = self.policy.rules(namespace_of(bundle))
+        cands = rules.candidates
+        if rules.group is not None and cands:
+            current = self._owners.get(bundle)
+            hit = self._memo.get((rules.policy, rules.group, current))
+            if hit is None or hit[0] != self._group_version.get(rules.group, 0):
+                self.candidates(bundle)  # memoises the group's filter
+                hit = self._memo.get((rules.policy, rules.group, current))
+            if hit is None:
+                return frozenset(self.candidates(bundle))
+            cands = hit[1]
+        got = self._sets.get(id(cands))
+        if got is None or got[0] is not cands:
+            if len(self._sets) > 1024:
+                self._sets.clear()  # group counts change as a plan places bundles: old tuples are dropped
+            got = self._sets[id(cands)] = (cands, frozenset(cands))
+        return got[1]
 
     def may_unload(self, bundle: str) -> bool:
         """Whether the shedder may unload ``bundle``: it is owned, and some broker other than its owner is

@@ -49,7 +49,7 @@ class Destinations:
         copy = self.placement.planning()
 
         def rules(bundle: str) -> frozenset[str]:
-            return frozenset(copy.candidates(bundle))
+            return copy.candidate_set(bundle)
 
         return prefer_standby_set(self.standbys.of, rules), copy.set_owner
 

@@ -271,6 +271,8 @@ def test_the_incremental_index_agrees_with_a_fresh_one(w: World, moves: list[tup
         fresh = w.placement()
         for b in ALL_BUNDLES:
             assert p.candidates(b) == fresh.candidates(b)
+            # the set a healing plan asks for: the same answer, shared between bundles that have it
+            assert p.candidate_set(b) == frozenset(fresh.candidates(b)) == fresh.candidate_set(b)
         assert dict(p.owned) == w.owned
 
 
