@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from trimtab.balance.load import BrokerLoadData, is_fresh
+from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record, State
 from trimtab.config.settings import Settings
 
@@ -115,17 +115,18 @@ class MaxTopicsFilter:
     def apply(
         self, bundle: str, candidates: dict[str, BrokerInfo], ctx: AssignContext
     ) -> dict[str, BrokerInfo]:
-        out = {}
-        for k, b in candidates.items():
-            load = ctx.loads.get(k)
-            if (
-                load is not None
-                and is_fresh(load, ctx.now_ms, ctx.load_ttl_s)
-                and load.topics >= ctx.max_topics
-            ):
-                continue
-            out[k] = b
-        return out
+        # Run on every assignment over every broker: freshness inlined (is_fresh), and the candidates
+        # returned as given when none is at the limit (the common case) rather than copied.
+        get, now, ttl_ms, limit = ctx.loads.get, ctx.now_ms, ctx.load_ttl_s * 1000, ctx.max_topics
+        full = [
+            k
+            for k in candidates
+            if (load := get(k)) is not None and now - load.updated_at <= ttl_ms and load.topics >= limit
+        ]
+        if not full:
+            return candidates
+        drop = set(full)
+        return {k: b for k, b in candidates.items() if k not in drop}
 
 
 DEFAULT_FILTERS: tuple[BrokerFilter, ...] = (VersionFilter(), MaxTopicsFilter())
@@ -153,8 +154,14 @@ def least_resource_usage(
     """
     if not candidates:
         return None
+    get, ttl_ms = (
+        loads.get,
+        ttl_s * 1000,
+    )  # is_fresh, inlined: this runs over every broker on every assignment
     scored = {
-        b: loads[b].weighted_max_ema for b in candidates if b in loads and is_fresh(loads[b], now_ms, ttl_s)
+        b: load.weighted_max_ema
+        for b in candidates
+        if (load := get(b)) is not None and now_ms - load.updated_at <= ttl_ms
     }
     if scored:
         # fsum: the average must not depend on the candidates' order; the tolerance keeps a broker that
@@ -190,7 +197,9 @@ def select_broker(
             return Selection(None, 0, [], "placement")
     skipped: list[str] = []
     for f in filters:
-        narrowed = f.apply(bundle, dict(candidates), ctx)
+        narrowed = f.apply(
+            bundle, candidates, ctx
+        )  # a filter returns a new dict (or the same), never mutates
         if narrowed:
             candidates = narrowed
         else:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trimtab.balance.assign import BrokerInfo
+from trimtab.balance.assign import AssignContext, BrokerInfo, select_broker
 from trimtab.balance.heal import plan_destinations
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, Usage, top_k
 from trimtab.balance.placement.core import Placement, PlacementPolicy
@@ -546,6 +546,33 @@ def time_heal_plan(brokers: int, runs: int, progress: Progress) -> dict[str, Any
     return stats
 
 
+ASSIGN_TARGET_MS = 1.0
+ASSIGN_RUNS = 200
+
+
+def time_assign(inp: ShedInputs, progress: Progress) -> dict[str, Any]:
+    """One assignment decision (``select_broker``, the default filters, no placement rules) of an unowned
+    bundle over the live brokers of the inputs, :data:`ASSIGN_RUNS` times; checked: a live, non-draining
+    broker every time."""
+    ctx = AssignContext(loads=inp.loads, now_ms=inp.now_ms)
+    rng = random.Random(1)
+    times: list[float] = []
+    for i in range(ASSIGN_RUNS):
+        t0 = time.perf_counter()
+        sel = select_broker(f"bench/assign/0x{i:08x}_0x{i + 1:08x}", inp.infos, ctx, rng)
+        times.append(time.perf_counter() - t0)
+        info = inp.infos.get(sel.broker or "")
+        if info is None or info.draining:
+            raise BenchError(
+                f"assignment chose {sel.broker!r} ({sel.reason}): not a live, non-draining broker"
+            )
+    stats = _stats_ms(times)
+    progress(
+        f"assignment: p50 {stats['median']:.2f} ms, p99 {stats['p99']:.2f} ms over {ASSIGN_RUNS} (checked)"
+    )
+    return stats
+
+
 def run(
     *,
     brokers: int = 1000,
@@ -575,6 +602,7 @@ def run(
     finally:
         gc.unfreeze()
     heal = time_heal_plan(brokers, min(runs, 5), progress)
+    assign = time_assign(inp, progress)
     target = DECISION_TARGET_MS_10K if brokers >= 10_000 else DECISION_TARGET_MS
 
     t_stats, h_stats, w_stats = _stats_ms(t_times), _stats_ms(h_times), _stats_ms(w_times)
@@ -591,6 +619,9 @@ def run(
         "shed_cycle_ms": round(statistics.median(w_cycles) * 1000, 3),
         "decisions": len(t_res.decisions),
         "threshold_decisions": len(h_res.decisions),
+        "assign_decision_ms": assign["median"],
+        "assign_decision_ms_p99": assign["p99"],
+        "assign_decision_ms_p99_target": ASSIGN_TARGET_MS,
         "heal_plan_ms": heal["median"],
         "heal_plan_ms_target": HEAL_PLAN_TARGET_MS,
         "heal_plan": {
@@ -600,6 +631,7 @@ def run(
         },
         "meets_targets": {
             "heal_plan_ms": heal["median"] < HEAL_PLAN_TARGET_MS,
+            "assign_decision_ms_p99": assign["p99"] < ASSIGN_TARGET_MS,
             "decision_ms": t_stats["median"] < target,
             "decision_ms_p99": t_stats["p99"] < target,
             "decision_with_inputs_ms": w_stats["median"] < target,

@@ -49,6 +49,8 @@ def test_bench_shed_small() -> None:
         "shed_cycle_ms",
         "inputs_only_ms",
         "heal_plan_ms",
+        "assign_decision_ms",
+        "assign_decision_ms_p99",
     )
     assert out["decision_ms_target"] == 50.0 and out["heal_plan_ms_target"] == 1000.0
     assert out["decisions"] > 0 and out["threshold_decisions"] > 0
@@ -59,6 +61,7 @@ def test_bench_shed_small() -> None:
         "decision_ms_p99",
         "decision_with_inputs_ms",
         "heal_plan_ms",
+        "assign_decision_ms_p99",
     }
     assert_checks(out)
 
