@@ -429,6 +429,9 @@ def test_a_stopping_leader_resigns_before_the_slow_parts_of_its_shutdown_apache_
             message="the other controller leads while the stopping one is still shutting down",
         )
         took = time.monotonic() - asked
+        # The other may lead before the stopping one reaches the slow part (it resigned first, which is the
+        # point): wait for it to get there too -- it cannot finish meanwhile, the slow part holds it.
+        wait_for(lambda: seen_at_slow_part, 30, interval=0.01, message="the stopping leader at its slow part")
         assert a.running and not release.is_set()  # the stopping leader has not finished its shutdown
         ((own_term, node),) = seen_at_slow_part
         assert own_term is None, "still leading when the slow part of the shutdown began"
