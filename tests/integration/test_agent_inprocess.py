@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import sys
+import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -87,6 +91,26 @@ async def started(task: asyncio.Task[Any], ready: Callable[[], bool], what: str)
         task.result()
 
 
+async def stopped(task: asyncio.Task[Any], timeout_s: float = 30.0) -> None:
+    """Wait for a daemon's lifecycle ``task`` to end after it was told to stop; if it does not within
+    ``timeout_s``, fail naming where every task and thread waits (a shutdown step that hangs -- seen once
+    in CI, 30 s after two stops -- then says which it is)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), timeout_s)
+    except TimeoutError:
+        where = io.StringIO()
+        for t in asyncio.all_tasks():
+            print(f"--- task {t.get_name()}", file=where)
+            t.print_stack(limit=8, file=where)
+        frames = sys._current_frames()
+        for th in threading.enumerate():
+            if th.ident in frames:
+                print(f"--- thread {th.name}", file=where)
+                traceback.print_stack(frames[th.ident], limit=8, file=where)
+        task.cancel()
+        raise AssertionError(f"did not stop within {timeout_s}s\n{where.getvalue()}") from None
+
+
 @contextlib.asynccontextmanager
 async def running_agent(s: Settings, log: MemoryLog, **overrides: Any) -> AsyncIterator[WiredAgent]:
     """An agent built by the wiring and started (its lifecycle runs as a task); stopped at the end."""
@@ -99,7 +123,7 @@ async def running_agent(s: Settings, log: MemoryLog, **overrides: Any) -> AsyncI
         if not task.done():
             w.agent.stop()
             w.agent.stop()  # a second stop: do not wait for a drain
-        await asyncio.wait_for(task, 30)
+        await stopped(task)
 
 
 def register_peer(zk: KazooClient, s: Settings, broker: str = PEER, url: str = PEER_URL) -> None:
@@ -303,7 +327,7 @@ def test_a_lost_assignment_is_counted_and_logged_and_the_next_lookup_assigns_aga
         finally:
             w.agent.stop()
             w.agent.stop()
-            await asyncio.wait_for(task, 30)
+            await stopped(task)
 
     asyncio.run(scenario())
 
