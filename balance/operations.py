@@ -196,19 +196,16 @@ def new(
 ) -> Operation:
     """A pending operation of ``moves`` = (bundle, src, dst or None); a bundle appears once, never moved to
     where it is; at most :data:`MAX_MOVES` moves (ValueError otherwise)."""
-    out = _moves(op_id, moves, set())
-    if len(out) > MAX_MOVES:
-        raise ValueError(f"operation {op_id} would have {len(out)} moves, more than {MAX_MOVES}")
-    return Operation(
-        id=op_id,
-        kind=kind,
+    return _operation(
+        op_id,
+        kind,
+        _moves(op_id, moves, set()),
         reason=reason,
         requested_by=requested_by,
-        created_ms=now_ms,
-        updated_ms=now_ms,
+        now_ms=now_ms,
+        state=OpState.PENDING,
         deadline_ms=deadline_ms,
         target=target,
-        moves=tuple(out),
     )
 
 
@@ -244,19 +241,39 @@ def started(
         (move,) = _moves(op_id, [(bundle, src, dst)], seen)
         out.append(msgspec.structs.replace(move, started_version=rec.version, started_ms=now_ms))
         publish.append((bundle, rec))
-    if len(out) > MAX_MOVES:
-        raise ValueError(f"operation {op_id} would have {len(out)} moves, more than {MAX_MOVES}")
-    op = Operation(
+    op = _operation(
+        op_id, kind, out, reason=reason, requested_by=requested_by, now_ms=now_ms, state=OpState.RUNNING
+    )
+    return op, publish
+
+
+def _operation(
+    op_id: str,
+    kind: OpKind,
+    moves: list[Move],
+    *,
+    reason: str,
+    requested_by: str,
+    now_ms: int,
+    state: OpState,
+    deadline_ms: int | None = None,
+    target: str | None = None,
+) -> Operation:
+    """A new operation of ``moves`` (created and updated now); ValueError beyond :data:`MAX_MOVES`."""
+    if len(moves) > MAX_MOVES:
+        raise ValueError(f"operation {op_id} would have {len(moves)} moves, more than {MAX_MOVES}")
+    return Operation(
         id=op_id,
         kind=kind,
         reason=reason,
         requested_by=requested_by,
         created_ms=now_ms,
         updated_ms=now_ms,
-        state=OpState.RUNNING,
-        moves=tuple(out),
+        state=state,
+        deadline_ms=deadline_ms,
+        target=target,
+        moves=tuple(moves),
     )
-    return op, publish
 
 
 def _moves(op_id: str, moves: Iterable[tuple[str, str, str | None]], seen: set[str]) -> list[Move]:
@@ -658,23 +675,21 @@ def followed(
     if kind not in FOLLOWED:
         raise ValueError(f"{kind.value} operations are carried out by the leader, not followed")
     given = list(moves)
-    out = _moves(op_id, [(b, src, dst) for b, src, dst, _, _ in given], set())
-    if len(out) > MAX_MOVES:
-        raise ValueError(f"operation {op_id} would have {len(out)} moves, more than {MAX_MOVES}")
     out = [
         msgspec.structs.replace(m, started_version=v, started_ms=ts)
-        for m, (_, _, _, v, ts) in zip(out, given, strict=True)
+        for m, (_, _, _, v, ts) in zip(
+            _moves(op_id, [(b, src, dst) for b, src, dst, _, _ in given], set()), given, strict=True
+        )
     ]
-    return Operation(
-        id=op_id,
-        kind=kind,
+    return _operation(
+        op_id,
+        kind,
+        out,
         reason=reason[:1024],  # written from channel records (a writer's name, bundle names): cut to what
         requested_by=requested_by[:256],  # decodes again, or the next leader would skip the whole operation
-        created_ms=now_ms,
-        updated_ms=now_ms,
+        now_ms=now_ms,
         state=OpState.RUNNING,
         target=target,
-        moves=tuple(out),
     )
 
 

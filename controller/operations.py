@@ -23,7 +23,7 @@ import hashlib
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -226,24 +226,21 @@ class OperationsJob:
                     target=seen.target,
                 )
                 changed[op.id] = op
-        plans = self._plans()
-        current = {heal_id(b, p.first_failure_ms) for b, p in plans.items()} if plans is not None else set()
-        if plans is not None:
-            for broker, plan in sorted(plans.items()):
-                op_id = heal_id(broker, plan.first_failure_ms)
-                if op_id not in self.ops and op_id not in self._unrecordable and plan.bundles:
-                    changed[op_id] = _heal(op_id, broker, plan, now)
+        current = self._current_heals()
+        for op_id, (broker, plan) in sorted((current or {}).items(), key=lambda x: x[1][0]):
+            if op_id not in self.ops and op_id not in self._unrecordable and plan.bundles:
+                changed[op_id] = _heal(op_id, broker, plan, now)
         for op in list({**self.ops, **changed}.values()):
             if op.kind not in ops.FOLLOWED or (op.state.terminal and not any(m.open for m in op.moves)):
                 continue
             new = ops.follow(op, self.table.get, now_ms=now)
             if (
                 op.kind is ops.OpKind.HEAL
-                and plans is not None
+                and current is not None
                 and not new.state.terminal
                 and op.id not in current
             ):
-                why = self._heal_ended(op)
+                why = self._heal_ended(op, {b for b, _ in current.values()})
                 if why is not None:
                     new = ops.follow(ops.end_followed(new, why=why, now_ms=now), self.table.get, now_ms=now)
             if new is not op:
@@ -265,14 +262,14 @@ class OperationsJob:
                     self.metrics.operation_moves.labels(op.kind.value, m.outcome.value).inc()
         return True
 
-    def _heal_ended(self, op: ops.Operation) -> str | None:
+    def _heal_ended(self, op: ops.Operation, failed: Collection[str]) -> str | None:
         """Why a heal that is no longer the healing job's current plan for its broker ends before its moves
         did, or None to go on following it: its broker is registered again (it came back; a newer failure
         of it has a heal of its own). A broker the healing job forgot because nothing names it any more
-        (healed, its last bundles still on their way) is followed to the end."""
+        (healed, its last bundles still on their way) is followed to the end. ``failed``: the brokers the
+        healing job has a plan for."""
         if op.target is not None and self.registered is not None and not self.registered(op.target):
-            plans = self._plans()
-            if plans is None or op.target not in plans:
+            if op.target not in failed:
                 return None  # healed: the moves settle by themselves
             return "the broker came back and failed again: its new failure has a heal of its own"
         return "the broker came back"
@@ -302,26 +299,27 @@ class OperationsJob:
         self.metrics.operation_waits.labels("not_recordable").inc()
         log.warning("operation_not_recorded", operation=op.id, kind=op.kind.value, reason=why)
 
-    def _plans(self) -> Mapping[str, HealPlan] | None:
-        """The healing job's plans, None if not known (not read yet, or reading them failed: logged)."""
+    def _current_heals(self) -> dict[str, tuple[str, HealPlan]] | None:
+        """The heal of each plan the healing job holds now -- its id -> (broker, plan) -- or None if the plans
+        are not known (not read yet, or reading them failed: logged)."""
         if self.heal_plans is None:
             return None
         try:
-            return self.heal_plans()
+            plans = self.heal_plans()
         except Exception as e:
             log.warning("heal_plans_unreadable", error=str(e) or type(e).__name__)
             return None
+        if plans is None:
+            return None
+        return {heal_id(b, p.first_failure_ms): (b, p) for b, p in plans.items()}
 
     def held_heals(self) -> frozenset[str]:
         """Failed brokers whose healing an operator paused (``admin ops pause``): the healing job skips
         them until resumed."""
-        plans = self._plans()
-        if not plans:
-            return frozenset()
         # This failure's heal, not one of an earlier failure of the same broker.
-        current = {heal_id(b, p.first_failure_ms): b for b, p in plans.items()}
+        current = self._current_heals() or {}
         return frozenset(
-            current[op.id]
+            current[op.id][0]
             for op in self.ops.values()
             if op.kind is ops.OpKind.HEAL and op.state is ops.OpState.PAUSED and op.id in current
         )
@@ -432,10 +430,9 @@ class OperationsJob:
             self.metrics.operations.labels(kind, state).set(n)
 
     async def _forget_finished(self, keep: int) -> None:
-        plans = self._plans()
         # A finished heal stays while its plan does (until the healing job forgets the broker): forgotten
         # earlier, it would be recorded again from that plan.
-        current = {heal_id(b, p.first_failure_ms) for b, p in plans.items()} if plans else set()
+        current = self._current_heals() or {}
         finished = sorted(
             (
                 op
