@@ -317,8 +317,7 @@ class Reconciler:
         elif isinstance(step, PublishMerged):
             if self.channel.table.get(step.merged) is None:
                 rec = intents.place(None, step.owner, writer=self.me, now_ms=int(self.clock() * 1000))
-                fut = asyncio.wrap_future(self.channel.publish(step.merged, rec))
-                await asyncio.wait_for(fut, self.publish_timeout_s)
+                await self.channel.publish_acked(step.merged, rec, self.publish_timeout_s)
         else:
             if self.apply_merge is None:
                 raise AdapterError("this agent cannot change namespace layouts (no apply_merge wired)")

@@ -88,9 +88,8 @@ class Healer:
         # Each failed broker's whole plan (chunks already satisfied included), followed as a ``heal``
         # operation; replaced whole, never changed in place (read on the loop while a round runs in a thread).
         self._plans: dict[str, HealPlan] = {}
-        self.held: list[
-            str
-        ] = []  # failed brokers skipped in the last round: an operator paused their healing
+        # Failed brokers skipped in the last round: an operator paused their healing.
+        self.held: list[str] = []
 
     def load(self) -> None:
         """Read what a previous leader left (failed brokers); called when leadership starts."""

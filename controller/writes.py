@@ -41,8 +41,7 @@ class ChannelWrites:
 
     async def publish(self, bundle: str, record: Record | None) -> None:
         """Publish one record and wait for its acknowledgement (raises on failure or timeout)."""
-        fut = self.channel.publish(bundle, record)
-        await asyncio.wait_for(asyncio.wrap_future(fut), self.ack_timeout_s)
+        await self.channel.publish_acked(bundle, record, self.ack_timeout_s)
 
     async def release(
         self, bundle: str, *, src: str, dst: str | None, version: int, writer: str, now_ms: int

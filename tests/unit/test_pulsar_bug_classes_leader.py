@@ -33,6 +33,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from tests.support.acked import AckedPublish
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.heal import HealConfig, dependents, due, needs_healing, orphaned, override_for
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
@@ -137,7 +138,7 @@ class Registry:
             self.brokers[b] = BrokerInfo(id=b, service_url=f"pulsar://{b}", http_url=f"http://{b}")
 
 
-class Channel:
+class Channel(AckedPublish):
     """The channel client: the table it feeds, whether that table is caught up, what the leader wrote."""
 
     def __init__(self, table: TableView) -> None:
