@@ -163,4 +163,5 @@ class Drainer:
                 requested[bundle] = rec.version
             # The channel and the broker move on other threads and tasks; re-check shortly.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(force_exit.wait(), self.poll_s)
+                async with asyncio.timeout(self.poll_s):
+                    await force_exit.wait()

@@ -160,7 +160,8 @@ class LayoutCache:
             return hit[0]
         task = self._refresh(namespace)
         try:
-            return await asyncio.wait_for(asyncio.shield(task), self.wait_s)
+            async with asyncio.timeout(self.wait_s):
+                return await asyncio.shield(task)
         except NamespaceNotFound:
             raise  # it does not exist: a cached layout of it is history, not a fallback
         except Exception:
@@ -258,7 +259,8 @@ class LookupService:
         if ev is None:
             ev = self._events[bundle] = asyncio.Event()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await ev.wait()
 
     # ------------------------------------------------------------------ lookups
     async def lookup(self, topic: str) -> LookupResult:

@@ -413,7 +413,8 @@ class Reconciler:
                         rec = intents.place(None, step.owner, writer=self.me, now_ms=now)
                         futs.append(asyncio.wrap_future(self.channel.publish(child, rec)))
                 if futs:
-                    await asyncio.wait_for(asyncio.gather(*futs), self.publish_timeout_s)
+                    async with asyncio.timeout(self.publish_timeout_s):
+                        await asyncio.gather(*futs)
             elif isinstance(step, UpdateLayout):
                 ns, parent = parse_bundle(bundle)
                 children = sorted(parse_bundle(c)[1] for c in step.children)

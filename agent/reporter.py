@@ -179,7 +179,8 @@ class LoadReporter:
 
     async def _produce(self, topic: str, value: bytes | None) -> None:
         fut = self.transport.produce(topic, self.me.encode(), value)
-        await asyncio.wait_for(asyncio.wrap_future(fut), 30)
+        async with asyncio.timeout(30):
+            await asyncio.wrap_future(fut)
 
     async def tombstone(self) -> None:
         """Graceful stop: readers must not keep assigning to a broker that is leaving."""

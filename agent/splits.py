@@ -200,7 +200,8 @@ class SplitScheduler:
             if not self.unload_after or remaining <= 0:
                 break
             try:
-                await asyncio.wait_for(self._children_changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._children_changed.wait()
             except TimeoutError:
                 break
         if done:

@@ -253,7 +253,8 @@ class ChannelClient:
         """:meth:`publish` from the event loop, waiting for Kafka's acknowledgement: TimeoutError after
         ``timeout_s``, the TransportError if it cannot be written. (Acknowledged is not accepted: replay
         decides that.)"""
-        return await asyncio.wait_for(asyncio.wrap_future(self.publish(bundle, record)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.wrap_future(self.publish(bundle, record))
 
     def send(self, bundle: str, record: Record | None, on_done: Delivered) -> None:
         """:meth:`publish` without a future (:meth:`Transport.send`): ``on_done`` gets None once the record

@@ -110,9 +110,15 @@ class HttpServer:
 
     async def stop(self) -> None:
         self._server.should_exit = True
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self._task, 5)
+        task = self._task
+        if task is not None:
+            # asyncio.wait, not wait_for: it never takes the caller's own cancellation for the server's.
+            await asyncio.wait({task}, timeout=5)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+            if not task.cancelled() and (e := task.exception()) is not None:
+                log.warning("http_server_failed", error=str(e))
 
 
 def server_config(app: FastAPI, http: HttpSettings, refusals: Refusals) -> uvicorn.Config:

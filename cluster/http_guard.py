@@ -483,7 +483,8 @@ class BoundedApp:
             try:
                 if remaining <= 0:
                     raise TimeoutError
-                message = await asyncio.wait_for(receive(), remaining)
+                async with asyncio.timeout(remaining):
+                    message = await receive()
             except TimeoutError:
                 raise _Refused(
                     408,

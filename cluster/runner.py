@@ -157,6 +157,7 @@ class JobRunner:
             await asyncio.sleep(seconds)
             return False
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await wake.wait()
             return True
         return False

@@ -91,6 +91,22 @@ async def started(task: asyncio.Task[Any], ready: Callable[[], bool], what: str)
         task.result()
 
 
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where ``task`` waits, outermost first: every coroutine of its await chain (``Task.print_stack``
+    shows only the outermost frame of a suspended task)."""
+    out: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None and len(out) < 30:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            out.append(f"{frame.f_code.co_qualname} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        nxt = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        if nxt is None and frame is None:
+            out.append(repr(coro)[:200])
+        coro = nxt
+    return out
+
+
 async def stopped(task: asyncio.Task[Any], timeout_s: float = 30.0) -> None:
     """Wait for a daemon's lifecycle ``task`` to end after it was told to stop; if it does not within
     ``timeout_s``, fail naming where every task and thread waits (a shutdown step that hangs -- seen once
@@ -100,8 +116,7 @@ async def stopped(task: asyncio.Task[Any], timeout_s: float = 30.0) -> None:
     except TimeoutError:
         where = io.StringIO()
         for t in asyncio.all_tasks():
-            print(f"--- task {t.get_name()}", file=where)
-            t.print_stack(limit=8, file=where)
+            print(f"--- task {t.get_name()}: {' <- '.join(awaiting(t))}", file=where)
         frames = sys._current_frames()
         for th in threading.enumerate():
             if th.ident in frames:

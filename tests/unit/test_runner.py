@@ -7,11 +7,13 @@ import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from trimtab.cluster.runner import JobRunner, Schedule, job_failures_counter
+from trimtab.devkit.layout import folders
 
 
 async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -140,3 +142,41 @@ def test_a_job_name_is_unique() -> None:
     jobs.add("x", noop, Schedule(1.0))
     with pytest.raises(ValueError, match="added twice"):
         jobs.add("x", noop, Schedule(1.0))
+
+
+def test_a_stop_in_the_same_turn_as_a_wake_up_still_stops_the_job() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns the inner result when the caller is cancelled in the
+    same loop turn as the awaited event fires -- the cancellation is lost. A job waiting for its wake-up
+    that way ran on after ``stop()``, which then waited for it forever (an agent hung in CI, 30 s after
+    two stops). The wake-up is set and the job cancelled back to back: the job must still end."""
+
+    async def main() -> None:
+        jobs, _ = runner()
+        wake = asyncio.Event()
+        runs, job = recorder()
+        jobs.add("woken", job, Schedule(3600.0, wake=wake, first="after"))
+        jobs.start()
+        for _ in range(3):
+            await asyncio.sleep(0)  # the job is now waiting for its wake-up
+        task = jobs._tasks[0]
+        wake.set()  # resolves the event's waiter first...
+        task.cancel()  # ...then the job's own: both wake-ups land in the same turn
+        done, _ = await asyncio.wait({task}, timeout=2.0)
+        assert task in done and task.cancelled(), "the cancellation was swallowed: the job runs on"
+        assert runs == []
+
+    asyncio.run(main())
+
+
+def test_no_module_waits_with_asyncio_wait_for() -> None:
+    """The hazard above is in every ``asyncio.wait_for`` on this Python: the daemons use
+    ``asyncio.timeout`` (which counts cancellations) or ``asyncio.wait`` instead."""
+    root = Path(__file__).resolve().parents[2]
+    offenders = [
+        f"{p.relative_to(root)}:{n}"
+        for folder in folders(root)
+        for p in sorted((root / folder).rglob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if "asyncio.wait_for(" in line and not line.lstrip().startswith("#")
+    ]
+    assert offenders == []
