@@ -24,8 +24,9 @@ from pydantic import BaseModel, Field
 
 from trimtab.agent.adapters.simulated import SimulatedBroker
 from trimtab.agent.lookup import LookupService
-from trimtab.agent.metrics import NAMESPACE_NOT_FOUND, RATE_LIMITED, AgentMetrics
-from trimtab.agent.ratelimit import ClientRateLimiter, worth_logging
+from trimtab.agent.lookup_http import answer_lookup
+from trimtab.agent.metrics import AgentMetrics
+from trimtab.agent.ratelimit import ClientRateLimiter
 from trimtab.agent.splits import SplitScheduler
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.client import ChannelClient
@@ -34,7 +35,7 @@ from trimtab.cluster.http import add_probes, brokers_view, ownership_view
 from trimtab.cluster.http_errors import ErrorBody, install_error_handlers, require_bundle
 from trimtab.cluster.kvview import KeyValueView
 from trimtab.cluster.zk import BrokerRegistry
-from trimtab.errors import LookupTimeout, NamespaceNotFound, RequestError
+from trimtab.errors import RequestError
 
 log = structlog.get_logger("trimtab.lookup")
 
@@ -238,57 +239,10 @@ def _lookup_routes(api: AgentApi) -> APIRouter:
             None, description="Full topic name, e.g. persistent://public/default/orders"
         ),
     ) -> Any:
-        t0 = time.perf_counter()
-        metrics = api.metrics
-        # First, before any work: a flood from one address is refused at the cost of a dict lookup.
+        # Served by FastLookup (agent/lookup_http.py) in the daemons; this route declares the operation and
+        # answers the same (the same function), for an app served without the guard's fast path.
         client = request.client.host if request.client is not None else "unknown"
-        verdict = api.limiter.admit(client)
-        if not verdict.allowed:
-            metrics.lookups.labels(RATE_LIMITED).inc()
-            if worth_logging(verdict.refused_before):
-                log.warning(
-                    "lookup_rate_limited",
-                    client=client,
-                    refused=verdict.refused_before + 1,
-                    retry_after_s=round(verdict.retry_after_s, 3),
-                )
-            lim = api.limiter
-            raise RequestError(
-                429,
-                f"too many lookups from {client}: at most {lim.rate:g} per second (bursts of {lim.burst}) per "
-                f"client address (agent.lookup_rate_per_client); retry in {verdict.retry_after_header} s",
-                headers={"Retry-After": verdict.retry_after_header},
-            )
-        if not topic:
-            metrics.lookups.labels("bad_request").inc()
-            raise RequestError(
-                400, "missing query parameter 'topic' (a full topic name, e.g. persistent://tenant/ns/topic)"
-            )
-        if not api.node.ready:
-            metrics.lookups.labels("unavailable").inc()
-            raise RequestError(503, "agent is not ready (starting or draining)")
-        channel_ok, channel_why = api.channel.health()
-        if not channel_ok:
-            # Never answer from a table that is being rebuilt (history gap, follower restart).
-            metrics.lookups.labels("unavailable").inc()
-            raise RequestError(503, f"agent's channel view is not ready: {channel_why}")
-        try:
-            res = await api.lookups.lookup(topic)
-        except RequestError as e:  # counted by its kind, then answered as it is
-            result = (
-                "timeout"
-                if isinstance(e, LookupTimeout)
-                else NAMESPACE_NOT_FOUND
-                if isinstance(e, NamespaceNotFound)
-                else "bad_request"
-                if e.status == 400
-                else "unavailable"
-            )
-            metrics.lookups.labels(result).inc()
-            metrics.lookup_seconds.labels(result).observe(time.perf_counter() - t0)
-            raise
-        metrics.lookups.labels(res.how).inc()
-        metrics.lookup_seconds.labels(res.how).observe(time.perf_counter() - t0)
+        res = await answer_lookup(api, client, topic)
         return LookupResponse.model_validate(res, from_attributes=True)  # LookupResult's fields, by name
 
     return router

@@ -30,6 +30,8 @@ from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
 from trimtab.agent.lookup import LayoutCache, LookupService, NamespaceLoader
+from trimtab.agent.lookup_http import PATH as LOOKUP_PATH
+from trimtab.agent.lookup_http import FastLookup
 from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.ownjobs import OwnerJobs
@@ -247,7 +249,13 @@ def build(
     app = create_app(api, SimControls(sim, reporter.poke) if sim is not None else None, auth=auth)
     return WiredAgent(
         agent=agent,
-        http=HttpServer(app, sock, s.http, refusals=Refusals.in_registry(prom)),
+        http=HttpServer(
+            app,
+            sock,
+            s.http,
+            refusals=Refusals.in_registry(prom),
+            fast={("GET", LOOKUP_PATH): FastLookup(api)},
+        ),
         app=app,
         identity=identity,
         adapter=retrying,

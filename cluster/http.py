@@ -24,7 +24,15 @@ from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
 from trimtab.cluster.auth import PUBLIC
-from trimtab.cluster.http_guard import BoundedApp, ConnectionBook, Limits, Refusals, protocol_class
+from trimtab.cluster.http_guard import (
+    BoundedApp,
+    ConnectionBook,
+    FastHandler,
+    Limits,
+    Refusals,
+    protocol_class,
+    route_rules,
+)
 from trimtab.config.settings import HttpSettings
 from trimtab.errors import ConfigError
 
@@ -88,16 +96,18 @@ class HttpServer:
         http: HttpSettings | None = None,
         *,
         refusals: Refusals | None = None,
+        fast: Mapping[tuple[str, str], FastHandler] | None = None,
     ) -> None:
         """Serve ``app`` on ``sock`` behind the HTTP guard (:mod:`trimtab.cluster.http_guard`: bounded
         bodies, read deadlines, a connection cap, the token checked before any body is read), with the
         limits of ``http`` (defaults when None); over TLS when it names a certificate and key. Refusals
-        are counted in ``refusals`` (a daemon passes :meth:`Refusals.in_registry`)."""
+        are counted in ``refusals`` (a daemon passes :meth:`Refusals.in_registry`); ``fast`` routes are answered
+        by the guard itself (:class:`~trimtab.cluster.http_guard.BoundedApp`)."""
         self.sock = sock
         http = http if http is not None else HttpSettings()
         check_tls_files(http)
         self.scheme = "https" if http.tls_cert_file else "http"
-        self.config = server_config(app, http, refusals if refusals is not None else Refusals())
+        self.config = server_config(app, http, refusals if refusals is not None else Refusals(), fast)
         self._server = _Server(self.config)
         self._task: asyncio.Task[None] | None = None
 
@@ -121,13 +131,22 @@ class HttpServer:
                 log.warning("http_server_failed", error=str(e))
 
 
-def server_config(app: FastAPI, http: HttpSettings, refusals: Refusals) -> uvicorn.Config:
+def server_config(
+    app: FastAPI,
+    http: HttpSettings,
+    refusals: Refusals,
+    fast: Mapping[tuple[str, str], FastHandler] | None = None,
+) -> uvicorn.Config:
     """uvicorn's configuration for ``app`` behind the guard: every trimtab process that serves HTTP (the
-    daemons, ``trimtab sim-broker``) is built with it, so none serves without the limits."""
+    daemons, ``trimtab sim-broker``) is built with it, so none serves without the limits. A ``fast`` route
+    must be one of ``app``'s (the guard reads its token rule and body limit there): ValueError if not."""
     limits = Limits.from_settings(http)
+    declared = {(m, r.template) for r in route_rules(app, limits.max_body_bytes) for m in r.methods}
+    if unknown := sorted(set(fast or {}) - declared):
+        raise ValueError(f"fast routes not declared by the app: {unknown}")
     app.router.redirect_slashes = False  # a redirect built from the Host header points wherever a client says
     return uvicorn.Config(
-        BoundedApp(app, limits, refusals),
+        BoundedApp(app, limits, refusals, fast),
         http=protocol_class(ConnectionBook(limits, refusals)),
         ws="none",  # no WebSocket routes: an Upgrade request is an ordinary request
         log_config=None,

@@ -133,8 +133,9 @@ async def send_error(send: Send, exc: RequestError, *, close: bool) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _unexpected(request: Request, exc: BaseException) -> RequestError:
-    log.error("http_handler_failed", path=request.url.path, error=repr(exc), exc_info=exc)
+def unexpected(path: str, exc: BaseException) -> RequestError:
+    """A failure with no HTTP meaning (a bug): logged with its traceback, answered 500 (retryable)."""
+    log.error("http_handler_failed", path=path, error=repr(exc), exc_info=exc)
     return RequestError(500, f"internal error ({type(exc).__name__}); see the node's log", retryable=True)
 
 
@@ -160,7 +161,7 @@ def install_error_handlers(app: FastAPI) -> None:
             except AuthRefused as refused:
                 return error_response(refused)
         refusal = refusal_of(exc)
-        return error_response(refusal if refusal is not None else _unexpected(request, exc))
+        return error_response(refusal if refusal is not None else unexpected(request.url.path, exc))
 
     for cls in (TrimtabError, RequestValidationError, HTTPException, Exception):
         app.add_exception_handler(cls, refuse)

@@ -3,8 +3,10 @@ clients, and an agent that stalls lets its broker's leases expire (docs/security
 
 Two layers, both in front of the FastAPI app:
 
-* :class:`GuardedH11Protocol`, the connection layer (uvicorn's h11 protocol with deadlines): a connection
-  must deliver a request's head within ``http.header_timeout_s`` of opening (or of its previous response),
+* :class:`GuardedHttpProtocol`, the connection layer (uvicorn's httptools protocol -- the C parser, several
+  times cheaper per request than h11 -- with deadlines and a size cap): a connection must deliver a
+  request's head, at most ``MAX_HEAD_BYTES``, within ``http.header_timeout_s`` of opening (or of its previous
+  response),
   and at most ``http.max_connections`` are open at once -- beyond that, a new connection evicts the
   longest-idle connection that has no request in progress, so a flood of idle or dripping sockets cannot
   lock out ``/healthz`` (whose request arrives whole, at once). uvicorn alone closes a connection only
@@ -28,7 +30,7 @@ import resource
 import sys
 import termios
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -36,7 +38,7 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.routing import compile_path
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from trimtab.cluster.auth import NO_TOKENS, Role, access_of, bearer_token, iter_routes
 from trimtab.cluster.http_errors import send_error
@@ -51,6 +53,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: A route answered by the guard itself, after its checks (the request has no body left to read).
+FastHandler = Callable[[Scope, Send], Awaitable[None]]
+_MISS = object()
 
 #: Why a request or a connection was refused: the label values of ``trimtab_http_refused_total``.
 REASONS = (
@@ -61,6 +66,7 @@ REASONS = (
     "evicted",  # an idle connection closed to make room under http.max_connections
     "connection_limit",  # a new connection closed at once: every connection had a request in progress
     "send_timeout",  # a connection closed: its client did not read its response within http.send_timeout_s
+    "header_too_large",  # 400, connection closed: a request line and headers over MAX_HEAD_BYTES
 )
 
 #: A route may raise or lower the node's body limit by declaring ``openapi_extra={MAX_BODY: n}``; the
@@ -68,6 +74,9 @@ REASONS = (
 MAX_BODY = "x-max-body-bytes"
 #: How many of the longest-idle connections the cap looks at to find a silent one to evict.
 _VICTIM_SCAN = 64
+#: The most bytes a request line and its headers may take (h11's limit, which uvicorn used before httptools;
+#: llhttp sets none, so without it one request could grow its headers until the head deadline).
+MAX_HEAD_BYTES = 16 << 10
 #: Bodies larger than this are decoded on a worker thread, so the event loop keeps ticking.
 OFF_LOOP_BYTES = 256 << 10
 
@@ -134,11 +143,11 @@ class ConnectionBook:
         self.limits = limits
         self.refusals = refusals
         self.max_connections = effective_max_connections(limits.max_connections)
-        self.open: set[GuardedH11Protocol] = set()
+        self.open: set[GuardedHttpProtocol] = set()
         self.per_client: dict[str | None, int] = {}
-        self.idle: dict[str | None, OrderedDict[GuardedH11Protocol, None]] = {}
+        self.idle: dict[str | None, OrderedDict[GuardedHttpProtocol, None]] = {}
 
-    def opened(self, conn: GuardedH11Protocol) -> bool:
+    def opened(self, conn: GuardedHttpProtocol) -> bool:
         """Admit ``conn`` (True), evicting an idle connection if the node is full; False when every open
         connection has a request in progress (the caller closes ``conn``)."""
         if len(self.open) >= self.max_connections:
@@ -156,7 +165,7 @@ class ConnectionBook:
         self._gauge()
         return True
 
-    def _victim(self) -> GuardedH11Protocol | None:
+    def _victim(self) -> GuardedHttpProtocol | None:
         """The connection to close for a new one: of the client with the most connections that has an
         idle one, its longest-idle *silent* connection -- no bytes of a request received and none waiting
         in its socket (a burst of new connections is accepted before any of them is read, so a probe whose
@@ -173,17 +182,17 @@ class ConnectionBook:
                 return conn
         return next(iter(queue))
 
-    def busy(self, conn: GuardedH11Protocol) -> None:
+    def busy(self, conn: GuardedHttpProtocol) -> None:
         self._not_idle(conn)
 
-    def idle_again(self, conn: GuardedH11Protocol) -> None:
+    def idle_again(self, conn: GuardedHttpProtocol) -> None:
         if conn in self.open:
             host = conn.client_host()
             queue = self.idle.setdefault(host, OrderedDict())
             queue[conn] = None
             queue.move_to_end(conn)
 
-    def closed(self, conn: GuardedH11Protocol) -> None:
+    def closed(self, conn: GuardedHttpProtocol) -> None:
         if conn in self.open:
             self.open.discard(conn)
             host = conn.client_host()
@@ -195,7 +204,7 @@ class ConnectionBook:
         self._not_idle(conn)
         self._gauge()
 
-    def _not_idle(self, conn: GuardedH11Protocol) -> None:
+    def _not_idle(self, conn: GuardedHttpProtocol) -> None:
         host = conn.client_host()
         queue = self.idle.get(host)
         if queue is not None:
@@ -226,9 +235,9 @@ def effective_max_connections(wanted: int) -> int:
     return min(wanted, cap)
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a request-head deadline and a connection cap (:class:`ConnectionBook`).
-    :func:`protocol_class` binds a subclass to one server's book."""
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a request-head deadline, a head size cap and a connection cap
+    (:class:`ConnectionBook`). :func:`protocol_class` binds a subclass to one server's book."""
 
     book: ClassVar[ConnectionBook]
 
@@ -238,6 +247,7 @@ class GuardedH11Protocol(H11Protocol):
         self._send_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._head_bytes = 0
+        self._head_size = 0  # of the request being parsed: its URL and headers
         inner = self.app
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -275,6 +285,26 @@ class GuardedH11Protocol(H11Protocol):
         if not self._in_request:
             self._head_bytes += len(data)
         super().data_received(data)
+
+    # -- the parser's callbacks: the head's size, bounded
+    def on_message_begin(self) -> None:
+        self._head_size = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._grow_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _grow_head(self, n: int) -> None:
+        self._head_size += n
+        if self._head_size > MAX_HEAD_BYTES:
+            self.book.refusals("header_too_large", client=self.client_host(), received_bytes=self._head_size)
+            # The parser turns this into its error: uvicorn answers 400 and closes the connection.
+            raise ValueError(f"request head over {MAX_HEAD_BYTES} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -345,9 +375,9 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def protocol_class(book: ConnectionBook) -> type[GuardedH11Protocol]:
-    """A :class:`GuardedH11Protocol` bound to ``book`` (uvicorn instantiates the class it is given)."""
-    return type("GuardedH11", (GuardedH11Protocol,), {"book": book})
+def protocol_class(book: ConnectionBook) -> type[GuardedHttpProtocol]:
+    """A :class:`GuardedHttpProtocol` bound to ``book`` (uvicorn instantiates the class it is given)."""
+    return type("GuardedHttp", (GuardedHttpProtocol,), {"book": book})
 
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -359,6 +389,7 @@ class RouteRule:
     path: re.Pattern[str]
     need: Role | None  # None: public
     max_body: int
+    template: str = ""  # the path as declared, e.g. /v1/admin/ops/{op_id}
 
 
 def route_rules(app: Any, default_max_body: int) -> list[RouteRule]:
@@ -374,7 +405,7 @@ def route_rules(app: Any, default_max_body: int) -> list[RouteRule]:
         extra = getattr(route, "openapi_extra", None) or {}
         max_body = int(extra.get(MAX_BODY, default_max_body))
         regex, _, _ = compile_path(path_format)
-        rules.append(RouteRule(frozenset(methods), regex, need, max_body))
+        rules.append(RouteRule(frozenset(methods), regex, need, max_body, path_format))
     return rules
 
 
@@ -414,17 +445,41 @@ class _Refused(RequestError):
 class BoundedApp:
     """The request layer of the guard (module docstring), wrapping the FastAPI ``app``."""
 
-    def __init__(self, app: Any, limits: Limits, refusals: Refusals) -> None:
+    def __init__(
+        self,
+        app: Any,
+        limits: Limits,
+        refusals: Refusals,
+        fast: Mapping[tuple[str, str], FastHandler] | None = None,
+    ) -> None:
+        """``fast``: (method, path) -> a handler that answers that route instead of ``app`` once the guard's
+        checks passed (the agent's lookup: agent/lookup_http.py). The route must still be one of ``app``'s
+        -- its token rule and body limit are read from there."""
         self.app = app
         self.limits = limits
         self.refusals = refusals
+        self.fast = dict(fast or {})
         self._rules: list[RouteRule] | None = None
+        self._exact: dict[tuple[str, str], RouteRule | None] = {}  # rules of paths without parameters
 
     def _rule(self, method: str, path: str) -> RouteRule | None:
+        hit = self._exact.get((method, path), _MISS)
+        if hit is not _MISS:
+            return hit  # type: ignore[return-value]
         if self._rules is None:  # built at the first request: every route is registered by then
             self._rules = route_rules(self.app, self.limits.max_body_bytes)
+            # The scan's answer for each route without path parameters, remembered by (method, path): a
+            # lookup skips the scan. Only those -- remembering any path asked would let a client grow this.
+            for rule in self._rules:
+                if "{" not in rule.template:
+                    for m in rule.methods:
+                        self._exact[(m, rule.template)] = self._scan(self._rules, m, rule.template)
+        return self._scan(self._rules, method, path)
+
+    @staticmethod
+    def _scan(rules: list[RouteRule], method: str, path: str) -> RouteRule | None:
         fallback = None
-        for rule in self._rules:
+        for rule in rules:
             if rule.path.match(path):
                 if method in rule.methods or (method == "HEAD" and "GET" in rule.methods):
                     return rule
@@ -459,6 +514,10 @@ class BoundedApp:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
+        fast = self.fast.get((scope["method"], scope["path"])) if self.fast else None
+        if fast is not None:
+            await fast(scope, send)
+            return
         await self.app(scope, replay, send)
 
     def _authorize(self, scope: Scope, need: Role, host: str | None) -> None:

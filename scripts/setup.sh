@@ -4,6 +4,7 @@
 #   - Debian's zookeeper package (jars in /usr/share/java; the service itself is not used)
 #   - Debian's prometheus package (prometheus and promtool: the dev cluster's Prometheus and the alert
 #     rule tests; the service it installs is not used)
+#   - Debian's wrk (the load generator of `trimtab bench lookup`'s one-core phase)
 #   - a virtualenv in .venv with trimtab and its dev and simulator (sim: SciPy, matplotlib) dependencies
 #     and the data pipeline's (spark: PySpark, pyarrow, pandas<3, matplotlib; Spark runs on the same Java 17)
 #   - Apache Kafka's server jars (KRaft, the version devkit/kafka/pom.xml pins) from Maven Central with Maven,
@@ -40,6 +41,8 @@ fi
 if [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
   apt_install prometheus
 fi
+# wrk: the external load generator of `trimtab bench lookup`'s one-core phase (and its test).
+command -v wrk >/dev/null 2>&1 || apt_install wrk
 
 PY="${PYTHON:-python3}"
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then

@@ -113,6 +113,13 @@ workdir_option = click.option(
     help="Repeat with this kafka.fetch_wait_max_ms (0: no repeat).",
 )
 @click.option(
+    "--one-core-seconds",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Each wrk run of the one-core phase (one agent pinned to CPU 0, wrk to CPU 1; 0: skip it).",
+)
+@click.option(
     "--set",
     "sets",
     multiple=True,
@@ -130,6 +137,7 @@ def lookup_cmd(
     rtt_samples: int,
     follower_samples: int,
     alternative_fetch_wait_ms: int,
+    one_core_seconds: float,
     sets: tuple[str, ...],
     seed: int,
     workdir: str | None,
@@ -149,6 +157,7 @@ def lookup_cmd(
             rtt_samples=rtt_samples,
             follower_samples=follower_samples,
             alternative_fetch_wait_ms=alternative_fetch_wait_ms or None,
+            one_core_seconds=one_core_seconds,
             settings=settings,
             seed=seed,
             workdir=Path(workdir) if workdir else None,

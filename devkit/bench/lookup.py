@@ -32,7 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
+import shutil
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -66,8 +70,11 @@ WARMUP_LOOKUPS = 200
 
 # Nothing but the lookup path runs: no controllers (no shedding, healing, monitor), no automatic splits.
 # Its namespaces are created by lookups (namespace.auto_create: none by default).
+# Every lookup comes from this machine's one address: the per-client rate limit (1 000/s by default) is off,
+# or it would measure the limit rather than the agent.
 BASE_SETTINGS: dict[str, Any] = {
     "split": {"enabled": False},
+    "agent": {"lookup_rate_per_client": 0},
     "namespace": {"auto_create": ["bench-owned/*", "bench-assign/*"]},
 }
 
@@ -177,11 +184,16 @@ async def _lookup_pool(
     return out
 
 
+def owned_topics(topics: int) -> list[str]:
+    """The topics of the owned-lookup phases (32 namespaces)."""
+    return [f"persistent://bench-owned/ns-{i % 32}/t-{i}" for i in range(topics)]
+
+
 def owned_phase(
     cluster: LocalCluster, topics: int, lookups: int, concurrency: int, seed: int, progress: Progress
 ) -> dict[str, Any]:
     agents = [n.http for n in cluster.agents]
-    names = [f"persistent://bench-owned/ns-{i % 32}/t-{i}" for i in range(topics)]
+    names = owned_topics(topics)
     progress(f"owned lookups: assigning {topics} topics...")
     [(_lat, answers, _el, _cpu)] = asyncio.run(_lookup_pool(agents, [names], min(concurrency, 8)))
     owner: dict[str, str] = {}
@@ -242,6 +254,147 @@ def owned_phase(
                 "on a 2-core machine the client and the 3 agents share the cores: owned_lookups_per_s is "
                 "bounded by their summed CPU per lookup; agents_lookups_per_cpu_s is the agents' side alone"
             ),
+        },
+    }
+
+
+# ------------------------------------------------------------------------------ 1b. one agent, one core
+
+ONE_CORE_TARGET_PER_S = 10_000
+HALF_RATE_P99_TARGET_MS = 5.0
+WRK_SCRIPT = r"""
+local paths = {}
+local n = 0
+bad = 0
+
+local delay_ms = tonumber(os.getenv("TRIMTAB_WRK_DELAY_MS") or "0")
+for line in io.lines(os.getenv("TRIMTAB_WRK_PATHS")) do
+  n = n + 1
+  paths[n] = line
+end
+local i = 0
+local threads = {}
+setup = function(thread)
+  table.insert(threads, thread)
+end
+request = function()
+  i = i % n + 1
+  return wrk.format("GET", paths[i])
+end
+if delay_ms > 0 then
+  delay = function() return delay_ms end
+end
+response = function(status, headers, body)
+
+  if status ~= 200 or not string.find(body, '"how":"owned"', 1, true) then
+    bad = bad + 1
+  end
+end
+done = function(summary, latency, requests)
+  local wrong = 0
+  for _, t in ipairs(threads) do
+    wrong = wrong + t:get("bad")
+  end
+  io.write(string.format("TRIMTAB {\"errors_answer\": %d, \"requests\": %d, \"errors_connect\": %d, \"errors_read\": %d, " ..
+    "\"errors_write\": %d, \"errors_status\": %d, \"errors_timeout\": %d, \"duration_us\": %d, " ..
+    "\"p50_us\": %d, \"p90_us\": %d, \"p99_us\": %d, \"p999_us\": %d, \"max_us\": %d}\n",
+    wrong, summary.requests, summary.errors.connect, summary.errors.read, summary.errors.write,
+    summary.errors.status, summary.errors.timeout, summary.duration,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9),
+    latency.max))
+end
+"""
+
+
+def _pin(pid: int, cpus: str) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (``taskset -a``: affinity is per thread on Linux)."""
+    subprocess.run(["taskset", "-a", "-cp", cpus, str(pid)], check=True, capture_output=True)
+
+
+def _wrk(
+    url: str, paths: Path, *, connections: int, seconds: float, delay_ms: int, cpu: str
+) -> dict[str, Any]:
+    """One wrk run (one thread, pinned to ``cpu``) over the lookup paths in ``paths``; its summary."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise BenchError("wrk not found: scripts/setup.sh installs it (Debian package wrk)")
+    script = paths.with_suffix(".lua")
+    script.write_text(WRK_SCRIPT)
+    env = {**os.environ, "TRIMTAB_WRK_PATHS": str(paths), "TRIMTAB_WRK_DELAY_MS": str(delay_ms)}
+    cmd = ["taskset", "-c", cpu, wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script), url]
+    out = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=seconds + 60)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("TRIMTAB ")), None)
+    if out.returncode != 0 or line is None:
+        raise BenchError(f"wrk failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
+    r: dict[str, Any] = json.loads(line.removeprefix("TRIMTAB "))
+    r["per_s"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+CONNECTIONS = (8, 16, 32)
+
+
+def _half_rate(
+    base: str, paths: Path, runs: list[dict[str, Any]], seconds: float
+) -> tuple[dict[str, Any], float, int, int, dict[str, Any]]:
+    """The best of ``runs``, half its rate, and a wrk run paced to it: (best, half, connections, delay, run).
+    Each connection sends one lookup per (delay + response time): the connections are sized for the
+    target, then once more from the rate the first paced run reached."""
+    best = max(runs, key=lambda r: r["per_s"])
+    half = best["per_s"] / 2
+    delay_ms = 4
+    conns = max(1, round(half * (delay_ms + best["p50_us"] / 1000) / 1000))
+    paced = _wrk(base, paths, connections=conns, seconds=seconds, delay_ms=delay_ms, cpu="1")
+    if abs(paced["per_s"] - half) > 0.05 * half:
+        conns = max(1, round(conns * half / paced["per_s"]))
+        paced = _wrk(base, paths, connections=conns, seconds=seconds, delay_ms=delay_ms, cpu="1")
+    return best, half, conns, delay_ms, paced
+
+
+def one_core_phase(
+    cluster: LocalCluster, names: list[str], *, seconds: float, progress: Progress
+) -> dict[str, Any]:
+    """Owned lookups of one agent pinned to one core, from ``wrk`` (one thread) pinned to the other: the
+    most lookups/s one agent answers, then the p99 at half that rate (wrk paced by a per-connection delay:
+    a closed loop with think time, so the rate reached is reported beside the target). Every response is
+    checked by the wrk script: status 200 and ``how`` owned."""
+    if (os.cpu_count() or 1) < 2:
+        raise BenchError("the one-core phase needs two CPUs (the agent on one, wrk on the other)")
+    node = cluster.agents[0]
+    base = node.http
+    paths = cluster.workdir / "wrk-paths.txt"
+    paths.write_text("".join(f"/v1/lookup?topic={t}\n" for t in names))
+    _pin(node.pid, "0")
+    try:
+        progress(f"one core: agent {node.name} pinned to CPU 0, wrk to CPU 1; warming up...")
+        _wrk(base, paths, connections=16, seconds=2, delay_ms=0, cpu="1")
+        runs = [_wrk(base, paths, connections=c, seconds=seconds, delay_ms=0, cpu="1") for c in CONNECTIONS]
+        best, half, conns, delay_ms, paced = _half_rate(base, paths, runs, seconds)
+    finally:
+        _pin(node.pid, f"0-{(os.cpu_count() or 1) - 1}")
+    errors = sum(r[k] for r in (*runs, paced) for k in r if k.startswith("errors_"))
+    if errors:
+        raise BenchError(f"one-core phase: {errors} lookups failed or answered wrongly: {[*runs, paced]}")
+    progress(
+        f"one core: {best['per_s']:.0f} owned lookups/s (p99 {best['p99_us'] / 1000:.2f} ms); "
+        f"at {paced['per_s']:.0f}/s p99 {paced['p99_us'] / 1000:.2f} ms (all checked)"
+    )
+    return {
+        "owned_lookups_per_s_one_core": round(best["per_s"], 1),
+        "owned_lookup_p99_ms_half_rate": round(paced["p99_us"] / 1000, 3),
+        "detail": {
+            "runs": [{"connections": c, **r} for c, r in zip(CONNECTIONS, runs, strict=True)],
+            "half_rate": {
+                "target_per_s": round(half, 1),
+                "connections": conns,
+                "delay_ms": delay_ms,
+                **paced,
+            },
+            "topics": len(names),
+            "agent": node.name,
+            "seconds_per_run": seconds,
+            "client": "wrk (Debian), one thread pinned to CPU 1; the agent's every thread pinned to CPU 0",
+            "checks": "every response: status 200 and how=owned (wrk script); any other fails the bench",
         },
     }
 
@@ -613,6 +766,7 @@ def run_config(
     follower_samples: int,
     seed: int,
     progress: Progress,
+    one_core_seconds: float = 0.0,
 ) -> dict[str, Any]:
     settings = deep_merge(BASE_SETTINGS, overrides)
     cluster = LocalCluster(workdir, brokers=3, controllers=0, settings=settings, cluster_name="bench-lookup")
@@ -632,6 +786,11 @@ def run_config(
             client_config=dict(k.client_config),
         ).start()
         owned = owned_phase(cluster, topics, lookups, concurrency, seed, progress)
+        one_core = (
+            one_core_phase(cluster, owned_topics(topics), seconds=one_core_seconds, progress=progress)
+            if one_core_seconds > 0
+            else None
+        )
         assign = assign_phase(cluster, watch, assign_samples, s.namespace.default_bundles, progress)
         rtt = rtt_phase(
             cluster.bootstrap_servers,
@@ -651,15 +810,25 @@ def run_config(
             watch.stop()
         cluster.stop()
     ratio = assign["assign_p99_ms"] / rtt["raw_rtt_p99_ms"]
+    targets = {"assign_vs_rtt_ratio": ratio <= ASSIGN_VS_RTT_TARGET}
+    if one_core is not None:
+        targets["owned_lookups_per_s_one_core"] = (
+            one_core["owned_lookups_per_s_one_core"] >= ONE_CORE_TARGET_PER_S
+        )
+        targets["owned_lookup_p99_ms_half_rate"] = (
+            one_core["owned_lookup_p99_ms_half_rate"] <= HALF_RATE_P99_TARGET_MS
+        )
     return {
         **{k: v for k, v in owned.items() if k != "detail"},
+        **({k: v for k, v in one_core.items() if k != "detail"} if one_core is not None else {}),
+        "one_core": one_core["detail"] if one_core is not None else None,
         **{k: v for k, v in assign.items() if k not in ("detail", "breakdown")},
         **{k: v for k, v in rtt.items() if k not in ("detail", "follower_rtt")},
         "assign_vs_rtt_ratio": round(ratio, 2),
         "assign_vs_rtt_ratio_target": ASSIGN_VS_RTT_TARGET,
         "follower_rtt_p50_ms": rtt["follower_rtt"]["latency_ms"]["p50"],
         "follower_rtt_p99_ms": rtt["follower_rtt"]["latency_ms"]["p99"],
-        "meets_targets": {"assign_vs_rtt_ratio": ratio <= ASSIGN_VS_RTT_TARGET},
+        "meets_targets": targets,
         "settings": {
             "overrides": dict(overrides),
             "kafka.fetch_wait_max_ms": k.fetch_wait_max_ms,
@@ -685,6 +854,8 @@ HEADLINE = (
     "owned_lookup_p50_ms",
     "owned_lookup_p99_ms",
     "owned_lookups_per_s",
+    "owned_lookups_per_s_one_core",
+    "owned_lookup_p99_ms_half_rate",
     "assign_p50_ms",
     "assign_p99_ms",
     "raw_rtt_p50_ms",
@@ -705,6 +876,7 @@ def run(
     rtt_samples: int = 600,
     follower_samples: int = 200,
     alternative_fetch_wait_ms: int | None = 5,
+    one_core_seconds: float = 10.0,
     settings: Mapping[str, Any] | None = None,
     seed: int = 1,
     workdir: Path | None = None,
@@ -724,24 +896,31 @@ def run(
         "seed": seed,
     }
     with bench_workdir(workdir, "trimtab-bench-lookup-", progress, keep=keep_workdir) as base:
-        main = run_config(base / "default", dict(settings or {}), **sizes, progress=progress)
+        main = run_config(
+            base / "default",
+            dict(settings or {}),
+            **sizes,
+            progress=progress,
+            one_core_seconds=one_core_seconds,
+        )
         alt = None
         if alternative_fetch_wait_ms is not None:
             alt_settings = deep_merge(
                 dict(settings or {}), {"kafka": {"fetch_wait_max_ms": alternative_fetch_wait_ms}}
             )
             alt_full = run_config(base / "alternative", alt_settings, **sizes, progress=progress)
-            alt = {k: alt_full[k] for k in (*HEADLINE, "meets_targets", "settings")}
+            alt = {k: alt_full.get(k) for k in (*HEADLINE, "meets_targets", "settings")}
             alt["detail"] = {
                 k: alt_full[k] for k in ("owned", "assign", "raw_rtt", "follower_rtt", "agents_channel_stats")
             }
     out: dict[str, Any] = {"bench": "lookup"}
-    out.update({k: main[k] for k in HEADLINE})
+    out.update({k: main.get(k) for k in HEADLINE})
     out["meets_targets"] = main["meets_targets"]
     out["settings"] = main["settings"]
     out["alternative"] = alt
     out["sizes"] = sizes
     out["owned"] = main["owned"]
+    out["one_core"] = main["one_core"]
     out["assign"] = main["assign"]
     out["raw_rtt"] = main["raw_rtt"]
     out["follower_rtt"] = main["follower_rtt"]

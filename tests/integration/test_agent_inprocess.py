@@ -347,6 +347,56 @@ def test_a_lost_assignment_is_counted_and_logged_and_the_next_lookup_assigns_aga
     asyncio.run(scenario())
 
 
+def test_the_fast_lookup_answers_exactly_as_the_declared_route(settings: Settings, log: MemoryLog) -> None:
+    """The daemons serve ``GET /v1/lookup`` from the HTTP guard's fast path (agent/lookup_http.py), not
+    through FastAPI; the FastAPI route declares it in the spec. Both must answer byte for byte the same --
+    owned, refused, odd query strings -- and count the same."""
+    bundle = layout().bundles[2]
+    owned = topic_of(bundle)
+    queries = [
+        {"topic": owned},
+        [("topic", "persistent://nope/x/t"), ("topic", owned)],  # the last value wins, as in Starlette
+        {},
+        {"topic": ""},
+        {"topic": "not a topic"},
+        {"topic": "persistent://tenant-without-namespace"},
+        {"topic": "persistent://public/auto-created-by-this-lookup/t"},
+        {"topic": "persistent://public/caf\u00e9/t"},
+    ]
+
+    async def scenario() -> None:
+        async with running_agent(settings, log) as w:
+            assert (await asyncio.wait_for(w.lookups.lookup(owned), 15)).how == "assigned"
+            fast = httpx.AsyncClient(base_url=w.identity.http_url, timeout=10)
+            declared = httpx.AsyncClient(transport=httpx.ASGITransport(app=w.app), base_url="http://agent")
+            async with fast, declared:
+                for q in queries:
+                    await fast.get("/v1/lookup", params=q)  # a lookup that assigns does so now, not below
+                    before = lookups_counted(w)
+                    a = await fast.get("/v1/lookup", params=q)
+                    mid = lookups_counted(w)
+                    b = await declared.get("/v1/lookup", params=q)
+                    after = lookups_counted(w)
+                    assert (a.status_code, a.content) == (b.status_code, b.content), q
+                    assert a.headers["content-type"] == b.headers["content-type"] == "application/json", q
+                    assert a.headers["content-length"] == b.headers["content-length"], q
+                    assert mid - before == after - mid == 1, (q, before, mid, after)
+                assert (await fast.get("/v1/lookup", params={"topic": owned})).json()["how"] == "owned"
+
+    asyncio.run(scenario())
+
+
+def lookups_counted(w: WiredAgent) -> float:
+    """Every lookup the agent counted, whatever its result."""
+    return sum(
+        s.value
+        for fam in w.prom.collect()
+        if fam.name == "trimtab_lookups"
+        for s in fam.samples
+        if s.name == "trimtab_lookups_total"
+    )
+
+
 def test_lookup_that_cannot_settle_times_out_as_retryable(zk_hosts: str, zk: KazooClient) -> None:
     timeout_s = 1.5  # the least start-up accepts with a 0.5-s lease margin
     s = agent_settings(

@@ -76,7 +76,14 @@ def test_bench_lookup_small() -> None:
         "--rtt-samples", "50",
         "--follower-samples", "20",
         "--alternative-fetch-wait-ms", "1",
+        "--one-core-seconds", "1",
     )  # fmt: skip
+    # One agent on one core under wrk: every answer checked by the wrk script, else the bench fails.
+    assert_number(out, "owned_lookups_per_s_one_core", "owned_lookup_p99_ms_half_rate")
+    one = out["one_core"]
+    assert [r["connections"] for r in one["runs"]] == [8, 16, 32]
+    assert all(r["requests"] > 0 and r["errors_answer"] == 0 for r in [*one["runs"], one["half_rate"]])
+    assert set(out["meets_targets"]) >= {"owned_lookups_per_s_one_core", "owned_lookup_p99_ms_half_rate"}
     headline = (
         "owned_lookup_p50_ms",
         "owned_lookup_p99_ms",

@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from tests.support.waiting import wait_for
+from trimtab.cluster.http_guard import MAX_HEAD_BYTES
 from trimtab.devkit.bench import hostile
 from trimtab.devkit.bench.hostile import addr, head
 from trimtab.devkit.localcluster import LocalCluster
@@ -132,6 +133,31 @@ def test_a_client_that_disconnects_mid_body_is_not_an_error_anywhere(cluster: Lo
     for node in nodes:
         tail = cluster.log_tail(node.name, 400)
         assert "http_handler_failed" not in tail and "Traceback" not in tail, f"{node.name}:\n{tail[-3000:]}"
+
+
+def test_a_request_head_over_the_size_cap_is_refused_and_the_node_keeps_serving(
+    cluster: LocalCluster,
+) -> None:
+    """llhttp (under uvicorn's httptools protocol) bounds no header: the guard does (``MAX_HEAD_BYTES``),
+    so one request cannot grow its head for the whole head deadline. Refused with 400, the connection
+    closed, counted as ``header_too_large``; a head just under the cap is served."""
+    agent = cluster.agents[0]
+    refused_before = hostile.refused(agent).get("header_too_large", 0.0)
+    with socket.create_connection(addr(agent), timeout=10) as s:
+        s.sendall(head("GET", "/healthz", {"x-junk": "j" * (MAX_HEAD_BYTES + 1)}))
+        answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert hostile.refused(agent)["header_too_large"] == refused_before + 1
+    r = httpx.get(f"{agent.http}/healthz", headers={"x-junk": "j" * (MAX_HEAD_BYTES - 200)}, timeout=10)
+    assert r.status_code == 200
+
+
+def _read_all(s: socket.socket) -> bytes:
+    """Everything the node sends until it closes the connection."""
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
 
 
 def test_deep_json_and_malformed_bodies(cluster: LocalCluster) -> None:
