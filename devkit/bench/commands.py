@@ -1,5 +1,5 @@
-"""``trimtab bench lookup | shed | failover | hostile``: the click commands of the lookup, shedding,
-failover and hostile-client benchmarks. :func:`register` attaches them to the ``bench`` group of
+"""``trimtab bench lookup | shed | failover | storm | hostile``: the click commands of the lookup, shedding,
+failover, lookup-storm and hostile-client benchmarks. :func:`register` attaches them to the ``bench`` group of
 :mod:`bench.cli` with that module's helpers (logs to stderr, one JSON object on stdout), so every benchmark
 behaves the same way.
 """
@@ -26,7 +26,7 @@ def register(
     emit: Callable[[dict[str, object], str | None], None],
 ) -> None:
     _helpers.update(logs=logs_to_stderr, emit=emit)
-    for cmd in (lookup_cmd, shed_cmd, failover_cmd, hostile_cmd):
+    for cmd in (lookup_cmd, shed_cmd, failover_cmd, storm_cmd, hostile_cmd):
         group.add_command(cmd)
 
 
@@ -273,6 +273,86 @@ def failover_cmd(
             settings=settings,
             workdir=Path(workdir) if workdir else None,
             standbys=standbys,
+        ),
+        output,
+    )
+
+
+@click.command("storm")
+@click.option(
+    "--bundles",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Bundles the killed broker owns.",
+)
+@click.option(
+    "--per-namespace",
+    type=click.IntRange(min=1, max=4096),
+    default=1000,
+    show_default=True,
+    help="Bundles per namespace (namespace.default_bundles).",
+)
+@click.option(
+    "--agents", type=click.IntRange(min=3), default=5, show_default=True, help="Agents, the victim included."
+)
+@click.option(
+    "--topics-per-bundle",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Topics looked up per bundle (lookups = bundles x this).",
+)
+@click.option(
+    "--clients",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Concurrent keep-alive connections, spread over the surviving agents.",
+)
+@click.option(
+    "--session-timeout-s",
+    type=click.FloatRange(min=1, max=120),
+    default=4.0,
+    show_default=True,
+    help="zookeeper.session_timeout_s: the detection time.",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="SECTION.FIELD=VALUE",
+    help="Cluster setting (repeatable).",
+)
+@workdir_option
+@output_option
+def storm_cmd(
+    bundles: int,
+    per_namespace: int,
+    agents: int,
+    topics_per_bundle: int,
+    clients: int,
+    session_timeout_s: float,
+    sets: tuple[str, ...],
+    workdir: str | None,
+    output: str | None,
+) -> None:
+    """kill -9 a broker owning many bundles while 1 000 clients look up its topics: time from the
+    detection to the last answer, errors, assignments per bundle."""
+    from trimtab.devkit.bench.storm import run
+
+    settings = _settings(sets)
+    _run(
+        "storm",
+        lambda: run(
+            bundles=bundles,
+            per_namespace=per_namespace,
+            agents=agents,
+            per_bundle=topics_per_bundle,
+            clients=clients,
+            session_timeout_s=session_timeout_s,
+            settings=settings,
+            workdir=Path(workdir) if workdir else None,
         ),
         output,
     )

@@ -1,4 +1,4 @@
-"""Smoke tests of the lookup, shed and failover benchmarks at tiny sizes.
+"""Smoke tests of the lookup, shed, failover and storm benchmarks at tiny sizes.
 
 Each runs the real command end to end (the lookup and failover ones with a LocalCluster: real ZooKeeper,
 the Kafka mock, agent and controller processes), parses the one JSON object on stdout and checks that every
@@ -138,6 +138,27 @@ def test_bench_failover_small() -> None:
     assert sum(healing["final_owners"].values()) == 500
     assert sum(1 for r in healing["leader_rounds"] if r["event"] == "healing_overrides") >= 2
     assert out["raised_throttles"] is None
+    assert_checks(out)
+
+
+def test_bench_storm_small() -> None:
+    """A broker dies while clients ask for its topics through the survivors: every topic answered with a
+    live owner (the wrk script checks each answer; any other fails the bench), each bundle assigned once."""
+    out = invoke(
+        "storm",
+        "--bundles", "200",
+        "--per-namespace", "100",
+        "--agents", "3",
+        "--topics-per-bundle", "3",
+        "--clients", "20",
+        "--session-timeout-s", "3",
+    )  # fmt: skip
+    assert out["bench"] == "storm"
+    assert_number(out, "lookup_storm_s", "lookup_storm_errors", "detection_s", "last_owned_after_detection_s")
+    assert out["lookups"] == 600 and out["bundles"] == 200 and out["clients"] == 20
+    assert out["assignments_per_bundle_max"] == 1
+    assert sum(w["answers"] for w in out["wrk"]) == 600 and len(out["wrk"]) == 2
+    assert set(out["meets_targets"]) == {"lookup_storm_s", "lookup_storm_errors", "assignments_per_bundle_max"}
     assert_checks(out)
 
 
