@@ -43,6 +43,8 @@ from trimtab.errors import (
 )
 
 log = structlog.get_logger("trimtab.lookup")
+#: The states in which a bundle has an owner that serves it (a split or merge in progress still serves).
+_OWNING = frozenset({State.OWNED, State.SPLITTING, State.MERGING})
 
 
 class _Moved(TrimtabError):
@@ -282,6 +284,13 @@ class LookupService:
             bundle = layout.bundle_for_topic(t)
             task = self._tasks.get(bundle)
             if task is None:
+                # Owned now (the common case): answered here, as _resolve's first look would answer it,
+                # without a task, a shield and a turn of the loop per lookup.
+                cur = self.channel.table.get(bundle)
+                if cur is not None and (owner := self._serving_owner(cur)) is not None:
+                    return LookupResult(
+                        topic, bundle, owner, self._url(owner), cur.state.value, cur.version, "owned"
+                    )
                 task = asyncio.create_task(self._resolve(bundle, deadline))
                 self._tasks[bundle] = task
                 task.add_done_callback(functools.partial(self._resolved, bundle))
@@ -307,10 +316,9 @@ class LookupService:
         waited = False
         while True:
             cur: Record | None = self.channel.table.get(bundle)
-            if cur is not None and cur.state in (State.OWNED, State.SPLITTING, State.MERGING):
-                owner = cur.owner()
-                assert owner is not None
-                if owner in self._brokers() or not self._brokers_trusted():
+            if cur is not None and cur.state in _OWNING:
+                owner = self._serving_owner(cur)
+                if owner is not None:
                     how = "assigned" if published_for is not None else ("waited" if waited else "owned")
                     return LookupResult(
                         "", bundle, owner, self._url(owner), cur.state.value, cur.version, how
@@ -336,6 +344,16 @@ class LookupService:
                 )
             waited = True
             await self._changed(bundle, remaining)
+
+    def _serving_owner(self, cur: Record) -> str | None:
+        """The owner a lookup answers with for ``cur``: an owning record's owner while it is registered
+        (or while the registrations cannot be trusted); None otherwise -- not owned, or its owner gone
+        (the leader reassigns it: a lookup waits for that)."""
+        if cur.state not in _OWNING:
+            return None
+        owner = cur.owner()
+        assert owner is not None
+        return owner if owner in self._brokers() or not self._brokers_trusted() else None
 
     def _assignment_delivered(self, bundle: str, dst: str, err: TransportError | None) -> None:
         """The producer's report on an Assigning record (its thread). A lost one leaves the lookup waiting

@@ -81,7 +81,7 @@ async def answer_lookup(api: LookupDeps, client: str, topic: str | None) -> Look
     # First, before any work: a flood from one address is refused at the cost of a dict lookup.
     verdict = api.limiter.admit(client)
     if not verdict.allowed:
-        metrics.lookups.labels(RATE_LIMITED).inc()
+        metrics.lookup_done(RATE_LIMITED)
         if worth_logging(verdict.refused_before):
             log.warning(
                 "lookup_rate_limited",
@@ -97,27 +97,24 @@ async def answer_lookup(api: LookupDeps, client: str, topic: str | None) -> Look
             headers={"Retry-After": verdict.retry_after_header},
         )
     if not topic:
-        metrics.lookups.labels("bad_request").inc()
+        metrics.lookup_done("bad_request")
         raise RequestError(
             400, "missing query parameter 'topic' (a full topic name, e.g. persistent://tenant/ns/topic)"
         )
     if not api.node.ready:
-        metrics.lookups.labels("unavailable").inc()
+        metrics.lookup_done("unavailable")
         raise RequestError(503, "agent is not ready (starting or draining)")
     channel_ok, channel_why = api.channel.health()
     if not channel_ok:
         # Never answer from a table that is being rebuilt (history gap, follower restart).
-        metrics.lookups.labels("unavailable").inc()
+        metrics.lookup_done("unavailable")
         raise RequestError(503, f"agent's channel view is not ready: {channel_why}")
     try:
         res = await api.lookups.lookup(topic)
     except RequestError as e:  # counted by its kind, then answered as it is
-        result = _refusal_result(e)
-        metrics.lookups.labels(result).inc()
-        metrics.lookup_seconds.labels(result).observe(time.perf_counter() - t0)
+        metrics.lookup_done(_refusal_result(e), time.perf_counter() - t0)
         raise
-    metrics.lookups.labels(res.how).inc()
-    metrics.lookup_seconds.labels(res.how).observe(time.perf_counter() - t0)
+    metrics.lookup_done(res.how, time.perf_counter() - t0)
     return res
 
 

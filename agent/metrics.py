@@ -47,6 +47,19 @@ class AgentMetrics:
     # The per-bundle path (a failover makes one agent take thousands of bundles) resolves its labelled
     # children once per label set: ``labels()`` takes a lock and builds a key on every call.
     @functools.cache  # noqa: B019 - one instance per process, the cache lives as long as it
+    def lookup_result(self, result: str) -> tuple[Any, Any]:
+        """``trimtab_lookups_total`` and ``trimtab_lookup_seconds`` of ``result`` (a bounded set): every
+        lookup counts once, and the label look-up is not paid again per lookup."""
+        return self.lookups.labels(result), self.lookup_seconds.labels(result)
+
+    def lookup_done(self, result: str, seconds: float | None = None) -> None:
+        """Count a lookup by ``result``, and time it when ``seconds`` is given."""
+        counted, timed = self.lookup_result(result)
+        counted.inc()
+        if seconds is not None:
+            timed.observe(seconds)
+
+    @functools.cache  # noqa: B019
     def reaction(self, kind: str, result: str) -> Any:
         return self.reactions.labels(kind, result)
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 from kazoo.client import KazooClient
 
 from trimtab.channel.bundles import BundleLayout, TopicName
@@ -57,14 +58,17 @@ from trimtab.devkit.bench.common import (
     progress_printer,
 )
 from trimtab.devkit.bench.failover import (
+    KAFKA_PROCESS,
     FailoverRun,
     MoveTracker,
     ZkMarks,
+    _cpu,
     _start_replica,
     base_settings,
     bundle_names,
     channel_timings,
 )
+from trimtab.devkit.kafka_server import KafkaCluster
 from trimtab.devkit.localcluster import LocalCluster, Node
 
 STORM_TARGET_S = 10.0
@@ -192,10 +196,14 @@ def _wrk_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
     ``last_answer_at`` (``time.time``)."""
     assert proc.stdout is not None and proc.stderr is not None
     last_answer_at = None
+    cpu = None
     lines: list[str] = []
     for line in proc.stdout:  # ends when wrk exits: at -d at the latest
         if line.startswith("TRIMTAB_DONE"):
             last_answer_at = time.time()
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(proc.pid).cpu_times()
+                cpu = t.user + t.system
             proc.send_signal(signal.SIGINT)
         lines.append(line)
     proc.wait(30)
@@ -207,6 +215,7 @@ def _wrk_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
         )
     r: dict[str, Any] = orjson.loads(summary.removeprefix("TRIMTAB "))
     r["last_answer_at"] = last_answer_at
+    r["cpu_s"] = round(cpu, 3) if cpu is not None else None
     return r
 
 
@@ -230,6 +239,7 @@ class Storm:
     n_changes: int  # the bench replica's changes before the kill
     tracker: MoveTracker
     results: list[dict[str, Any]]
+    cpu_s: dict[str, float]  # CPU seconds of each process from the wrk start to the last answer
 
 
 def _kill_and_storm(
@@ -245,6 +255,9 @@ def _kill_and_storm(
     wait for every wrk to have all its answers (killed if the bench fails meanwhile)."""
     marks = ZkMarks({})
     zk.DataWatch(paths.broker(run.victim), marks.broker_watch)
+    nodes: dict[str, Any] = {n.name: n for n in run.cluster.nodes.values() if n is not run.victim_node}
+    if isinstance(run.cluster.kafka, KafkaCluster):
+        nodes.update({f"{KAFKA_PROCESS} {b.id}": b for b in run.cluster.kafka.brokers if b.pid})
     tracker = MoveTracker(run.names, run.survivors)
     n_changes = len(run.watch.changes)
     run.watch.client.table.add_listener(tracker.on_change)
@@ -258,17 +271,20 @@ def _kill_and_storm(
         time.sleep(0.001)
     t_start = time.time()
     procs = [_run_wrk(node.http, f, run.victim, per_wrk) for node, f in files]
+    cpu0 = _cpu(nodes)
     try:
         detected = marks.marks["broker_znode_gone"]
         progress(f"detected {detected - t_kill:.2f} s after the kill; the storm is on")
         # One reader per wrk, all at once: each notes its wrk's last answer the moment it is told.
         with ThreadPoolExecutor(len(procs)) as pool:
             results = list(pool.map(_wrk_result, procs))
+        cpu1 = _cpu(nodes)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    return Storm(t_kill, detected, t_start, n_changes, tracker, results)
+    cpu = {n: round(cpu1[n] - cpu0[n], 3) for n in cpu1 if n in cpu0}
+    return Storm(t_kill, detected, t_start, n_changes, tracker, results, cpu)
 
 
 def run_config(
@@ -362,6 +378,14 @@ def run_config(
         "bundles": len(names),
         "clients": per_wrk * len(survivors),
         "wrk_started_after_detection_s": round(t_start - detected, 4),
+        "cpu_s": {
+            **storm.cpu_s,
+            "wrk (all)": round(sum(r["cpu_s"] or 0.0 for r in results), 3),
+            "note": (
+                "CPU seconds of each process from the wrk start to the last answer (the bench process "
+                f"includes its channel replica); {os.cpu_count()} CPUs shared by all of them"
+            ),
+        },
     }
 
 

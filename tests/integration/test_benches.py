@@ -158,7 +158,11 @@ def test_bench_storm_small() -> None:
     assert out["lookups"] == 600 and out["bundles"] == 200 and out["clients"] == 20
     assert out["assignments_per_bundle_max"] == 1
     assert sum(w["answers"] for w in out["wrk"]) == 600 and len(out["wrk"]) == 2
-    assert set(out["meets_targets"]) == {"lookup_storm_s", "lookup_storm_errors", "assignments_per_bundle_max"}
+    assert set(out["meets_targets"]) == {
+        "lookup_storm_s",
+        "lookup_storm_errors",
+        "assignments_per_bundle_max",
+    }
     assert_checks(out)
 
 
