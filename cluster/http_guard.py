@@ -113,7 +113,8 @@ class Refusals:
         counter = Counter(
             "trimtab_http_refused",
             "HTTP requests and connections refused by the node's limits (docs/security.md): body_too_large, "
-            "body_timeout, json_too_deep, header_timeout, evicted (an idle connection closed to make room), "
+            "body_timeout, json_too_deep, header_timeout, header_too_large (a request head over 16 KiB), "
+            "evicted (an idle connection closed to make room), "
             "connection_limit, send_timeout (a client that does not read its responses)",
             ["reason"],
             registry=registry,

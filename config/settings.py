@@ -374,9 +374,11 @@ class AgentSettings(Section):
         "per address: the request's client address, the TCP peer's unless http.trusted_proxies names it, so "
         "clients behind one proxy or NAT share a bucket). Over it, "
         "a lookup is refused with 429 and Retry-After, counted in trimtab_lookups_total{result="
-        '"rate_limited"}. The default is above what one agent serves anyway (about 400 lookups/s per agent '
-        "in the lookup benchmark, docs/benchmarks.md), so no real client is limited; lower it to give each "
-        "client a smaller share. 0 disables the limit (docs/security.md).",
+        '"rate_limited"}. The default is about a twelfth of what one agent answers on one core (about '
+        "12 000 owned lookups/s, docs/benchmarks.md): a flood from one address cannot take the agent from the "
+        "others, while an application that reconnects everything at once passes on the burst "
+        "(lookup_burst_per_client); raise it for a proxy or a broker that asks for all its clients. 0 "
+        "disables the limit (docs/security.md).",
     )
     lookup_burst_per_client: int = Field(
         10_000,
