@@ -17,6 +17,7 @@ Watches never run logic on kazoo's threads: they set events or enqueue work for 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -328,12 +329,21 @@ class Registration(LiveBrokers, Protocol):
     def update(self, info: BrokerInfo) -> None: ...
 
 
+#: The broker registry reads every registration again at least this often (a safety net: the watches carry
+#: every change, and a new session reads everything again).
+FULL_REFRESH_S = 300.0
+
+
 class BrokerRegistry:
     """Registers this broker (if any) and keeps a cache of every live broker.
 
     Registration heals itself: a worker thread re-creates our ephemeral node whenever it is missing
     while we are registered (session expiry, an operator deleting it), as Pulsar's BrokerRegistry does.
-    The cache is refreshed on children changes and on data changes of each broker node.
+    The cache is refreshed on children changes and on data changes of each broker node -- reading only
+    what changed: the children list, a new broker's registration, one whose data watch fired. Every agent
+    keeps this cache, so re-reading every registration on every change (or on a timer) costs ZooKeeper
+    brokers x brokers reads per membership change (a million at 1 000 brokers: docs/scaling.md). Everything
+    is read again in a new session (its data watches are gone) and every ``FULL_REFRESH_S`` as a safety net.
     """
 
     def __init__(self, session: ZkSession, paths: ZkPaths) -> None:
@@ -345,6 +355,11 @@ class BrokerRegistry:
         self._mine: BrokerInfo | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._stale: set[str] = set()  # children whose data watch fired since the last refresh
+        self._unreadable: set[str] = set()  # children whose registration was refused (until it changes)
+        self._read_in: int | None = None  # the session of the last full read (its data watches are set)
+        self._full_at = -math.inf  # time.monotonic() of the last full read
         self._listeners: list[Callable[[dict[str, BrokerInfo]], object]] = []
         self._thread: threading.Thread | None = None
         self.registrations = 0
@@ -378,6 +393,9 @@ class BrokerRegistry:
         return not self._stop.is_set()
 
     def _data_changed(self, event: Any) -> None:
+        path = getattr(event, "path", None) or ""
+        with self._lock:
+            self._stale.add(path.rsplit("/", 1)[-1])
         self._wake.set()
 
     # ------------------------------------------------------------------ own registration
@@ -443,15 +461,16 @@ class BrokerRegistry:
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(5.0)
+            woken = self._wake.wait(5.0)
             self._wake.clear()
             if self._stop.is_set():
                 return
             if not self.session.connected:
                 continue
             try:
-                self._ensure_mine()
-                self._refresh()
+                self._ensure_mine()  # every 5 s: one exists() of our own node
+                if woken or self._full_read_due():
+                    self._refresh()
             except (ZooKeeperError, NoNodeError) as e:  # (the brokers' znode deleted under us)
                 log.warning("registry_refresh_failed", error=repr(e))
                 time.sleep(0.2)
@@ -488,21 +507,54 @@ class BrokerRegistry:
         except NodeExistsError:
             pass
 
-    def _refresh(self) -> None:
+    def _read(self, stale: set[str], full: bool) -> dict[str, BrokerInfo]:
         children = zk_call(self.zk, self.zk.get_children, self.paths.brokers)
-        fresh: dict[str, BrokerInfo] = {}
+        known, fresh = self.brokers, {}
+        unreadable = self._unreadable & set(children)
         for child in children:
+            if not full and child not in stale:
+                if (info := known.get(child)) is not None:
+                    fresh[child] = info
+                    continue
+                if child in unreadable:
+                    continue  # refused before and unchanged since: not read (nor logged) again
             try:
                 data, _ = zk_call(self.zk, self.zk.get, self.paths.broker(child), watch=self._data_changed)
             except NoNodeError:
                 continue
-            info = _info_dec.decode(data)
-            if isinstance(info, Refused):
+            decoded = _info_dec.decode(data)
+            if isinstance(decoded, Refused):
+                unreadable.add(child)
                 log.warning(
-                    "broker_registration_unreadable", broker=child, reason=info.reason, detail=info.detail
+                    "broker_registration_unreadable",
+                    broker=child,
+                    reason=decoded.reason,
+                    detail=decoded.detail,
                 )
                 continue
-            fresh[child] = info
+            unreadable.discard(child)
+            fresh[child] = decoded
+        self._unreadable = unreadable
+        return fresh
+
+    def _full_read_due(self) -> bool:
+        return self._read_in != self.session.session_id or time.monotonic() - self._full_at >= FULL_REFRESH_S
+
+    def _refresh(self) -> None:
+        """The children list, and the registrations that are new, changed (their data watch fired) or all
+        of them when a full read is due (:meth:`_full_read_due`); the rest are kept from the cache."""
+        full = self._full_read_due()
+        session, started = self.session.session_id, time.monotonic()
+        with self._lock:
+            stale, self._stale = self._stale, set()
+        try:
+            fresh = self._read(stale, full)
+        except BaseException:
+            with self._lock:  # not read: they are still to be read
+                self._stale |= stale
+            raise
+        if full:
+            self._read_in, self._full_at = session, started
         changed = fresh != self.brokers
         self.brokers = fresh
         self.synced.set()

@@ -111,3 +111,59 @@ def other_encoded(info: BrokerInfo) -> bytes:
     import msgspec
 
     return msgspec.json.encode(info)
+
+
+# ---------------------------------------------------------------------------------------------- read cost
+def _peer(zk: KazooClient, paths: ZkPaths, n: int, version: str = "1.0.0") -> str:
+    bid = f"peer-{n}:1"
+    info = BrokerInfo(id=bid, service_url=f"pulsar://{bid}", http_url=f"http://{bid}", version=version)
+    zk.create(paths.broker(bid), msgspec.json.encode(info), ephemeral=True, makepath=True)
+    return bid
+
+
+def test_a_membership_change_reads_only_what_changed(zk: KazooClient, zk_hosts: str) -> None:
+    """Every agent keeps this cache: reading every registration again on each change (or every 5 s, as it
+    did) costs ZooKeeper brokers x brokers reads per change -- a million at 1 000 brokers. A new broker
+    costs one read, a changed registration one, a broker gone none, and nothing is read while nothing
+    changes; a new session reads everything again (its data watches are gone)."""
+    paths = ZkPaths("/trimtab/registry-reads")
+    peers = [_peer(zk, paths, n) for n in range(20)]
+    with registered(zk_hosts, paths) as (session, registry):
+        wait_for(lambda: len(registry.brokers) == 21, 10)
+        reads: list[str] = []
+        real_get = registry.zk.get
+
+        def counting_get(path: str, *args: object, **kwargs: object) -> object:
+            reads.append(path)
+            return real_get(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        registry.zk.get = counting_get  # type: ignore[method-assign]
+        added = _peer(zk, paths, 99)
+        wait_for(lambda: added in registry.brokers, 10)
+        assert reads == [paths.broker(added)]
+        reads.clear()
+        changed = BrokerInfo(
+            id=peers[3], service_url=f"pulsar://{peers[3]}", http_url="http://x", version="2.0.0"
+        )
+        zk.set(paths.broker(peers[3]), msgspec.json.encode(changed))
+        wait_for(lambda: registry.brokers[peers[3]].version == "2.0.0", 10)
+        assert reads == [paths.broker(peers[3])]
+        reads.clear()
+        zk.delete(paths.broker(peers[5]))
+        wait_for(lambda: peers[5] not in registry.brokers, 10)
+        assert reads == []
+        # Unreadable: refused once, not read again while it does not change.
+        zk.create(paths.broker("junk:1"), b"\xff not json", ephemeral=True)
+        wait_for(lambda: paths.broker("junk:1") in reads, 10)
+        reads.clear()
+        _peer(zk, paths, 100)
+        wait_for(lambda: "peer-100:1" in registry.brokers, 10)
+        assert reads == [paths.broker("peer-100:1")]
+        # A new session: everything read again.
+        reads.clear()
+        expire_session(zk_hosts, session.client.client_id)
+        wait_for(
+            lambda: len(set(reads)) >= 21, 20, message=lambda: f"full read after expiry: {sorted(set(reads))}"
+        )
+        wait_for(lambda: registry.registered, 10)
+        assert set(registry.brokers) >= {added, "peer-100:1", *[p for p in peers if p != peers[5]]}
