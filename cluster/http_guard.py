@@ -32,7 +32,7 @@ import termios
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import msgspec
 import structlog
@@ -236,6 +236,27 @@ def effective_max_connections(wanted: int) -> int:
     return min(wanted, cap)
 
 
+class _Writes:
+    """A transport that drops what is written once it is closing, as asyncio's own transports do. uvloop's
+    raise instead, and uvicorn writes a response without asking: a client gone, or cut off by this guard
+    (a slow reader), between a handler's start and its answer would turn into a handler failure."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._t = transport
+
+    def write(self, data: bytes) -> None:
+        if not self._t.is_closing():
+            self._t.write(data)
+
+    def is_closing(self) -> bool:
+        return self._t.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a request-head deadline, a head size cap and a connection cap
     (:class:`ConnectionBook`). :func:`protocol_class` binds a subclass to one server's book."""
@@ -275,6 +296,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        transport = cast(asyncio.Transport, _Writes(transport))
         super().connection_made(transport)
         if not self.book.opened(self):
             self.connections.discard(self)

@@ -244,3 +244,41 @@ def test_every_app_is_served_without_slash_redirects() -> None:
     app = make_app()
     server_config(app, HttpSettings(), Refusals())
     assert app.router.redirect_slashes is False
+
+
+def test_a_write_to_a_closed_connection_is_dropped_on_uvloop_as_on_asyncio() -> None:
+    """uvloop's transports raise on a write once closed (asyncio's drop it), and uvicorn writes a response
+    without asking: a client gone, or cut off by the guard, between a handler's start and its answer made
+    the handler fail (seen in the hostile-client suite). The guard's transport drops such writes."""
+    import socket
+
+    import uvloop
+
+    from trimtab.cluster.http_guard import _Writes
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        made: asyncio.Future[asyncio.Transport] = loop.create_future()
+        lost: asyncio.Future[None] = loop.create_future()
+
+        class Server(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                made.set_result(transport)  # type: ignore[arg-type]
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                lost.set_result(None)
+
+        server = await loop.create_server(Server, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            transport = await made
+            transport.close()
+            await lost  # closed for good (until then uvloop still buffers a write)
+            with pytest.raises(RuntimeError):
+                transport.write(b"late")  # what uvicorn did
+            _Writes(transport).write(b"late")  # what it does now: nothing
+            assert _Writes(transport).is_closing()
+        server.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
