@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Set
 from typing import Protocol
 
 import structlog
@@ -100,7 +100,7 @@ class Drainer:
         self.metrics.draining.set(0)
 
     def owned(self) -> set[str]:
-        return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
+        return {k for k, r in self.channel.naming(self.me).items() if intents.owned_by(r, self.me)}
 
     def picks(self, bundles: int) -> BurstPicks:
         """The ledger of one drain of ``bundles`` bundles, starting from what the channel already gives
@@ -124,11 +124,15 @@ class Drainer:
         picks = self.picks(len(owned))
         return {bundle: self.destination(bundle, picks) for bundle in owned}
 
-    def _naming_me(self) -> dict[str, Record]:
+    def _naming_me(self, records: Iterable[tuple[str, Record]] | None = None) -> dict[str, Record]:
+        """The records that keep the drain going: owned by this broker, or in flight with it named. From
+        the index of the records naming it (not a scan of the whole table every poll); from ``records``
+        when given."""
+        me = self.me
         return {
             k: r
-            for k, r in self.channel.table.items()
-            if (r.state is State.OWNED and r.dst == self.me) or (r.state.in_flight and r.names(self.me))
+            for k, r in (self.channel.naming(me).items() if records is None else records)
+            if (r.state is State.OWNED and r.dst == me) or (r.state.in_flight and r.names(me))
         }
 
     async def drain(self, force_exit: asyncio.Event) -> str:
@@ -151,6 +155,10 @@ class Drainer:
                 why = "second signal" if force_exit.is_set() else "drain timeout"
                 log.warning("drain_incomplete", reason=why, bundles_left=len(mine), not_closed=len(closing))
                 return f"drain incomplete ({why}): {len(mine)} bundles left"
+            if any(r.state is State.OWNED and requested.get(b) != r.version for b, r in mine.items()):
+                # Releases to ask for: in the table's order, as drains always chose their destinations
+                # (the picks depend on it) -- one scan, only in the polls that have something to release.
+                mine = self._naming_me(self.channel.table.items())
             for bundle, rec in mine.items():
                 if rec.state is not State.OWNED or requested.get(bundle) == rec.version:
                     continue

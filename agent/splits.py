@@ -126,7 +126,7 @@ class SplitScheduler:
         )
 
     def owned(self) -> set[str]:
-        return {k for k, r in self.channel.table.items() if intents.owned_by(r, self.me)}
+        return {k for k, r in self.channel.naming(self.me).items() if intents.owned_by(r, self.me)}
 
     def schedule(self) -> Schedule:
         """Every ``split.interval_s`` (the first one interval after start)."""

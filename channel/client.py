@@ -22,6 +22,7 @@ from concurrent.futures import Future
 
 import structlog
 
+from trimtab.channel.naming import NamingIndex
 from trimtab.channel.records import Record, encode
 from trimtab.channel.snapshot import Snapshot, check_snapshot_topic, choose, read_snapshot_topic
 from trimtab.channel.table import SkipHook, TableView
@@ -66,6 +67,7 @@ class ChannelClient:
         self._lock = threading.Lock()
         self._recovery: threading.Thread | None = None
         self._again = False  # a follower failed while the recovery loop was finishing: go round again
+        self._naming: dict[str, NamingIndex] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -235,6 +237,17 @@ class ChannelClient:
         rec = self._recovery
         if rec is not None and rec is not threading.current_thread():
             rec.join(5.0)
+
+    def naming(self, broker: str) -> dict[str, Record]:
+        """Every bundle whose record names ``broker`` (dst or src), with its record: from an index kept as
+        the table changes (:mod:`channel.naming`), made at the first question about ``broker``."""
+        index = self._naming.get(broker)
+        if index is None:
+            with self._lock:
+                index = self._naming.get(broker)
+                if index is None:
+                    index = self._naming[broker] = NamingIndex(self.table, broker)
+        return index.records()
 
     def lag(self) -> int:
         return self.follower.lag() if self.follower else 0

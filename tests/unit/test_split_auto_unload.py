@@ -69,6 +69,10 @@ class Channel(AckedPublish):
         done.set_result(None)
         return done
 
+    def naming(self, broker: str) -> dict[str, Record]:
+        """ChannelClient.naming, by a scan (its index is tested in test_naming_index.py)."""
+        return {k: r for k, r in self.table.items() if r.names(broker)}
+
     def looked_for(self) -> None:
         if self.splitting is not None:
             try:
