@@ -346,7 +346,9 @@ class HealingJob:
                 self.seen_draining.add(b)
             else:
                 self.seen_draining.discard(b)
-        items = self.table.items()
+        # A copy of the whole table, taken only when this round needs one -- bookkeeping is due, or there
+        # are failures to heal -- not on every idle round (a million records at a million bundles).
+        items = self.table.items() if self._bookkeeping_due(set(live)) or self.healer.failed else []
         await self._bookkeeping(set(live), items, now)
         if not self.healer.failed:
             self.metrics.failed_brokers.set(0)
@@ -389,15 +391,18 @@ class HealingJob:
             await self._report(overrides, await batch.finish(), info)
         return overrides
 
-    async def _bookkeeping(self, live: set[str], items: list[tuple[str, Record]], now: int) -> None:
+    def _bookkeeping_due(self, live: set[str]) -> bool:
         # A failed broker registered again is cancelled before this round can act on its failure, whether or
         # not the registry's change has reached this job yet (the cache changes on ZooKeeper's thread, the
         # job hears of it on the loop): a registered broker is never a failed one (Pulsar #23382).
-        if not (
+        return (
             self._membership_changed
             or self.mono() - self._last_bookkeeping > self.bookkeeping_every_s
             or not live.isdisjoint(self.healer.failed)
-        ):
+        )
+
+    async def _bookkeeping(self, live: set[str], items: list[tuple[str, Record]], now: int) -> None:
+        if not self._bookkeeping_due(live):
             return
         self._membership_changed = False
         self._last_bookkeeping = self.mono()
