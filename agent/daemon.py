@@ -426,12 +426,7 @@ class Agent:
             "drain": self.drain_status(),
             "registered": self.registry.registered,
             "zookeeper": self.zk.state,
-            "channel": {
-                "ready": self.channel.ready,
-                "lag": self.channel.lag(),
-                "bundles": len(self.channel.table),
-                "stats": self.channel.table.stats.detail(),
-            },
+            "channel": self.channel.status(),
             "serving": len(self.reconciler.served),
             "leases": {
                 "lease_s": self.leases.lease_s,

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import structlog
 
@@ -248,6 +249,28 @@ class ChannelClient:
                 if index is None:
                     index = self._naming[broker] = NamingIndex(self.table, broker)
         return index.records()
+
+    def status(self) -> dict[str, Any]:
+        """The channel replica as a node reports it (``/v1/status``): whether it is caught up and following,
+        why not, how far behind, since when it last received a record, and what it recovered from."""
+        ready, reason = self.health()
+        follower = self.follower
+        return {
+            "ready": ready,
+            "reason": reason,
+            "lag": self.lag(),
+            "bundles": len(self.table),
+            "positions": dict(follower.positions) if follower is not None else {},
+            "last_record_s_ago": (
+                round(time.monotonic() - follower.last_activity, 3)
+                if follower is not None and follower.last_activity
+                else None
+            ),
+            "recoveries": self.recoveries,
+            "history_gaps": self.gaps,
+            "last_error": repr(self.last_error) if self.last_error is not None else None,
+            "stats": self.table.stats.detail(),
+        }
 
     def lag(self) -> int:
         return self.follower.lag() if self.follower else 0

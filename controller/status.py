@@ -84,11 +84,7 @@ class StatusReport:
             "term": lead.election.term,
             "safe_mode": lead.safe_mode(),
             "zookeeper": lead.zk.state,
-            "channel": {
-                "ready": self.channel.ready,
-                "lag": self.channel.lag(),
-                "bundles": len(self.channel.table),
-            },
+            "channel": self.channel.status(),
             "brokers": brokers,
             "load": {"avg": round(avg, 4), "std": round(std, 4), "target_std": self.settings.target_std},
             "shedding": {

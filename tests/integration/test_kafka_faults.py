@@ -105,6 +105,8 @@ def _agreed_table(cluster: LocalCluster, dead: frozenset[str] = frozenset()) -> 
         tables = ownership_tables(cluster)
         tables["leader"] = cluster.ownership(_leader(cluster))
         state["why"] = disagreement(tables)
+        if state["why"] is not None:  # who is behind, and why: each agent's channel as it reports it
+            state["channels"] = {a.name: cluster.get(a, "/v1/status")["channel"] for a in cluster.agents}
         table = tables["leader"]
         moving = [b for b, r in table.items() if r["state"] not in ("owned", "free", "deleted")]
         stranded = [b for b, r in table.items() if owner_of(r) in dead]
