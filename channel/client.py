@@ -31,6 +31,8 @@ from trimtab.channel.transport import Delivered, Follower, Message, Transport, r
 from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.channel")
+#: A read of the channel's end offsets (for the lag) gives up after this long: stop() waits for one.
+ENDS_TIMEOUT_S = 1.0
 
 
 class ChannelClient:
@@ -45,7 +47,12 @@ class ChannelClient:
         use_snapshot: bool = True,
         retry_s: float = 2.0,
         max_retry_s: float = 30.0,
+        ends_every_s: float | None = None,
     ) -> None:
+        """``ends_every_s``: read the channel's end offsets this often on a thread of its own, so that
+        :meth:`lag` counts what was written since the follower caught up -- a follower that stops receiving
+        then shows a growing lag (``trimtab_channel_lag_records``) instead of 0. None (the simulator,
+        tools): the lag counts only up to the ends seen when the follower started."""
         self.transport = transport
         self.topic = topic
         self.snapshot_topic = snapshot_topic
@@ -69,6 +76,9 @@ class ChannelClient:
         self._recovery: threading.Thread | None = None
         self._again = False  # a follower failed while the recovery loop was finishing: go round again
         self._naming: dict[str, NamingIndex] = {}
+        self.ends_every_s = ends_every_s
+        self._ends: dict[int, int] = {}  # partition -> end offset, as last read by the ends thread
+        self._ends_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -84,10 +94,25 @@ class ChannelClient:
         if self.use_snapshot and self.snapshot_topic is not None:
             check_snapshot_topic(self.transport, self.snapshot_topic)
         self._reason = "catching up with the channel"
+        if self.ends_every_s is not None and self._ends_thread is None:
+            self._ends_thread = threading.Thread(target=self._watch_ends, name="channel-ends", daemon=True)
+            self._ends_thread.start()
         try:
             self._bootstrap(partitions)
         except HistoryGap as e:
             self._gap(e)
+
+    def _watch_ends(self) -> None:
+        """Every ``ends_every_s``: the end offset of each partition (a failure keeps the last one read)."""
+        assert self.ends_every_s is not None
+        while not self._stopping.wait(self.ends_every_s):
+            for p in range(self.table.partitions or 0):
+                if self._stopping.is_set():
+                    return  # the transport closes next: no call may be in flight then
+                try:
+                    self._ends[p] = self.transport.watermarks(self.topic, p, timeout_s=ENDS_TIMEOUT_S)[1]
+                except Exception as e:  # Kafka away: the lag stays what it was; the follower says why
+                    log.debug("channel_ends_unread", partition=p, error=str(e))
 
     def _bootstrap(self, partitions: int) -> None:
         """Load the newest snapshot that covers what the channel still retains and start a follower from
@@ -231,6 +256,9 @@ class ChannelClient:
 
     def stop(self) -> None:
         self._stopping.set()
+        ends = self._ends_thread
+        if ends is not None and ends is not threading.current_thread():
+            ends.join(ENDS_TIMEOUT_S + 1.0)  # at most one short call in flight
         with self._lock:  # a follower a recovery started before this point is the one stopped here
             follower = self.follower
         if follower is not None:
@@ -273,7 +301,17 @@ class ChannelClient:
         }
 
     def lag(self) -> int:
-        return self.follower.lag() if self.follower else 0
+        """Records between the replay position and the end of the channel: the ends last read by the ends
+        thread (when it runs), else the ends seen when the follower started."""
+        follower = self.follower
+        if follower is None:
+            return 0
+        ends, positions = dict(self._ends), follower.positions
+        if not ends:
+            return follower.lag()
+        return sum(
+            max(0, max(ends.get(p, 0), hw) - positions.get(p, 0)) for p, hw in follower.highwater.items()
+        )
 
     # ------------------------------------------------------------------ writing
     def publish(self, bundle: str, record: Record | None) -> Future[Message]:

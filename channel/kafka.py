@@ -331,16 +331,17 @@ class KafkaTransport:
             raise TransportError(f"topic {topic} unavailable on {self.bootstrap_servers}: {err}")
         return len(t.partitions)
 
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+    def watermarks(self, topic: str, partition: int, *, timeout_s: float = 10.0) -> tuple[int, int]:
         """The partition's low and high watermarks. A partition whose leader is moving (a broker died, the
         topic was just created) answers "not leader" for a moment: that is retried for up to
-        :data:`WATERMARK_RETRY_S`; any other error, or one that lasts, is a :class:`TransportError`."""
-        deadline = time.monotonic() + WATERMARK_RETRY_S
+        :data:`WATERMARK_RETRY_S` (and ``timeout_s``); any other error, or one that lasts, is a
+        :class:`TransportError`."""
+        deadline = time.monotonic() + min(WATERMARK_RETRY_S, timeout_s)
         delay = 0.05
         while True:
             try:
                 low, high = self._meta_consumer().get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10, cached=False
+                    TopicPartition(topic, partition), timeout=timeout_s, cached=False
                 )
                 return int(low), int(high)
             except KafkaException as e:

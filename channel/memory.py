@@ -137,7 +137,7 @@ class MemoryTransport:
         self.log._check()
         return self.log.create(topic)
 
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+    def watermarks(self, topic: str, partition: int, *, timeout_s: float = 10.0) -> tuple[int, int]:
         return self.log.watermarks(topic, partition)
 
     def produce(

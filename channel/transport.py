@@ -59,8 +59,9 @@ class Transport(Protocol):
         """Partition count (creating the topic where the backend auto-creates). Raises TransportError."""
         ...
 
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        """``(low, high)``: the first retained offset and the next offset to be written."""
+    def watermarks(self, topic: str, partition: int, *, timeout_s: float = 10.0) -> tuple[int, int]:
+        """``(low, high)``: the first retained offset and the next offset to be written; TransportError
+        when the backend does not answer within about ``timeout_s``."""
         ...
 
     def produce(

@@ -39,6 +39,9 @@ from trimtab.cluster.zk import BrokerRegistry, ZkPaths, ZkSession
 from trimtab.config.settings import Settings
 from trimtab.errors import StartupError
 
+#: How often a node reads the channel's end offsets (its lag: docs/operations.md, TrimtabChannelStuck).
+CHANNEL_ENDS_EVERY_S = 10.0
+
 
 @dataclass
 class Replica:
@@ -88,7 +91,12 @@ class Replica:
                 on_channel_ready(table)
 
         channel = ChannelClient(
-            transport, k.channel_topic, k.snapshot_topic, on_skip=SkipLog(), on_ready=channel_ready
+            transport,
+            k.channel_topic,
+            k.snapshot_topic,
+            on_skip=SkipLog(),
+            on_ready=channel_ready,
+            ends_every_s=CHANNEL_ENDS_EVERY_S,
         )
         channel.table.add_listener(placement.record_changed)  # on the follower thread; thread-safe
         loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, k.broker_load_topic, BrokerLoadData)

@@ -188,7 +188,7 @@ def test_stop_during_a_recovery_leaves_no_follower_running(log: MemoryLog) -> No
     gate, entered = threading.Event(), threading.Event()
 
     class SlowSnapshots(MemoryTransport):
-        def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        def watermarks(self, topic: str, partition: int, *, timeout_s: float = 10.0) -> tuple[int, int]:
             if topic == SNAPSHOTS and not gate.is_set():
                 entered.set()
                 gate.wait(10)
@@ -221,3 +221,34 @@ def test_stop_during_a_recovery_leaves_no_follower_running(log: MemoryLog) -> No
     wait_for(lambda: not rec.is_alive(), 10, message="the recovery thread ends")
     assert c.recoveries == 1  # it got as far as a bootstrap from the snapshot
     assert c.follower is None or not c.follower.running
+
+
+def test_a_follower_that_stops_receiving_shows_a_growing_lag(
+    log: MemoryLog, clients: list[ChannelClient]
+) -> None:
+    """The lag counted only up to the ends seen when the follower started: one that stopped receiving later
+    showed 0 for ever (an agent once missed every record written after a whole-Kafka restart, with no
+    metric to say so). With the ends read by a thread of their own, it grows -- TrimtabChannelStuck."""
+    step(log, BUNDLES[0], 1)
+    c = client(clients, log, ends_every_s=0.02)
+    c.start()
+    assert c.wait_ready(5)
+    assert c.lag() == 0
+    follower = c.follower
+    assert follower is not None
+    follower.stop()  # receives nothing from now on, and says nothing (no error: no recovery either)
+    for b in BUNDLES[1:4]:
+        step(log, b, 1)
+    wait_for(lambda: c.lag() == 3, 5, message=lambda: f"lag {c.lag()}")
+    assert c.status()["lag"] == 3 and c.status()["ready"]
+
+
+def test_without_the_ends_thread_the_lag_is_up_to_the_start(
+    log: MemoryLog, clients: list[ChannelClient]
+) -> None:
+    """The simulator and the tools do not start it: their lag is the catch-up lag only."""
+    step(log, BUNDLES[0], 1)
+    c = client(clients, log)
+    c.start()
+    assert c.wait_ready(5)
+    assert c._ends_thread is None
