@@ -94,13 +94,13 @@ class ChannelClient:
         if self.use_snapshot and self.snapshot_topic is not None:
             check_snapshot_topic(self.transport, self.snapshot_topic)
         self._reason = "catching up with the channel"
-        if self.ends_every_s is not None and self._ends_thread is None:
-            self._ends_thread = threading.Thread(target=self._watch_ends, name="channel-ends", daemon=True)
-            self._ends_thread.start()
         try:
             self._bootstrap(partitions)
         except HistoryGap as e:
-            self._gap(e)
+            self._gap(e)  # recovering: the lag is worth watching from now on too
+        if self.ends_every_s is not None and self._ends_thread is None:
+            self._ends_thread = threading.Thread(target=self._watch_ends, name="channel-ends", daemon=True)
+            self._ends_thread.start()
 
     def _watch_ends(self) -> None:
         """Every ``ends_every_s``: the end offset of each partition (a failure keeps the last one read)."""

@@ -57,6 +57,28 @@ output_option = click.option(
     default=None,
     help="Also write the JSON to this file.",
 )
+# The failover-shaped benchmarks (failover, storm): a broker owning many bundles is killed.
+victim_bundles_option = click.option(
+    "--bundles",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Bundles the killed broker owns.",
+)
+per_namespace_option = click.option(
+    "--per-namespace",
+    type=click.IntRange(min=1, max=4096),
+    default=1000,
+    show_default=True,
+    help="Bundles per namespace (namespace.default_bundles).",
+)
+session_timeout_option = click.option(
+    "--session-timeout-s",
+    type=click.FloatRange(min=1, max=120),
+    default=4.0,
+    show_default=True,
+    help="zookeeper.session_timeout_s: the detection time.",
+)
 workdir_option = click.option(
     "--workdir",
     type=click.Path(file_okay=False),
@@ -190,29 +212,11 @@ def shed_cmd(brokers: int, bundles: int, runs: int, seed: int, output: str | Non
 
 
 @click.command("failover")
-@click.option(
-    "--bundles",
-    type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    help="Bundles the killed broker owns.",
-)
-@click.option(
-    "--per-namespace",
-    type=click.IntRange(min=1, max=4096),
-    default=1000,
-    show_default=True,
-    help="Bundles per namespace (namespace.default_bundles).",
-)
+@victim_bundles_option
+@per_namespace_option
 @click.option("--agents", type=click.IntRange(min=3), default=4, show_default=True)
 @click.option("--controllers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option(
-    "--session-timeout-s",
-    type=click.FloatRange(min=1, max=120),
-    default=4.0,
-    show_default=True,
-    help="zookeeper.session_timeout_s: the detection time.",
-)
+@session_timeout_option
 @click.option(
     "--raised",
     type=click.Choice(["auto", "always", "never"]),
@@ -279,20 +283,8 @@ def failover_cmd(
 
 
 @click.command("storm")
-@click.option(
-    "--bundles",
-    type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    help="Bundles the killed broker owns.",
-)
-@click.option(
-    "--per-namespace",
-    type=click.IntRange(min=1, max=4096),
-    default=1000,
-    show_default=True,
-    help="Bundles per namespace (namespace.default_bundles).",
-)
+@victim_bundles_option
+@per_namespace_option
 @click.option(
     "--agents", type=click.IntRange(min=3), default=5, show_default=True, help="Agents, the victim included."
 )
@@ -310,13 +302,7 @@ def failover_cmd(
     show_default=True,
     help="Concurrent keep-alive connections, spread over the surviving agents.",
 )
-@click.option(
-    "--session-timeout-s",
-    type=click.FloatRange(min=1, max=120),
-    default=4.0,
-    show_default=True,
-    help="zookeeper.session_timeout_s: the detection time.",
-)
+@session_timeout_option
 @click.option(
     "--set",
     "sets",

@@ -198,13 +198,7 @@ def run_config(
         run.check_no_other_process_died()
         leader_view = run.leader_view(kill.t_kill)
     finally:
-        if zk is not None:
-            with contextlib.suppress(Exception):
-                zk.stop()
-                zk.close()
-        if watch is not None:
-            watch.stop()
-        cluster.stop()
+        stop_all(cluster, watch, zk)
 
     t_kill = kill.t_kill
     failover_s = timings.owned_ts[-1]
@@ -249,6 +243,17 @@ def run_config(
         "setup_s": round(setup_s, 1),
         "bundles": len(run.names),
     }
+
+
+def stop_all(cluster: LocalCluster, watch: ChannelWatch | None, zk: KazooClient | None) -> None:
+    """The end of a run however it went: the bench's ZooKeeper client, its channel replica, the cluster."""
+    if zk is not None:
+        with contextlib.suppress(Exception):
+            zk.stop()
+            zk.close()
+    if watch is not None:
+        watch.stop()
+    cluster.stop()
 
 
 def _start_replica(bootstrap: str, k: KafkaSettings) -> ChannelWatch:

@@ -67,6 +67,7 @@ from trimtab.devkit.bench.failover import (
     base_settings,
     bundle_names,
     channel_timings,
+    stop_all,
 )
 from trimtab.devkit.kafka_server import KafkaCluster
 from trimtab.devkit.localcluster import LocalCluster, Node
@@ -341,13 +342,7 @@ def run_config(
         run.check_every_view_agrees(leader)
         run.check_no_other_process_died()
     finally:
-        if zk is not None:
-            with contextlib.suppress(Exception):
-                zk.stop()
-                zk.close()
-        if watch is not None:
-            watch.stop()
-        cluster.stop()
+        stop_all(cluster, watch, zk)
 
     answers = sum(r["answers"] for r in results)
     if answers != len(all_topics):
