@@ -157,7 +157,10 @@ class FastLookup:
             )
         except Exception as e:
             refusal = refusal_of(e)
-            await send_error(send, refusal if refusal is not None else unexpected(PATH, e), close=False)
+            if refusal is None:  # a bug: answered 500 and the connection closed, as uvicorn does for the app
+                await send_error(send, unexpected(PATH, e), close=True)
+            else:
+                await send_error(send, refusal, close=False)
             return
         body = encode_answer(res)
         await send(

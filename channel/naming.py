@@ -40,12 +40,18 @@ class NamingIndex:
     def records(self) -> dict[str, Record]:
         """Every bundle whose current record names the broker (as ``dst`` or ``src``), with that record."""
         table, broker = self.table, self.broker
-        if not table.live:
-            return {k: r for k, r in table.items() if r.names(broker)}
         with self._lock:
-            if self._generation != table.generation:
-                self._keys = {k for k, r in table.items() if r.names(broker)}
-                self._generation = table.generation
-            keys = list(self._keys)
+            # The generation first, then whether the table is live: load() makes it not live and then
+            # moves the generation on, so a load at any point of this is seen by one check or the other.
+            generation = table.generation
+            if not table.live:
+                return {k: r for k, r in table.items() if r.names(broker)}
+            if self._generation != generation:
+                keys = {k for k, r in table.items() if r.names(broker)}
+                if not (table.live and table.generation == generation):
+                    # Replaced while it was scanned (a history gap): what was seen is no index of it.
+                    return {k: r for k in keys if (r := table.get(k)) is not None and r.names(broker)}
+                self._keys, self._generation = keys, generation
+            keys_now = list(self._keys)
         get = table.get
-        return {k: r for k in keys if (r := get(k)) is not None and r.names(broker)}
+        return {k: r for k in keys_now if (r := get(k)) is not None and r.names(broker)}

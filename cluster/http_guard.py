@@ -67,6 +67,7 @@ REASONS = (
     "connection_limit",  # a new connection closed at once: every connection had a request in progress
     "send_timeout",  # a connection closed: its client did not read its response within http.send_timeout_s
     "header_too_large",  # 400, connection closed: a request line and headers over MAX_HEAD_BYTES
+    "too_many_pipelined",  # 400, connection closed: over MAX_PIPELINED requests waiting on one connection
 )
 
 #: A route may raise or lower the node's body limit by declaring ``openapi_extra={MAX_BODY: n}``; the
@@ -77,6 +78,8 @@ _VICTIM_SCAN = 64
 #: The most bytes a request line and its headers may take (h11's limit, which uvicorn used before httptools;
 #: llhttp sets none, so without it one request could grow its headers until the head deadline).
 MAX_HEAD_BYTES = 16 << 10
+#: The most requests one connection may have waiting behind the one being answered (HTTP/1.1 pipelining).
+MAX_PIPELINED = 16
 #: Bodies larger than this are decoded on a worker thread, so the event loop keeps ticking.
 OFF_LOOP_BYTES = 256 << 10
 
@@ -114,6 +117,7 @@ class Refusals:
             "trimtab_http_refused",
             "HTTP requests and connections refused by the node's limits (docs/security.md): body_too_large, "
             "body_timeout, json_too_deep, header_timeout, header_too_large (a request head over 16 KiB), "
+            "too_many_pipelined (over 16 requests queued on one connection), "
             "evicted (an idle connection closed to make room), "
             "connection_limit, send_timeout (a client that does not read its responses)",
             ["reason"],
@@ -269,7 +273,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._send_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._head_bytes = 0
-        self._head_size = 0  # of the request being parsed: its URL and headers
+        self._head_size = 0  # of the request being parsed: its URL and its completed headers
+        # A header line still arriving is invisible to the callbacks (httptools buffers it): the bytes of the
+        # reads that came while the head was incomplete, not counting the read in which it began (a read is
+        # at most 256 KiB: that bounds what the cap leaves uncounted).
+        self._in_head = False
+        self._head_began_here = False
+        self._head_reads = 0
         inner = self.app
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -307,19 +317,37 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if not self._in_request:
             self._head_bytes += len(data)
+        self._head_began_here = False
         super().data_received(data)
+        if self._in_head and not self._head_began_here and not self.transport.is_closing():
+            self._head_reads += len(data)
+            if self._head_reads > MAX_HEAD_BYTES:
+                self.book.refusals(
+                    "header_too_large", client=self.client_host(), received_bytes=self._head_reads
+                )
+                self.send_400_response("Request head too large.")
 
-    # -- the parser's callbacks: the head's size, bounded
+    # -- the parser's callbacks: the head's size and the queue of pipelined requests, bounded
     def on_message_begin(self) -> None:
         self._head_size = 0
+        self._in_head, self._head_began_here, self._head_reads = True, True, 0
         super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        if len(self.pipeline) >= MAX_PIPELINED:
+            # httptools parses every request of a read at once and queues them (h11 took one at a time):
+            # without a bound one read of 256 KiB queues thousands, each a whole request object.
+            self.book.refusals("too_many_pipelined", client=self.client_host(), queued=len(self.pipeline))
+            raise ValueError(f"more than {MAX_PIPELINED} pipelined requests waiting")
+        super().on_headers_complete()
 
     def on_url(self, url: bytes) -> None:
         self._grow_head(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._grow_head(len(name) + len(value))
+        self._grow_head(len(name) + len(value) + 4)  # ": " and CRLF: empty headers are not free either
         super().on_header(name, value)
 
     def _grow_head(self, n: int) -> None:

@@ -462,7 +462,8 @@ class BrokerRegistry:
     def _run(self) -> None:
         while not self._stop.is_set():
             woken = self._wake.wait(5.0)
-            self._wake.clear()
+            if woken:  # (cleared only when seen: a wake-up set just after a timeout waits for the next turn)
+                self._wake.clear()
             if self._stop.is_set():
                 return
             if not self.session.connected:

@@ -348,8 +348,10 @@ class HealingJob:
                 self.seen_draining.discard(b)
         # A copy of the whole table, taken only when this round needs one -- bookkeeping is due, or there
         # are failures to heal -- not on every idle round (a million records at a million bundles).
-        items = self.table.items() if self._bookkeeping_due(set(live)) or self.healer.failed else []
-        await self._bookkeeping(set(live), items, now)
+        due = self._bookkeeping_due(set(live))
+        items = self.table.items() if due or self.healer.failed else []
+        if due:
+            await self._bookkeeping(set(live), items, now)
         if not self.healer.failed:
             self.metrics.failed_brokers.set(0)
             self.metrics.healing_pending.set(0)
@@ -402,8 +404,7 @@ class HealingJob:
         )
 
     async def _bookkeeping(self, live: set[str], items: list[tuple[str, Record]], now: int) -> None:
-        if not self._bookkeeping_due(live):
-            return
+        """Due (:meth:`_bookkeeping_due`, asked once per round by the caller): record and forget failures."""
         self._membership_changed = False
         self._last_bookkeeping = self.mono()
         events = await asyncio.to_thread(self.healer.bookkeeping, live, items, now)

@@ -39,6 +39,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from trimtab.cluster.http_guard import MAX_PIPELINED
 from trimtab.devkit.bench.common import BenchError
 from trimtab.devkit.localcluster import LocalCluster, Node
 
@@ -283,7 +284,11 @@ def stalled_body(node: Node, token: str, watch: Watch) -> dict[str, Any]:
 
 def slow_reader(node: Node, token: str, watch: Watch) -> dict[str, Any]:
     """``GET /metrics`` pipelined without ever reading an answer, through a tiny receive window: the node's
-    send buffer fills, and the connection must be closed once it has been full for the send deadline."""
+    send buffer fills, and the connection must be closed once it has been full for the send deadline.
+
+    As many requests at once as a connection may queue (``MAX_PIPELINED``; more is refused as such), then
+    one every 0.1 s: the node stops reading while its answers wait, so those only fill its receive buffer
+    -- and a send into a connection the node closed is how the attacker learns when it did."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(addr(node))
@@ -293,10 +298,12 @@ def slow_reader(node: Node, token: str, watch: Watch) -> dict[str, Any]:
     closed_after = None
     try:
         deadline = t0 + SEND_TIMEOUT_S + 15
+        batch = MAX_PIPELINED
         while time.monotonic() < deadline:
             try:
-                s.sendall(request * 20)
-                sent += 20
+                s.sendall(request * batch)
+                sent += batch
+                batch = 1
             except OSError:
                 closed_after = time.monotonic() - t0
                 break

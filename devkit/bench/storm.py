@@ -13,13 +13,15 @@ load, and the last answer should come within seconds of the failure's detection.
    split evenly over the survivors; each survivor gets one ``wrk`` process with ``clients / survivors``
    keep-alive connections (the clients), which asks each of its topics until it has an answer for every
    one of them, then stops (a lookup answered with an error is asked again, like a client's retry, after
-   ``RETRY_DELAY_MS``). The wrk script checks every answer: 200, the topic asked, an owner that is not the
-   victim.
+   ``RETRY_DELAY_MS``). The wrk script checks every answer: 200, a topic it asked, an owner among the
+   surviving brokers.
 3. ``kill -9`` of the victim; the ``wrk`` processes start the moment its ``brokers/<id>`` znode vanishes
    (the failure's detection, as ZooKeeper sees it): lookups before that are a client's business with a
    dead broker, not the control plane's.
 4. ``lookup_storm_s`` = detection -> the last answer (when the last ``wrk`` reported it had every answer).
-   ``lookup_storm_errors`` = answers that were not a 200 with a live owner (each retried until it was).
+   ``lookup_storm_errors`` = answers that were not a 200 naming a surviving broker for the topic asked
+   (each asked again until it was); ``lookup_storm_stale_answers`` = those among them that named another
+   broker (the dead one).
    ``assignments_per_bundle_max`` = the most new owners any bundle got after the kill, from the channel.
 5. The failover bench's checks after it: every bundle owned once by a survivor in every view, overridden
    exactly once, acquired exactly once by its new owner's broker, no other process died.
@@ -76,7 +78,8 @@ STORM_TARGET_S = 10.0
 RETRY_DELAY_MS = 50
 WRK_TIMEOUT_S = 120
 WRK_SCRIPT = r"""
-local victim = os.getenv("TRIMTAB_STORM_VICTIM")
+local live = {}
+for b in string.gmatch(os.getenv("TRIMTAB_STORM_LIVE"), "[^,]+") do live[b] = true end
 local retry_ms = tonumber(os.getenv("TRIMTAB_STORM_RETRY_MS"))
 local paths, index = {}, {}
 local n = 0
@@ -120,9 +123,10 @@ response = function(status, headers, body)
     return
   end
   local topic = string.match(body, '"topic":"(.-)"')
+  local owner = string.match(body, '"owner":"(.-)"')
   local i = topic and index[topic]
-  if not i or string.find(body, '"owner":"' .. victim .. '"', 1, true) then
-    wrong = wrong + 1
+  if not i or not owner or not live[owner] then
+    wrong = wrong + 1  -- another topic's answer, or an owner that is not a surviving broker
     return
   end
   if not answered[i] then
@@ -175,7 +179,7 @@ def storm_topics(bundles: list[str], per_namespace: int, per_bundle: int) -> dic
     return out
 
 
-def _run_wrk(url: str, paths: Path, victim: str, connections: int) -> subprocess.Popen[str]:
+def _run_wrk(url: str, paths: Path, live: set[str], connections: int) -> subprocess.Popen[str]:
     wrk = shutil.which("wrk")
     if wrk is None:
         raise BenchError("wrk not found: scripts/setup.sh installs it (Debian package wrk)")
@@ -184,7 +188,7 @@ def _run_wrk(url: str, paths: Path, victim: str, connections: int) -> subprocess
     env = {
         **os.environ,
         "TRIMTAB_STORM_PATHS": str(paths),
-        "TRIMTAB_STORM_VICTIM": victim,
+        "TRIMTAB_STORM_LIVE": ",".join(sorted(live)),
         "TRIMTAB_STORM_RETRY_MS": str(RETRY_DELAY_MS),
     }
     cmd = [wrk, "-t1", f"-c{connections}", f"-d{WRK_TIMEOUT_S}s", "--timeout", "30s", "-s", str(script), url]
@@ -271,7 +275,7 @@ def _kill_and_storm(
             raise BenchError("the victim's broker znode never disappeared")
         time.sleep(0.001)
     t_start = time.time()
-    procs = [_run_wrk(node.http, f, run.victim, per_wrk) for node, f in files]
+    procs = [_run_wrk(node.http, f, run.survivors, per_wrk) for node, f in files]
     cpu0 = _cpu(nodes)
     try:
         detected = marks.marks["broker_znode_gone"]
@@ -350,7 +354,8 @@ def run_config(
     wrong = sum(r["wrong"] for r in results)
     t_kill, detected, t_start = storm.t_kill, storm.detected, storm.t_start
     storm_s = max(r.pop("last_answer_at") for r in results) - detected
-    errors = sum(r["errors"] + r["socket_errors"] for r in results)
+    # Every answer that was not a 200 naming a surviving owner (each asked again until it was).
+    errors = sum(r["errors"] + r["socket_errors"] + r["wrong"] for r in results)
     assignments_max = max(timings.overridden.values())
     progress(
         f"storm {storm_s:.2f} s from detection to the last of {answers} answers; {errors} errors, "

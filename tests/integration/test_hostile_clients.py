@@ -24,6 +24,7 @@ of a disconnect, and every log file is readable by its owner only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -34,7 +35,7 @@ import httpx
 import pytest
 
 from tests.support.waiting import wait_for
-from trimtab.cluster.http_guard import MAX_HEAD_BYTES
+from trimtab.cluster.http_guard import MAX_HEAD_BYTES, MAX_PIPELINED
 from trimtab.devkit.bench import hostile
 from trimtab.devkit.bench.hostile import addr, head
 from trimtab.devkit.localcluster import LocalCluster
@@ -152,11 +153,41 @@ def test_a_request_head_over_the_size_cap_is_refused_and_the_node_keeps_serving(
     assert r.status_code == 200
 
 
+def test_a_header_that_never_ends_and_a_flood_of_pipelined_requests_are_cut_off(
+    cluster: LocalCluster,
+) -> None:
+    """httptools buffers a header line until it ends (the callbacks never see it) and parses every request
+    of a read at once, queueing each: one header value streamed for ever, or thousands of pipelined
+    requests in one write, would grow the node's memory and hold its loop. Both are refused."""
+    agent = cluster.agents[0]
+    before = hostile.refused(agent)
+    with socket.create_connection(addr(agent), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-junk: ")
+        sent = 0
+        with contextlib.suppress(OSError):  # the node closes the connection while we still send
+            for _ in range(256):
+                s.sendall(b"a" * 4096)
+                sent += 4096
+        _read_all(s)  # ends: the node closed the connection (its 400 may be lost to the reset)
+    assert sent < 256 * 4096, "the node took 1 MiB of one header value"
+    request = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+    with socket.create_connection(addr(agent), timeout=10) as s:
+        with contextlib.suppress(OSError):
+            s.sendall(request * 2000)
+        answer = _read_all(s)
+    assert answer.count(b"HTTP/1.1 200") <= MAX_PIPELINED + 1, answer[-300:]
+    after = hostile.refused(agent)
+    assert after["header_too_large"] >= before.get("header_too_large", 0.0) + 1
+    assert after["too_many_pipelined"] >= before.get("too_many_pipelined", 0.0) + 1
+    assert httpx.get(f"{agent.http}/healthz", timeout=10).status_code == 200
+
+
 def _read_all(s: socket.socket) -> bytes:
     """Everything the node sends until it closes the connection."""
     out = b""
-    while chunk := s.recv(65536):
-        out += chunk
+    with contextlib.suppress(ConnectionResetError):  # a node that closes with our bytes unread resets
+        while chunk := s.recv(65536):
+            out += chunk
     return out
 
 

@@ -70,3 +70,38 @@ def test_a_question_asked_only_after_changes_still_sees_them() -> None:
     other = make(State.ASSIGNING, version=1, ts=1, writer="w", dst="b:1")
     table.apply(BUNDLES[1].encode(), encode(other))
     assert index.records() == {BUNDLES[0]: owned}
+
+
+def test_a_table_replaced_while_a_question_is_asked_does_not_leave_the_index_behind() -> None:
+    """Found by review: a ``load()`` (a history gap's recovery, on another thread) landing between the
+    question's check that the table is live and its rescan made the index remember a half-replayed table
+    as current; what the rest of the replay applied (listeners silent then) was missing for good."""
+    a, b = BUNDLES[0], BUNDLES[1]
+    owned = make(State.OWNED, version=1, ts=0, writer="w", dst="a:1")
+    table = TableView()
+    table.load({a: owned}, {})
+    table.set_live()
+    index = NamingIndex(table, "a:1")
+    assert set(index.records()) == {a}
+    plain = type(table)
+    fired: list[bool] = []
+
+    class LoadsOnFirstLook(plain):  # type: ignore[misc,valid-type]
+        @property  # type: ignore[override]
+        def live(self) -> bool:
+            value: bool = self.__dict__["live"]
+            if value and not fired:
+                fired.append(True)
+                plain.load(self, {a: owned}, {})  # the recovery thread, right after the check
+            return value
+
+        @live.setter
+        def live(self, value: bool) -> None:
+            self.__dict__["live"] = value
+
+    table.__class__ = LoadsOnFirstLook
+    index.records()
+    table.__class__ = plain
+    table.apply(b.encode(), encode(owned))  # the tail after the snapshot, replayed before live
+    table.set_live()
+    assert set(index.records()) == {a, b} == set(scan(table, "a:1"))
