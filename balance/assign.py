@@ -155,10 +155,8 @@ def least_resource_usage(
     """
     if not candidates:
         return None
-    get, ttl_ms = (
-        loads.get,
-        ttl_s * 1000,
-    )  # is_fresh, inlined: this runs over every broker on every assignment
+    # is_fresh, inlined: this runs over every broker on every assignment
+    get, ttl_ms = loads.get, ttl_s * 1000
     scored = {
         b: load.weighted_max_ema
         for b in candidates

@@ -348,10 +348,11 @@ class HealingJob:
                 self.seen_draining.discard(b)
         # A copy of the whole table, taken only when this round needs one -- bookkeeping is due, or there
         # are failures to heal -- not on every idle round (a million records at a million bundles).
-        due = self._bookkeeping_due(set(live))
+        live_ids = set(live)
+        due = self._bookkeeping_due(live_ids)
         items = self.table.items() if due or self.healer.failed else []
         if due:
-            await self._bookkeeping(set(live), items, now)
+            await self._bookkeeping(live_ids, items, now)
         if not self.healer.failed:
             self.metrics.failed_brokers.set(0)
             self.metrics.healing_pending.set(0)

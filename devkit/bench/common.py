@@ -91,6 +91,17 @@ def versions(*dists: str) -> dict[str, str]:
     return out
 
 
+def wrk_with_script(paths: Path, script: str) -> list[str]:
+    """``[wrk, "-s", <script>]``: Debian's wrk and a Lua script written beside ``paths`` (the file of request
+    paths the script reads), for the benchmarks that load an agent from outside (lookup, storm)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise BenchError("wrk not found: scripts/setup.sh installs it (Debian package wrk)")
+    lua = paths.with_suffix(".lua")
+    lua.write_text(script)
+    return [wrk, "-s", str(lua)]
+
+
 def environment(load_start: list[float] | None, *dists: str, note: str = "") -> dict[str, Any]:
     return {
         "python": platform.python_version(),

@@ -35,7 +35,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import subprocess
 import threading
 import time
@@ -61,6 +60,7 @@ from trimtab.devkit.bench.common import (
     loadavg,
     progress_printer,
     summary_ms,
+    wrk_with_script,
 )
 from trimtab.devkit.localcluster import LocalCluster, Node
 
@@ -315,13 +315,9 @@ def _wrk(
     url: str, paths: Path, *, connections: int, seconds: float, delay_ms: int, cpu: str
 ) -> dict[str, Any]:
     """One wrk run (one thread, pinned to ``cpu``) over the lookup paths in ``paths``; its summary."""
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise BenchError("wrk not found: scripts/setup.sh installs it (Debian package wrk)")
-    script = paths.with_suffix(".lua")
-    script.write_text(WRK_SCRIPT)
     env = {**os.environ, "TRIMTAB_WRK_PATHS": str(paths), "TRIMTAB_WRK_DELAY_MS": str(delay_ms)}
-    cmd = ["taskset", "-c", cpu, wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script), url]
+    wrk = wrk_with_script(paths, WRK_SCRIPT)
+    cmd = ["taskset", "-c", cpu, *wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", url]
     out = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=seconds + 60)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("TRIMTAB ")), None)
     if out.returncode != 0 or line is None:

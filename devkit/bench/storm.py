@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -58,6 +57,7 @@ from trimtab.devkit.bench.common import (
     environment,
     loadavg,
     progress_printer,
+    wrk_with_script,
 )
 from trimtab.devkit.bench.failover import (
     KAFKA_PROCESS,
@@ -180,18 +180,14 @@ def storm_topics(bundles: list[str], per_namespace: int, per_bundle: int) -> dic
 
 
 def _run_wrk(url: str, paths: Path, live: set[str], connections: int) -> subprocess.Popen[str]:
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise BenchError("wrk not found: scripts/setup.sh installs it (Debian package wrk)")
-    script = paths.with_suffix(".lua")
-    script.write_text(WRK_SCRIPT)
     env = {
         **os.environ,
         "TRIMTAB_STORM_PATHS": str(paths),
         "TRIMTAB_STORM_LIVE": ",".join(sorted(live)),
         "TRIMTAB_STORM_RETRY_MS": str(RETRY_DELAY_MS),
     }
-    cmd = [wrk, "-t1", f"-c{connections}", f"-d{WRK_TIMEOUT_S}s", "--timeout", "30s", "-s", str(script), url]
+    wrk = wrk_with_script(paths, WRK_SCRIPT)
+    cmd = [*wrk, "-t1", f"-c{connections}", f"-d{WRK_TIMEOUT_S}s", "--timeout", "30s", url]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
