@@ -163,13 +163,12 @@ def test_a_header_that_never_ends_and_a_flood_of_pipelined_requests_are_cut_off(
     before = hostile.refused(agent)
     with socket.create_connection(addr(agent), timeout=10) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-junk: ")
-        sent = 0
-        with contextlib.suppress(OSError):  # the node closes the connection while we still send
+        with contextlib.suppress(OSError):  # the node may close the connection while we still send
             for _ in range(256):
-                s.sendall(b"a" * 4096)
-                sent += 4096
-        _read_all(s)  # ends: the node closed the connection (its 400 may be lost to the reset)
-    assert sent < 256 * 4096, "the node took 1 MiB of one header value"
+                s.sendall(b"a" * 4096)  # (the kernel's buffers may take all of it: not the node's)
+        # Ends only if the node closed the connection (10-s socket timeout otherwise; its 400 may be lost
+        # to the reset); the refusal is counted below. Unguarded, it read on until the head deadline.
+        _read_all(s)
     request = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
     with socket.create_connection(addr(agent), timeout=10) as s:
         with contextlib.suppress(OSError):
