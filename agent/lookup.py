@@ -26,13 +26,23 @@ from dataclasses import dataclass
 import structlog
 
 from trimtab.agent.metrics import AgentMetrics
-from trimtab.balance.assign import AssignContext, BrokerFilter, BrokerInfo, PlacementRule, select_broker
+from trimtab.balance.assign import (
+    AssignContext,
+    BrokerFilter,
+    BrokerInfo,
+    PlacementRule,
+    Selection,
+    select_broker,
+)
+from trimtab.balance.assign_index import AssignIndex
+from trimtab.balance.load import BrokerLoadData
 from trimtab.balance.namespaces import AutoCreatePolicy, not_found_message
 from trimtab.channel import intents
 from trimtab.channel.bundles import BundleLayout, TopicName, parse_bundle
 from trimtab.channel.client import ChannelClient
 from trimtab.channel.records import Record, State
 from trimtab.cluster.events import EventPublisher
+from trimtab.config.settings import Settings
 from trimtab.errors import (
     BundleError,
     LookupTimeout,
@@ -194,6 +204,53 @@ class NamespaceLoader:
             raise NamespaceNotFound(namespace, not_found_message(namespace)) from None
 
 
+class IndexedAssignment:
+    """An assignment that load alone decides, through the incremental index (balance/assign_index.py):
+    the bundle's placement allows every live broker (``open_to_all``: no isolation policy, no anti-affinity
+    group for its namespace, no warm standby) and the filters are the defaults. Then the index answers
+    what :func:`select_broker` would -- the same broker from the same random state -- in what changed since
+    the last decision instead of three passes over every broker (docs/scaling.md). ``None`` otherwise, and
+    the filter chain decides. Feed it the load view's changes with :meth:`changed`."""
+
+    def __init__(
+        self,
+        s: Settings,
+        loads: Mapping[str, BrokerLoadData],
+        brokers: Callable[[], Mapping[str, BrokerInfo]],
+        *,
+        open_to_all: Callable[[str], bool],
+        clock: Callable[[], float],
+    ) -> None:
+        """``loads``: the live reports by broker (the load view's own mapping, which its thread updates)."""
+        self.settings = s
+        self.loads = loads
+        self.index = AssignIndex(loads)
+        self._brokers = brokers
+        self._open_to_all = open_to_all
+        self.clock = clock
+
+    def changed(self, broker: str, _value: object) -> None:
+        """A load view listener (any thread)."""
+        self.index.load_changed(broker)
+
+    def select(
+        self, bundle: str, exclude: frozenset[str], rng: random.Random, diff: float
+    ) -> Selection | None:
+        if not self._open_to_all(bundle):
+            return None
+        a = self.settings.assignment
+        return self.index.select(
+            self._brokers(),
+            rng,
+            now_ms=int(self.clock() * 1000),
+            load_ttl_s=self.settings.load.ttl_s,
+            max_topics=a.broker_max_topics,
+            prefer_later_versions=a.prefer_later_versions,
+            exclude=exclude,
+            diff=diff,
+        )
+
+
 class LookupService:
     """Answers lookups from the replicated table; assigns unowned bundles through the filter chain."""
 
@@ -216,10 +273,12 @@ class LookupService:
         draining: Callable[[], bool],
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        indexed: IndexedAssignment | None = None,
     ) -> None:
         """``brokers_trusted``: whether ``brokers`` is current (ZooKeeper connected and the registry
         synced); while it is not, an owner missing from it is not taken for dead. ``draining``: while true,
-        this broker never assigns a bundle to itself."""
+        this broker never assigns a bundle to itself. ``indexed``: decides an assignment that load alone
+        decides (the same pick, see :class:`IndexedAssignment`); the filter chain decides the rest."""
         self.me = me
         self.channel = channel
         self.layouts = layouts
@@ -236,6 +295,7 @@ class LookupService:
         self._draining = draining
         self.clock = clock
         self._monotonic = monotonic
+        self.indexed = indexed
         self._tasks: dict[str, asyncio.Task[LookupResult]] = {}
         self._events: dict[str, asyncio.Event] = {}
 
@@ -363,22 +423,28 @@ class LookupService:
             log.warning("assignment_publish_failed", bundle=bundle, dst=dst, error=str(err))
 
     def _assign(self, bundle: str, cur: Record | None) -> None:
-        ctx = self._assign_context(frozenset({self.me}) if self._draining() else frozenset())
-        sel = select_broker(
-            bundle,
-            self._brokers(),
-            ctx,
-            self.rng,
-            filters=self.filters,
-            diff=self.diff,
-            placement=self.placement,
-        )
+        exclude = frozenset({self.me}) if self._draining() else frozenset()
+        sel = None if self.indexed is None else self.indexed.select(bundle, exclude, self.rng, self.diff)
+        if sel is not None:
+            loads = self.indexed.loads if self.indexed is not None else {}
+        else:
+            ctx = self._assign_context(exclude)
+            loads = ctx.loads
+            sel = select_broker(
+                bundle,
+                self._brokers(),
+                ctx,
+                self.rng,
+                filters=self.filters,
+                diff=self.diff,
+                placement=self.placement,
+            )
         if sel.broker is None:
             raise RequestError(503, f"no broker available for {bundle} ({sel.reason})", retryable=True)
         rec = intents.assign(cur, sel.broker, writer=self.me, now_ms=int(self.clock() * 1000))
         self.channel.send(bundle, rec, functools.partial(self._assignment_delivered, bundle, sel.broker))
         self.metrics.assignments.labels("published").inc()
-        load = ctx.loads.get(sel.broker)
+        load = loads.get(sel.broker)
         self.events.publish(
             "assign",
             bundle=bundle,

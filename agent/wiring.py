@@ -29,7 +29,7 @@ from trimtab.agent.daemon import Agent
 from trimtab.agent.drain import Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
-from trimtab.agent.lookup import LayoutCache, LookupService, NamespaceLoader
+from trimtab.agent.lookup import IndexedAssignment, LayoutCache, LookupService, NamespaceLoader
 from trimtab.agent.lookup_http import PATH as LOOKUP_PATH
 from trimtab.agent.lookup_http import FastLookup
 from trimtab.agent.merges import MergeScheduler
@@ -156,6 +156,18 @@ def build(
         info = registry.brokers.get(broker)
         return info.service_url if info is not None else None
 
+    indexed = IndexedAssignment(
+        s,
+        loads.values,
+        lambda: registry.brokers,
+        # prefer_standbys narrows to a bundle's warm standbys: the index covers bundles that have none
+        open_to_all=lambda bundle: (
+            not replica.standby_index.of(bundle) and replica.placement.open_to_all(bundle)
+        ),
+        clock=clock,
+    )
+    loads.add_listener(indexed.changed)
+
     reporter = LoadReporter(
         me,
         retrying,
@@ -199,6 +211,7 @@ def build(
         metrics=metrics,
         draining=lambda: drainer.draining,
         clock=clock,
+        indexed=indexed,
     )
     own = OwnerJobs(
         me, channel, reporter, retrying, events, metrics, paused=lambda: drainer.draining, clock=clock

@@ -84,7 +84,9 @@ class BrokerFilter(Protocol):
 _Parts = tuple[tuple[int, str], ...]
 
 
-def _version_key(v: str) -> tuple[_Parts, int, _Parts]:
+def version_key(v: str) -> tuple[_Parts, int, _Parts]:
+    """A broker version as a sortable key (semver order, numbers compared as numbers)."""
+
     def parts(text: str) -> _Parts:
         return tuple((int(p), "") if p.isdigit() else (-1, p) for p in text.split("."))
 
@@ -103,8 +105,8 @@ class VersionFilter:
     ) -> dict[str, BrokerInfo]:
         if not ctx.prefer_later_versions or not candidates:
             return candidates
-        newest = max(_version_key(b.version) for b in candidates.values())
-        return {k: b for k, b in candidates.items() if _version_key(b.version) == newest}
+        newest = max(version_key(b.version) for b in candidates.values())
+        return {k: b for k, b in candidates.items() if version_key(b.version) == newest}
 
 
 class MaxTopicsFilter:

@@ -125,6 +125,14 @@ class LivePlacement:
         with self._lock:
             return self._current().candidates(bundle, owner)
 
+    def open_to_all(self, bundle: str) -> bool:
+        """Whether the rules allow ``bundle`` every live broker: no isolation policy at all (a namespace
+        without one gets the brokers no policy claims) and no anti-affinity group for its namespace. Then
+        load alone decides its assignment (the agent's assignment index); a policy that is on file but
+        invalid counts as one, so this errs towards the full rules."""
+        docs = self._docs  # replaced whole on a change: one read is a consistent view
+        return not docs.isolation.policies and namespace_of(bundle) not in docs.groups.groups
+
     def allowed(self, bundle: str) -> frozenset[str]:
         """The brokers placement allows for ``bundle``, as a set (for membership tests)."""
         return frozenset(self.candidates(bundle))
