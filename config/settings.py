@@ -119,7 +119,7 @@ class KafkaSettings(Section):
     events_topic: str = Field("trimtab-events", description="Append-only decision and audit events.")
     standby_topic: str = Field(
         "trimtab-standbys",
-        description="Compacted warm-standby sets, one key per broker (the bundles it should pre-warm), "
+        description="Compacted warm-standby sets, one key per bundle (the brokers that pre-warm it), "
         "written by the leader when placement.standby_replicas > 0.",
     )
     channel_partitions: int = Field(
@@ -754,8 +754,10 @@ class PlacementSettings(Section):
     standby_interval_s: float = Field(
         30.0,
         gt=0,
-        description="How often the leader recomputes the standby sets (each broker's key is rewritten only "
-        "when its set changed).",
+        description="How often the leader brings the standby sets up to date: a round repairs the bundles "
+        "whose owner changed since the last one, keeping every standby that is still right (every bundle is "
+        "checked after a change of brokers or policies and every 10 minutes); a bundle's key is rewritten "
+        "only when its set changed.",
     )
     forced_awareness: dict[str, list[str]] = Field(
         default_factory=dict,

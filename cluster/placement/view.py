@@ -15,7 +15,7 @@ falls back to the ``broker.failure_domain`` it registered with. Draining brokers
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -25,7 +25,6 @@ from trimtab.balance.placement import (
     IsolationPolicy,
     Placement,
     PlacementPolicy,
-    StandbySpec,
     namespace_of,
 )
 from trimtab.channel.records import Record, State
@@ -78,16 +77,21 @@ class LivePlacement:
         self._owned: dict[str, str] = {}
         self._placement: Placement | None = None  # None: rebuild on the next question
         self.rebuilds = 0
+        # one more at each change of policies or brokers (the rules) and each whole new ownership index (a
+        # table replaced whole): not at each ownership change, which listeners hear one by one
+        self.generation = 0
 
     # ------------------------------------------------------------------ inputs (any thread)
     def policies_changed(self, docs: PlacementDocs) -> None:
         with self._lock:
             self._docs = docs
             self._placement = None
+            self.generation += 1
 
     def brokers_changed(self, _brokers: object = None) -> None:
         with self._lock:
             self._placement = None
+            self.generation += 1
 
     def record_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
         """A channel listener: keep the ``Owned`` index current."""
@@ -109,6 +113,7 @@ class LivePlacement:
         with self._lock:
             self._owned = owned
             self._placement = None
+            self.generation += 1
 
     # ------------------------------------------------------------------ questions (any thread)
     def _current(self) -> Placement:
@@ -124,6 +129,33 @@ class LivePlacement:
     def candidates(self, bundle: str, owner: str | None = None) -> list[str]:
         with self._lock:
             return self._current().candidates(bundle, owner)
+
+    def owner(self, bundle: str) -> str | None:
+        """The bundle's owner by the channel (``Owned`` records only)."""
+        with self._lock:
+            return self._owned.get(bundle)
+
+    def owned_total(self) -> int:
+        """How many bundles are ``Owned``."""
+        with self._lock:
+            return len(self._owned)
+
+    def standby_rules(self) -> tuple[Callable[[str], frozenset[str]], Mapping[str, Mapping[str, str]]]:
+        """What a standby repair reads, as the rules stand: each bundle's isolation candidates as a set
+        (anti-affinity does not apply to a standby, which owns nothing; one set per namespace rule) and
+        every live broker's tags."""
+        with self._lock:
+            policy = self._current().policy
+        sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+        def candidates(bundle: str) -> frozenset[str]:
+            cands = policy.rules(namespace_of(bundle)).candidates
+            got = sets.get(id(cands))
+            if got is None or got[0] is not cands:
+                got = sets[id(cands)] = (cands, frozenset(cands))
+            return got[1]
+
+        return candidates, policy.tags
 
     def open_to_all(self, bundle: str) -> bool:
         """Whether the rules allow ``bundle`` every live broker: no isolation policy at all (a namespace
@@ -159,15 +191,6 @@ class LivePlacement:
         ``shedding.shed_bundles_with_policies`` guard)."""
         with self._lock:
             return self._current().policy.has_policies(namespace_of(bundle))
-
-    def standbys(
-        self, spec: StandbySpec, keep: Mapping[str, Sequence[str]] | None = None
-    ) -> dict[str, list[str]]:
-        """Warm standbys for every ``Owned`` bundle, under the current rules (a pass over all bundles:
-        call it from a worker thread). It works on a copy of the ownership index, so the lock is held only
-        for the copy -- lookups and healing do not wait seconds behind a pass over 100 000 bundles."""
-        copy = self.planning()
-        return copy.standbys(sorted(copy.owned), spec, keep=keep)
 
     def planning(self) -> Placement:
         """A private copy of the index to plan many placements on: ``set_owner`` each planned one and the

@@ -1,20 +1,30 @@
 """Warm standbys, leader only (KIP-708; docs/placement.md "Warm standbys"): every
-``placement.standby_interval_s`` the standby sets of all owned bundles are computed with the placement
-rules and the sets that changed are written to the standby topic (cluster/placement/standbys.py), where agents read
+``placement.standby_interval_s`` the standby sets are brought up to date with the placement rules and the
+sets that changed are written to the standby topic (cluster/placement/standbys.py), where agents read
 what to pre-warm and healing reads whom to prefer. Not destructive -- nothing moves -- so it runs whenever
 this controller leads, safe mode included.
+
+Incremental: a round repairs only the bundles whose owner changed since the last one (a channel listener
+collects them, with the owned counts they shift), keeping every standby that is still right -- one
+ownership change costs one bundle's repair, not a pass over every bundle (docs/scaling.md). Every bundle
+is checked when this controller becomes leader, when brokers or placement policies change, and every
+:data:`FULL_PASS_S` (so counts that drifted are recounted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 
 import msgspec
 import structlog
 
-from trimtab.balance.placement import StandbySpec
+from trimtab.balance.placement.standby import StandbyLoads, StandbyRules, StandbySpec, repair_standbys
+from trimtab.channel.records import Record, State
 from trimtab.channel.transport import Transport
 from trimtab.cluster.placement.standbys import StandbyIndex, StandbySet
 from trimtab.cluster.placement.view import LivePlacement
@@ -23,6 +33,8 @@ from trimtab.controller.metrics import ControllerMetrics
 
 log = structlog.get_logger("trimtab.controller")
 _enc = msgspec.json.Encoder()
+#: Every bundle is checked (and the loads recounted) at least this often, whatever changed.
+FULL_PASS_S = 600.0
 
 
 class StandbyJob:
@@ -40,6 +52,7 @@ class StandbyJob:
         *,
         view_ready: Callable[[], bool] = lambda: True,
         ack_timeout_s: float = 30.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``view_ready``: whether the standby topic has been read to its end -- until then what was
         published is unknown and every set would be rewritten."""
@@ -52,28 +65,99 @@ class StandbyJob:
         self.spec = spec
         self.ack_timeout_s = ack_timeout_s
         self.view_ready = view_ready
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._dirty: dict[str, tuple[str | None, str | None]] = {}  # bundle -> (owner before, owner now)
+        self._loads: StandbyLoads | None = None  # None: the next round is a full pass
+        self._rules: tuple[StandbyRules, Callable[[str], frozenset[str]]] | None = None
+        self._generation = -1
+        self._full_at = 0.0
+        self.full_passes = 0
+        self._short: dict[str, int] = {}  # owned bundles with fewer standbys than wanted -> how many fewer
+
+    def owner_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
+        """A channel listener (the follower's thread): remember the bundle and the owned counts it shifts."""
+        before = old.dst if old is not None and old.state is State.OWNED else None
+        after = new.dst if new is not None and new.state is State.OWNED else None
+        if before == after:
+            return
+        with self._lock:
+            first = self._dirty.get(bundle)
+            self._dirty[bundle] = (first[0] if first is not None else before, after)
+
+    def _full_pass(self) -> dict[str, list[str]]:
+        """Every owned or published bundle, loads counted afresh (a worker thread)."""
+        with self._lock:
+            self._dirty.clear()  # what changes from here is either in the copy below or repaired next round
+        generation = self.placement.generation
+        copy = self.placement.planning()
+        published = self.index.snapshot()
+        candidates, tags = self.placement.standby_rules()
+        counts = Counter({b: copy.owned_count(b) for b in tags})
+        counts.update(m for members in published.values() for m in members)
+        self._loads = StandbyLoads(counts, tags)
+        self._rules = StandbyRules(self.spec, tags), candidates
+        sets = repair_standbys(
+            {*copy.owned, *published},
+            lambda b: published.get(b, ()),
+            owner_of=copy.owned.get,
+            candidates_of=candidates,
+            rules=self._rules[0],
+            loads=self._loads,
+        )
+        self._generation, self._full_at = generation, self.monotonic()
+        self.full_passes += 1
+        self._short.clear()
+        return sets
+
+    def _repair(self, loads: StandbyLoads) -> dict[str, list[str]]:
+        """The bundles whose owner changed since the last round (a worker thread)."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, {}
+        if not dirty:
+            return {}
+        for before, after in dirty.values():
+            loads.add(before, -1)
+            loads.add(after, 1)
+        assert self._rules is not None  # set with the loads
+        rules, candidates = self._rules  # the rules have not changed since the full pass (the generation)
+        return repair_standbys(
+            dirty,
+            self.index.of,
+            owner_of=self.placement.owner,
+            candidates_of=candidates,
+            rules=rules,
+            loads=loads,
+        )
 
     async def run_once(self) -> int:
-        """Recompute and publish what changed; returns the number of records written."""
+        """Bring the sets up to date and publish what changed; returns the number of records written."""
         if not self.leadership.is_leader:
+            self._loads = None  # a new leadership starts with a full pass
             return 0
-        published = self.index.snapshot()
-        if self.spec.replicas > 0:
-            # a dead owner's bundles keep the standbys that pre-warmed them until healing moves them
-            sets = await asyncio.to_thread(self.placement.standbys, self.spec, published)
+        if self.spec.replicas == 0:
+            sets: dict[str, list[str]] = {b: [] for b in self.index.snapshot()}
         else:
-            sets = {}
+            loads = self._loads
+            due = (
+                loads is None
+                or self.placement.generation != self._generation
+                or self.monotonic() - self._full_at >= FULL_PASS_S
+            )
+            sets = await asyncio.to_thread(
+                self._full_pass if due or loads is None else lambda: self._repair(loads)
+            )
         self._observe(sets)
         if not self.view_ready():
             log.info("standbys_not_published", reason="the standby topic has not been read yet")
+            self._loads = None  # what was published is unknown: start over once it is read
             return 0
         term = self.leadership.term()
-        writes: list[tuple[str, bytes | None]] = [
-            (b, _enc.encode(StandbySet(brokers=brokers, term=term)))
-            for b, brokers in sets.items()
-            if brokers and tuple(brokers) != published.get(b)
-        ]
-        writes += [(b, None) for b in published if not sets.get(b)]
+        writes: list[tuple[str, bytes | None]] = []
+        for b, brokers in sets.items():
+            if tuple(brokers) == self.index.of(b):
+                continue
+            writes.append((b, _enc.encode(StandbySet(brokers=brokers, term=term)) if brokers else None))
         if not writes:
             return 0
         futs = [self.transport.produce(self.topic, b.encode(), value) for b, value in writes]
@@ -86,6 +170,7 @@ class StandbyJob:
                 self.metrics.standby_writes.labels(kind, "ok").inc()
             else:
                 self.metrics.standby_writes.labels(kind, "failed").inc()
+                self._loads = None  # the published sets are not what was counted: recount next round
                 log.warning(
                     "standby_write_failed", bundle=bundle, error=str(f.exception()) if f.done() else "timeout"
                 )
@@ -93,7 +178,15 @@ class StandbyJob:
         return ok
 
     def _observe(self, sets: dict[str, list[str]]) -> None:
+        """Coverage and missing standbys over every owned bundle, from the bundles short of standbys (kept
+        across rounds: a round sees only the bundles it repaired)."""
         want = self.spec.replicas
-        full = sum(1 for v in sets.values() if len(v) >= want)
-        self.metrics.standby_coverage.set(full / len(sets) if sets and want else 1.0)
-        self.metrics.standby_missing.set(sum(max(0, want - len(v)) for v in sets.values()) if want else 0)
+        for b, members in sets.items():
+            short = want - len(members) if self.placement.owner(b) is not None else 0
+            if short > 0:
+                self._short[b] = short
+            else:
+                self._short.pop(b, None)
+        owned = self.placement.owned_total()
+        self.metrics.standby_coverage.set((owned - len(self._short)) / owned if owned and want else 1.0)
+        self.metrics.standby_missing.set(sum(self._short.values()) if want else 0)

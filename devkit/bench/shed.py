@@ -43,6 +43,7 @@ from trimtab.balance.heal import plan_destinations
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles, Usage, top_k
 from trimtab.balance.placement.core import Placement, PlacementPolicy
 from trimtab.balance.placement.model import Broker as PlacementBroker
+from trimtab.balance.placement.standby import StandbyLoads, StandbyRules, StandbySpec, repair_standbys
 from trimtab.balance.shed import ShedConfig, ShedResult, ShedState, threshold_shedder, transfer_shedder
 from trimtab.channel.bundles import BundleLayout
 from trimtab.channel.memory import MemoryTransport
@@ -549,6 +550,70 @@ def time_heal_plan(brokers: int, runs: int, progress: Progress) -> dict[str, Any
     return stats
 
 
+STANDBY_CHANGE_TARGET_MS = 1.0
+STANDBY_CHANGES = 200
+
+
+def time_standby_changes(brokers: int, progress: Progress) -> dict[str, Any]:
+    """Standby sets kept up to date incrementally, as the leader's standby job does: a full pass over
+    :data:`HEAL_PLAN_BUNDLES` owned bundles (one standby each, zone-aware over three zones) -- what a new
+    leader or a change of brokers or policies costs -- then :data:`STANDBY_CHANGES` ownership changes, each
+    repaired alone (the bundle moves onto its own standby, which must be replaced). Checked: every set
+    keeps the rules (a live broker, never the owner, another zone than the owner's when one exists)."""
+    ids = [f"10.{i // 250}.{i % 250}.{1 + i % 7}:8080" for i in range(brokers)]
+    tags = {b: {"zone": f"z{i % 3}"} for i, b in enumerate(ids)}
+    rules = StandbyRules(StandbySpec(1, ("zone",)), tags)
+    owners = {f"t/ns{i % 20}/0x{i:08x}_0x{i + 1:08x}": ids[i % brokers] for i in range(HEAL_PLAN_BUNDLES)}
+    everyone = frozenset(ids)
+    published: dict[str, list[str]] = {}
+    loads = StandbyLoads(Counter(owners.values()), ids)
+
+    def repair(bundles: list[str] | dict[str, str]) -> dict[str, list[str]]:
+        got = repair_standbys(
+            bundles,
+            lambda b: published.get(b, ()),
+            owner_of=owners.get,
+            candidates_of=lambda b: everyone,
+            rules=rules,
+            loads=loads,
+        )
+        published.update(got)
+        return got
+
+    def check(bundle: str) -> None:
+        picks, owner = published[bundle], owners[bundle]
+        if len(picks) != 1 or picks[0] == owner or tags[picks[0]]["zone"] == tags[owner]["zone"]:
+            raise BenchError(f"standby set {picks} of {bundle} (owner {owner}) breaks the rules")
+
+    gc.collect()
+    t0 = time.perf_counter()
+    repair(owners)
+    full_s = time.perf_counter() - t0
+    rng = random.Random(3)
+    names = sorted(owners)
+    times: list[float] = []
+    for _ in range(STANDBY_CHANGES):
+        bundle = rng.choice(names)
+        old, new = owners[bundle], published[bundle][0]
+        owners[bundle] = new  # what the job's channel listener notes: the owned counts it shifts
+        t0 = time.perf_counter()
+        loads.add(old, -1)
+        loads.add(new, 1)
+        got = repair([bundle])
+        times.append(time.perf_counter() - t0)
+        if set(got) != {bundle}:
+            raise BenchError(f"one ownership change repaired {len(got)} bundles")
+        check(bundle)
+    for bundle in rng.sample(names, 1000):
+        check(bundle)
+    stats = _stats_ms(times)
+    progress(
+        f"standbys: full pass over {HEAL_PLAN_BUNDLES} bundles {full_s:.2f} s; one ownership change p50 "
+        f"{stats['median']:.3f} ms, p99 {stats['p99']:.3f} ms over {STANDBY_CHANGES} (checked)"
+    )
+    return {**stats, "full_pass_s": round(full_s, 3)}
+
+
 ASSIGN_TARGET_MS = 1.0
 ASSIGN_RUNS = 200
 #: Reports arriving between two decisions: 10 000 brokers reporting every 10 s, 100 assignments/s.
@@ -636,6 +701,7 @@ def run(
         gc.unfreeze()
     heal = time_heal_plan(brokers, min(runs, 5), progress)
     assign = time_assign(inp, progress)
+    standby = time_standby_changes(brokers, progress)
     target = DECISION_TARGET_MS_10K if brokers >= 10_000 else DECISION_TARGET_MS
 
     t_stats, h_stats, w_stats = _stats_ms(t_times), _stats_ms(h_times), _stats_ms(w_times)
@@ -656,6 +722,14 @@ def run(
         "assign_decision_ms_p99": assign["p99"],
         "assign_decision_ms_p99_target": ASSIGN_TARGET_MS,
         "assign_scan_ms_p99": assign["scan"]["p99"],
+        "standby_change_ms_p99": standby["p99"],
+        "standby_change_ms_p99_target": STANDBY_CHANGE_TARGET_MS,
+        "standby_full_pass_s": standby["full_pass_s"],
+        "standby": {
+            "timing_ms": {k: v for k, v in standby.items() if k != "full_pass_s"},
+            "what": f"standby sets of {HEAL_PLAN_BUNDLES} bundles (1 replica, zone-aware): the full pass, then "
+            f"{STANDBY_CHANGES} ownership changes each repaired alone (repair_standbys, StandbyLoads)",
+        },
         "assign": {
             "timing_ms": {k: v for k, v in assign.items() if k != "scan"},
             "scan_timing_ms": assign["scan"],
@@ -672,6 +746,7 @@ def run(
         "meets_targets": {
             "heal_plan_ms": heal["median"] < HEAL_PLAN_TARGET_MS,
             "assign_decision_ms_p99": assign["p99"] < ASSIGN_TARGET_MS,
+            "standby_change_ms_p99": standby["p99"] < STANDBY_CHANGE_TARGET_MS,
             "decision_ms": t_stats["median"] < target,
             "decision_ms_p99": t_stats["p99"] < target,
             "decision_with_inputs_ms": w_stats["median"] < target,

@@ -215,6 +215,52 @@ def test_the_leader_publishes_standbys_and_healing_prefers_them(
         c.replica.standby_view.stop()
 
 
+def test_an_ownership_change_repairs_that_bundle_only(
+    settings: Settings, log: MemoryLog, zk: KazooClient
+) -> None:
+    """Standby sets follow ownership incrementally: a bundle that moves onto its own standby gets a new
+    set in the next round, the other bundles keep theirs, and no pass over every bundle is made."""
+    s = settings.model_copy(
+        update={"placement": settings.placement.model_copy(update={"standby_replicas": 1})}
+    )
+    node = Node(s, log).start()
+    c = node.ctl
+    try:
+        c.replica.standby_view.start()
+        wait_for(lambda: c.replica.standby_view.ready, message="the standby topic read")
+        wait_for(lambda: c.leadership.is_leader and c.leadership.safe_mode() is None, message="leads")
+        register(zk, s, "b1:1", "b2:1", "b3:1")
+        wait_for(lambda: len(c.registry.brokers) == 3, message="registry sees the brokers")
+        own(node, {bundle(i): "b1:1" for i in range(6)})
+        assert asyncio.run(c.standbys.run_once()) == 6
+        index = c.healing.destinations.standbys
+        wait_for(lambda: len(index.snapshot()) == 6, message="the view reads the sets back")
+        before = index.snapshot()
+        passes = c.standbys.full_passes
+
+        moved, to = bundle(0), before[bundle(0)][0]
+        now = int(time.time() * 1000)
+        for state, version, writer in (
+            (State.RELEASING, 3, "b1:1"),
+            (State.ASSIGNING, 4, "b1:1"),
+            (State.OWNED, 5, to),
+        ):
+            node.publish(moved, make(state, version=version, ts=now, writer=writer, src="b1:1", dst=to))
+        wait_for(lambda: c.replica.placement.owner(moved) == to, message="the move is seen")
+        assert asyncio.run(c.standbys.run_once()) == 1
+        assert c.standbys.full_passes == passes  # one bundle repaired, not a pass over all of them
+        wait_for(lambda: index.of(moved) != before[moved], message="the new set is read back")
+        after = index.snapshot()
+        assert len(after[moved]) == 1 and after[moved][0] != to
+        assert {b: v for b, v in after.items() if b != moved} == {
+            b: v for b, v in before.items() if b != moved
+        }
+        assert node.metric("trimtab_standby_coverage_ratio") == 1.0
+    finally:
+        node.stop()
+        c.replica.standby_view.stop()
+
+
 def test_standbys_are_measured_but_not_published_before_the_topic_is_read(
     settings: Settings, log: MemoryLog, zk: KazooClient
 ) -> None:
