@@ -75,6 +75,12 @@ class StandbyJob:
         self.full_passes = 0
         self._short: dict[str, int] = {}  # owned bundles with fewer standbys than wanted -> how many fewer
 
+    @property
+    def pending(self) -> int:
+        """Bundles whose owner changed and that the next round repairs."""
+        with self._lock:
+            return len(self._dirty)
+
     def owner_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
         """A channel listener (the follower's thread): remember the bundle and the owned counts it shifts."""
         before = old.dst if old is not None and old.state is State.OWNED else None
@@ -132,8 +138,11 @@ class StandbyJob:
 
     async def run_once(self) -> int:
         """Bring the sets up to date and publish what changed; returns the number of records written."""
-        if not self.leadership.is_leader:
+        if not self.leadership.is_leader or self.spec.replicas == 0:
             self._loads = None  # a new leadership starts with a full pass
+            with self._lock:
+                self._dirty.clear()  # bounded: nothing repairs them here, and the full pass counts afresh
+        if not self.leadership.is_leader:
             return 0
         if self.spec.replicas == 0:
             sets: dict[str, list[str]] = {b: [] for b in self.index.snapshot()}
