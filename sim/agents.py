@@ -31,7 +31,7 @@ from trimtab.agent.adapters.base import BrokerSample
 from trimtab.agent.drain import Closing, Drainer
 from trimtab.agent.identity import BrokerIdentity
 from trimtab.agent.leases import LeaseGuard, LeaseRenewer
-from trimtab.agent.lookup import LayoutCache, LookupResult, LookupService
+from trimtab.agent.lookup import IndexedAssignment, LayoutCache, LookupResult, LookupService
 from trimtab.agent.merges import MergeScheduler
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.agent.ownjobs import OwnerJobs
@@ -212,6 +212,7 @@ class SimAgent:
         apply_merge: Callable[[str, BundleRange, int], None],
         leaving: Callable[[], bool],
         failed: Callable[[str], None],
+        indexed: IndexedAssignment | None = None,
     ) -> None:
         """``layouts``: the namespaces' layouts as ZooKeeper holds them; ``apply_split`` and ``apply_merge``
         update one (the reconciler's layout step of a split, of a merge); ``leaving``: the drain has begun;
@@ -284,6 +285,7 @@ class SimAgent:
             draining=lambda: self.drainer is not None and self.drainer.draining,
             clock=clock,
             monotonic=clock,
+            indexed=indexed,
         )
         self.requests = 0  # lookups being answered
         own = OwnerJobs(me, channel, reporter, broker, events, metrics, paused=leaving, clock=clock)

@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 
 from trimtab.agent.adapters.base import BrokerSample
 from trimtab.agent.drain import Drainer
-from trimtab.agent.lookup import LookupResult
+from trimtab.agent.lookup import IndexedAssignment, LookupResult
 from trimtab.agent.metrics import AgentMetrics
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.heal import Override
@@ -212,6 +212,17 @@ class Engine:
             shedder=self.shedder,
         )
         self.agent_metrics = AgentMetrics.create(CollectorRegistry())  # shared by every simulated agent
+        # The agents' assignment index (agent/lookup.py): one for all, since it depends on the registered
+        # brokers and the reports only, which every simulated agent shares
+        dest = self.leader.destinations
+        self.indexed = IndexedAssignment(
+            self.s,
+            self.loads.values,
+            lambda: self.registry.brokers,
+            open_to_all=lambda bundle: not dest.standbys.of(bundle) and dest.placement.open_to_all(bundle),
+            clock=self.loop.time,
+        )
+        self.loads.add_listener(self.indexed.changed)
         self.events = EventPublisher(self.transport, EVENTS_TOPIC, source="sim-agents", role="agent")
         self.leader.on_overrides = self._overridden
         self.leader.on_heal_paused = lambda: self.shed_cycles.update(["healing_paused"])
@@ -379,6 +390,7 @@ class Engine:
             zk_up=lambda: self.now >= self.zk_down_until,
             loads=self.loads,
             placement=self.leader.destinations.rule,
+            indexed=self.indexed,
             rng=self.rng_assign,
             events=self.events,
             metrics=self.agent_metrics,
