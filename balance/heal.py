@@ -87,6 +87,14 @@ def dependents(rec: Record) -> frozenset[str]:
     return frozenset()  # Free, Deleted: nobody has work left to do (the leader tombstones them later)
 
 
+def named_brokers(items: Iterable[tuple[str, Record]]) -> set[str]:
+    """Every broker some record depends on (:func:`dependents`): those the table still needs."""
+    named: set[str] = set()
+    for _, r in items:
+        named |= dependents(r)
+    return named
+
+
 def needs_healing(rec: Record, gone: frozenset[str]) -> bool:
     """Whether ``rec`` depends on a broker in ``gone`` (:func:`dependents`, without allocating: the leader
     runs this over the whole table in every healing round)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -27,7 +28,6 @@ import structlog
 from trimtab.balance.heal import (
     HealConfig,
     Override,
-    dependents,
     due,
     in_flight_by_broker,
     mass_failure,
@@ -40,6 +40,7 @@ from trimtab.balance.load import BrokerLoadData
 from trimtab.channel.records import Record
 from trimtab.channel.table import TableView
 from trimtab.cluster.kvview import LatestValues
+from trimtab.controller.dependents import DependentsIndex
 from trimtab.controller.journal import DecisionJournal
 from trimtab.controller.leadership import LeaderGates
 from trimtab.controller.metrics import ControllerMetrics
@@ -115,14 +116,11 @@ class Healer:
         return self._plans if self.loaded else None
 
     # ------------------------------------------------------------------ 1. bookkeeping (blocking)
-    def bookkeeping(
-        self, live: set[str], items: list[tuple[str, Record]], now_ms: int
-    ) -> list[tuple[str, str]]:
-        """Record new failures, cancel returned brokers. Returns [(event, broker)]."""
+    def bookkeeping(self, live: set[str], named: Collection[str], now_ms: int) -> list[tuple[str, str]]:
+        """Record new failures, cancel returned brokers. ``named``: every broker some record depends on
+        (:func:`~trimtab.balance.heal.named_brokers`). Returns [(event, broker)]."""
         events: list[tuple[str, str]] = []
-        named: set[str] = set()
-        for _, r in items:
-            named |= dependents(r)
+        named = set(named)
         for b in sorted(named - live):
             if b not in self.failed and self.failed_store.record(b, now_ms, self._writer(), self._term()):
                 events.append(("recorded", b))
@@ -150,6 +148,7 @@ class Healer:
         emit: Callable[[list[Override]], None] | None = None,
         planned: Collection[str] = (),
         held: Collection[str] = (),
+        in_flight: Counter[str] | None = None,
     ) -> tuple[list[Override], dict[str, Any]]:
         """The overrides to publish now. ``live`` maps live, non-draining broker -> load EMA; ``allowed``
         (the placement rules) restricts each bundle's destination, in new plans and persisted ones.
@@ -158,7 +157,9 @@ class Healer:
         round, so the plans of two dead brokers spread one anti-affinity group together. ``emit``, when
         given, receives each chunk's overrides as soon as they are decided (to publish them while the round
         goes on); they are returned all the same. ``held``: failed brokers whose healing an operator paused
-        (their ``heal`` operation): skipped, listed in ``info["held"]``."""
+        (their ``heal`` operation): skipped, listed in ``info["held"]``. ``items`` needs to hold only the
+        records that depend on a failed broker; ``in_flight`` (bundles Assigning into each broker) is then
+        given apart -- counted from ``items`` otherwise."""
         info: dict[str, Any] = {
             "failed": sorted(self.failed),
             "planned": sorted(set(self.failed) & set(planned)),
@@ -186,7 +187,7 @@ class Healer:
         self.held = info["held"] = sorted(set(ripe) & set(held))
         if self.paused_reason is not None or not ripe:
             return [], info
-        in_flight = in_flight_by_broker(items)
+        in_flight = in_flight if in_flight is not None else in_flight_by_broker(items)
         out: list[Override] = []
         rules: tuple[Callable[[str], Collection[str]] | None, Callable[[str, str], None] | None] | None = None
         for dead in ripe:
@@ -295,8 +296,10 @@ class HealingJob:
         in_maintenance: Callable[[], Collection[str]] | None = None,
         held: Callable[[], Collection[str]] | None = None,
         config: Callable[[], HealConfig] | None = None,
+        dependents: DependentsIndex | None = None,
     ) -> None:
-        """``in_maintenance`` (blocking, read only while brokers are failed): brokers an operator took out
+        """``dependents``: who depends on whom in ``table``, kept as it changes (made here if not given).
+        ``in_maintenance`` (blocking, read only while brokers are failed): brokers an operator took out
         on purpose, which with the brokers last seen draining never count towards the mass-failure guard.
         ``held()``: failed brokers whose healing an operator paused (``admin ops pause`` of their ``heal``
         operation). ``config()``: healing's settings in force, read at the start of every round (its
@@ -307,6 +310,7 @@ class HealingJob:
         self.in_maintenance = in_maintenance
         self.seen_draining: set[str] = set()  # live brokers last seen draining (a departure then is planned)
         self.table = table
+        self.dependents = dependents if dependents is not None else DependentsIndex(table)
         self.leadership = leadership
         self.destinations = destinations
         self.loads = loads
@@ -346,13 +350,10 @@ class HealingJob:
                 self.seen_draining.add(b)
             else:
                 self.seen_draining.discard(b)
-        # A copy of the whole table, taken only when this round needs one -- bookkeeping is due, or there
-        # are failures to heal -- not on every idle round (a million records at a million bundles).
+        # No copy of the table: who depends on whom is kept as it changes (controller/dependents.py).
         live_ids = set(live)
-        due = self._bookkeeping_due(live_ids)
-        items = self.table.items() if due or self.healer.failed else []
-        if due:
-            await self._bookkeeping(live_ids, items, now)
+        if self._bookkeeping_due(live_ids):
+            await self._bookkeeping(live_ids, now)
         if not self.healer.failed:
             self.metrics.failed_brokers.set(0)
             self.metrics.healing_pending.set(0)
@@ -371,6 +372,8 @@ class HealingJob:
         planned = set(self.seen_draining) - set(live)
         if self.in_maintenance is not None:
             planned |= set(await asyncio.to_thread(self.in_maintenance))
+        items = self.dependents.depending_on(self.healer.failed)
+        in_flight = self.dependents.assigning()
         batch = self.writes.override_round()
         try:
             overrides, info = await asyncio.to_thread(
@@ -385,6 +388,7 @@ class HealingJob:
                 batch.add,
                 frozenset(planned),
                 self.held() if self.held is not None else (),
+                in_flight,
             )
         except Exception:
             await batch.finish()  # the chunks published before the failure are acknowledged and counted
@@ -404,11 +408,12 @@ class HealingJob:
             or not live.isdisjoint(self.healer.failed)
         )
 
-    async def _bookkeeping(self, live: set[str], items: list[tuple[str, Record]], now: int) -> None:
+    async def _bookkeeping(self, live: set[str], now: int) -> None:
         """Due (:meth:`_bookkeeping_due`, asked once per round by the caller): record and forget failures."""
         self._membership_changed = False
         self._last_bookkeeping = self.mono()
-        events = await asyncio.to_thread(self.healer.bookkeeping, live, items, now)
+        named = self.dependents.named()
+        events = await asyncio.to_thread(self.healer.bookkeeping, live, named, now)
         for event, broker in events:
             self.metrics.broker_failures.labels(event).inc()
             level = log.warning if event == "recorded" else log.info

@@ -4,7 +4,7 @@ failed broker whose heal an operator paused is skipped -- and healed once resume
 
 from __future__ import annotations
 
-from trimtab.balance.heal import HealConfig
+from trimtab.balance.heal import HealConfig, named_brokers
 from trimtab.channel.records import Record, State, make
 from trimtab.controller.healing import Healer
 from trimtab.controller.memory_stores import MemoryFailedBrokers, MemoryReassignments
@@ -26,7 +26,7 @@ def healer_with(n: int) -> tuple[Healer, dict[str, Record], MemoryFailedBrokers,
         failed, plans, CFG, chunk_size=2, writer=lambda: "leader", term=lambda: 1, clock=lambda: NOW / 1000
     )
     h.load()
-    h.bookkeeping(set(LOADS), list(table.items()), NOW - 1000)
+    h.bookkeeping(set(LOADS), named_brokers(table.items()), NOW - 1000)
     return h, table, failed, plans
 
 
@@ -58,5 +58,5 @@ def test_the_whole_plan_outlives_its_satisfied_chunks_and_a_new_leader_reads_wha
     fresh.load()
     left = fresh.heal_plans()
     assert left is not None and set(left[DEAD].bundles) == {bundle(2)}  # the stored heal op keeps the rest
-    h.bookkeeping(set(LOADS) | {DEAD}, list(table.items()), NOW)  # DEAD came back
+    h.bookkeeping(set(LOADS) | {DEAD}, named_brokers(table.items()), NOW)  # DEAD came back
     assert h.heal_plans() == {}

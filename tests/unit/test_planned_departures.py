@@ -4,7 +4,7 @@ departures still do; the bundles of both are healed."""
 
 from __future__ import annotations
 
-from trimtab.balance.heal import HealConfig
+from trimtab.balance.heal import HealConfig, named_brokers
 from trimtab.channel.records import State, make
 from trimtab.controller.healing import Healer
 from trimtab.controller.memory_stores import MemoryFailedBrokers, MemoryReassignments
@@ -29,7 +29,7 @@ def round_with(planned: set[str], live_n: int = 4) -> tuple[str | None, int]:
     )  # fmt: skip
     healer.load()
     live = {f"l{i}:1": 0.2 for i in range(live_n)}
-    healer.bookkeeping(set(live), items, NOW - 1000)
+    healer.bookkeeping(set(live), named_brokers(items), NOW - 1000)
     out, _info = healer.round(live, table.get, items, lambda b, ex: "l0:1", NOW, planned=planned)
     return healer.paused_reason, len(out)
 

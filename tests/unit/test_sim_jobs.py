@@ -18,7 +18,7 @@ from msgspec.structs import replace
 from trimtab.agent.drain import Drainer
 from trimtab.agent.reporter import LoadReporter
 from trimtab.agent.splits import SplitScheduler
-from trimtab.balance.heal import HealConfig
+from trimtab.balance.heal import HealConfig, named_brokers
 from trimtab.channel import intents
 from trimtab.channel.records import Record, State
 from trimtab.config.loader import load_settings
@@ -235,7 +235,7 @@ def test_a_new_healer_carries_on_the_persisted_chunks_without_planning_again() -
 
     first = healer()
     first.load()
-    first.bookkeeping({"a", "b"}, items, now_ms=1000)
+    first.bookkeeping({"a", "b"}, named_brokers(items), now_ms=1000)
     out, _ = first.round({"a": 0.1, "b": 0.2}, table.get, items, lambda b, ex: "a", 1000)
     assert plans.written == 1 and len(plans.read("dead")) == 3
     planned = {b: d for c in plans.read("dead").values() for b, d in c.bundles.items()}
