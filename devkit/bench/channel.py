@@ -406,6 +406,15 @@ def replay_once(batches: list[Sequence[Message]], partitions: int) -> tuple[Tabl
 
 def traced_table_bytes(batches: list[Sequence[Message]], partitions: int) -> tuple[TableView, int]:
     """Replay into a fresh table under tracemalloc; bytes still allocated afterwards (the table)."""
+    table, after_replay, _live, _peak = traced_table_bytes_live(batches, partitions)
+    return table, after_replay
+
+
+def traced_table_bytes_live(
+    batches: list[Sequence[Message]], partitions: int
+) -> tuple[TableView, int, int, int]:
+    """:func:`traced_table_bytes`, then the table made live (broker ids shared, as a node does once caught
+    up): (table, bytes after the replay, bytes once live, the peak while it went live)."""
     gc.collect()
     tracemalloc.start()
     try:
@@ -415,9 +424,13 @@ def traced_table_bytes(batches: list[Sequence[Message]], partitions: int) -> tup
             table.apply_all(b)
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        table.set_live()
+        gc.collect()
+        live, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    return table, after - before
+    return table, after - before, live - before, peak - before
 
 
 def size_breakdown(table: TableView) -> dict[str, Any]:
@@ -943,11 +956,16 @@ def measure_memory(
 ) -> tuple[float, dict[str, Any]]:
     """Bytes per bundle of the replayed (and checked) table under tracemalloc, and where they go."""
     progress("measuring memory per bundle (tracemalloc replay)...")
-    table, traced = traced_table_bytes(batches, log.partitions)
+    table, traced, live, peak = traced_table_bytes_live(batches, log.partitions)
     check_table(table, log, "tracemalloc replay")
     bytes_per_bundle = traced / len(table)
     breakdown = size_breakdown(table)
-    progress(f"{bytes_per_bundle:.0f} bytes per bundle over {len(log.final)} bundles")
+    breakdown["bytes_per_bundle_live"] = round(live / len(table), 1)
+    breakdown["going_live_peak_bytes_per_bundle"] = round(peak / len(table), 1)
+    progress(
+        f"{bytes_per_bundle:.0f} bytes per bundle over {len(log.final)} bundles after the replay, "
+        f"{live / len(table):.0f} once live (peak {peak / len(table):.0f} while going live)"
+    )
     return bytes_per_bundle, breakdown
 
 
@@ -956,10 +974,12 @@ def measure_memory_owned(memory_bundles: int, progress: Progress) -> dict[str, A
     progress(f"measuring memory for {memory_bundles} owned bundles ({2 * memory_bundles} records)...")
     big_log = owned_pairs_log(memory_bundles)
     big_batches = batches_of(big_log.messages)
-    big_table, big_traced = traced_table_bytes(big_batches, big_log.partitions)
+    big_table, big_traced, big_live, big_peak = traced_table_bytes_live(big_batches, big_log.partitions)
     check_table(big_table, big_log, f"{memory_bundles}-bundle replay")
     big = {
         "bytes_per_bundle": round(big_traced / len(big_table), 1),
+        "bytes_per_bundle_live": round(big_live / len(big_table), 1),
+        "going_live_peak_bytes_per_bundle": round(big_peak / len(big_table), 1),
         "bundles": len(big_table),
         "records": len(big_log.messages),
         "breakdown": size_breakdown(big_table),
@@ -1060,7 +1080,9 @@ def _headline(fig: Figures) -> dict[str, Any]:
         "bootstrap_snapshot_1m_s_runs": kafka.get("bootstrap_snapshot_1m_s_runs"),
         "bytes_per_bundle": round(fig.bytes_per_bundle, 1),
         "bytes_per_bundle_target": BYTES_PER_BUNDLE_TARGET,
+        "bytes_per_bundle_live": fig.breakdown.get("bytes_per_bundle_live"),
         "bytes_per_bundle_1m_bundles": big["bytes_per_bundle"] if big else None,
+        "bytes_per_bundle_1m_bundles_live": big["bytes_per_bundle_live"] if big else None,
         "replay_instructions_per_record": instr["replay_instructions_per_record"] if instr else None,
     }
 
