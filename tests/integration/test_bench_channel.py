@@ -25,7 +25,9 @@ FIGURES = (
     "kafka_consume_only_1m_s",
     "bootstrap_snapshot_1m_s",
     "bytes_per_bundle",
+    "bytes_per_bundle_live",
     "bytes_per_bundle_1m_bundles",
+    "bytes_per_bundle_1m_bundles_live",
 )
 
 
@@ -47,9 +49,9 @@ def test_bench_channel_small_run_reports_every_figure_and_passes_its_checks() ->
     for key in FIGURES:
         assert isinstance(out[key], int | float | list), f"{key} missing or null: {out.get(key)!r}"
         assert out[key], f"{key} is empty or zero"
-    assert out["replay_records_per_s_target"] == 500_000
-    assert out["bootstrap_1m_s_target"] == 3.0
-    assert out["bytes_per_bundle_target"] == 500
+    assert out["replay_records_per_s_target"] == 1_000_000
+    assert out["bootstrap_1m_s_target"] == 2.0
+    assert out["bytes_per_bundle_target"] == 200
     assert len(out["replay_records_per_s_runs"]) == 1
     assert set(out["meets_targets"]) == {"replay_records_per_s", "bootstrap_1m_s", "bytes_per_bundle"}
 

@@ -51,8 +51,12 @@ def test_bench_shed_small() -> None:
         "heal_plan_ms",
         "assign_decision_ms",
         "assign_decision_ms_p99",
+        "assign_scan_ms_p99",
+        "standby_change_ms_p99",
+        "standby_full_pass_s",
     )
     assert out["decision_ms_target"] == 50.0 and out["heal_plan_ms_target"] == 1000.0
+    assert out["assign_decision_ms_p99_target"] == 1.0 and out["standby_change_ms_p99_target"] == 1.0
     assert out["decisions"] > 0 and out["threshold_decisions"] > 0
     assert out["inputs"]["brokers"] == 50 and out["inputs"]["bundles"] == 2000
     assert len(out["transfer_shedder"]["timing_ms"]["runs"]) == 3
@@ -62,6 +66,7 @@ def test_bench_shed_small() -> None:
         "decision_with_inputs_ms",
         "heal_plan_ms",
         "assign_decision_ms_p99",
+        "standby_change_ms_p99",
     }
     assert_checks(out)
 
