@@ -73,7 +73,12 @@ class StandbyJob:
         self._generation = -1
         self._full_at = 0.0
         self.full_passes = 0
-        self._short: dict[str, int] = {}  # owned bundles with fewer standbys than wanted -> how many fewer
+        self._short: dict[str, int] = {}
+        # sets written and acknowledged that the standby view may not have read back yet: a repair starts
+        # from them (counting the view's older set would skew the loads), and they are not written twice
+        self._written: dict[
+            str, tuple[str, ...]
+        ] = {}  # owned bundles with fewer standbys than wanted -> how many fewer
 
     @property
     def pending(self) -> int:
@@ -98,6 +103,11 @@ class StandbyJob:
         generation = self.placement.generation
         copy = self.placement.planning()
         published = self.index.snapshot()
+        for b, written in self._written.items():  # acknowledged, perhaps not read back yet
+            if written:
+                published[b] = written
+            else:
+                published.pop(b, None)
         candidates, tags = self.placement.standby_rules()
         counts = Counter({b: copy.owned_count(b) for b in tags})
         counts.update(m for members in published.values() for m in members)
@@ -129,15 +139,22 @@ class StandbyJob:
         rules, candidates = self._rules  # the rules have not changed since the full pass (the generation)
         return repair_standbys(
             dirty,
-            self.index.of,
+            self._current,
             owner_of=self.placement.owner,
             candidates_of=candidates,
             rules=rules,
             loads=loads,
         )
 
+    def _current(self, bundle: str) -> tuple[str, ...]:
+        """The bundle's set as last written: acknowledged by Kafka, or read back from the topic."""
+        written = self._written.get(bundle)
+        return written if written is not None else self.index.of(bundle)
+
     async def run_once(self) -> int:
         """Bring the sets up to date and publish what changed; returns the number of records written."""
+        # what the view has read back needs no overlay any more
+        self._written = {b: w for b, w in self._written.items() if self.index.of(b) != w}
         if not self.leadership.is_leader or self.spec.replicas == 0:
             self._loads = None  # a new leadership starts with a full pass
             with self._lock:
@@ -164,7 +181,7 @@ class StandbyJob:
         term = self.leadership.term()
         writes: list[tuple[str, bytes | None]] = []
         for b, brokers in sets.items():
-            if tuple(brokers) == self.index.of(b):
+            if tuple(brokers) == self._current(b):
                 continue
             writes.append((b, _enc.encode(StandbySet(brokers=brokers, term=term)) if brokers else None))
         if not writes:
@@ -176,6 +193,7 @@ class StandbyJob:
             kind = "set" if value is not None else "tombstone"
             if f.done() and f.exception() is None:
                 ok += 1
+                self._written[bundle] = tuple(sets[bundle])
                 self.metrics.standby_writes.labels(kind, "ok").inc()
             else:
                 self.metrics.standby_writes.labels(kind, "failed").inc()
