@@ -75,7 +75,7 @@ class ChannelClient:
         self._lock = threading.Lock()
         self._recovery: threading.Thread | None = None
         self._again = False  # a follower failed while the recovery loop was finishing: go round again
-        self._naming: dict[str, NamingIndex] = {}
+        self._naming = NamingIndex(self.table)
         self.ends_every_s = ends_every_s
         self._ends: dict[int, int] = {}  # partition -> end offset, as last read by the ends thread
         self._ends_thread: threading.Thread | None = None
@@ -270,13 +270,7 @@ class ChannelClient:
     def naming(self, broker: str) -> dict[str, Record]:
         """Every bundle whose record names ``broker`` (dst or src), with its record: from an index kept as
         the table changes (:mod:`channel.naming`), made at the first question about ``broker``."""
-        index = self._naming.get(broker)
-        if index is None:
-            with self._lock:
-                index = self._naming.get(broker)
-                if index is None:
-                    index = self._naming[broker] = NamingIndex(self.table, broker)
-        return index.records()
+        return self._naming.records(broker)
 
     def status(self) -> dict[str, Any]:
         """The channel replica as a node reports it (``/v1/status``): whether it is caught up and following,

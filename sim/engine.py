@@ -245,6 +245,7 @@ class Engine:
         self._lookup_pending: set[str] = set()
         self.violations: Counter[str] = Counter()
         self.moves: list[Move] = []
+        self.shed_moves = 0  # of self.moves, those the shedder made (counted as they come: sampled often)
         self.samples: list[Sample] = []
         self.shed_cycles: Counter[str] = Counter()
         self.splits = 0
@@ -672,6 +673,7 @@ class Engine:
             for u in shedding.last.decisions if shedding is not None and shedding.last is not None else []:
                 if u.bundle == bundle:
                     self.moves.append(Move(self.now, bundle, u.src, u.dst, f"shed:{u.reason}", u.throughput))
+                    self.shed_moves += 1
                     return
             return
         b = self.brokers.get(rec.writer)
@@ -705,8 +707,7 @@ class Engine:
         if vals:
             avg = math.fsum(vals) / len(vals)
             std = math.sqrt(max(0.0, math.fsum(v * v for v in vals) / len(vals) - avg * avg))
-        shed_moves = sum(1 for mv in self.moves if mv.reason.startswith("shed"))
-        self.samples.append(Sample(self.now, loads, std, shed_moves, len(self.live_bundles)))
+        self.samples.append(Sample(self.now, loads, std, self.shed_moves, len(self.live_bundles)))
 
     # ------------------------------------------------------------------ scenario events
     def _pick(self, n: int, pred: Callable[[Broker], bool]) -> list[Broker]:

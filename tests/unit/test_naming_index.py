@@ -41,7 +41,7 @@ def scan(table: TableView, broker: str) -> dict[str, Record]:
 def test_the_index_answers_what_a_scan_would(ops: list[tuple]) -> None:  # type: ignore[type-arg]
     table = TableView()
     table.set_live()
-    indexes = {b: NamingIndex(table, b) for b in BROKERS}
+    index = NamingIndex(table)  # one index, one listener, for every broker
     for op in ops:
         if op[0] == "apply":
             table.apply(op[1].encode(), encode(op[2]))
@@ -50,26 +50,26 @@ def test_the_index_answers_what_a_scan_would(ops: list[tuple]) -> None:  # type:
         elif op[0] == "live":
             table.set_live()
         else:
-            assert indexes[op[1]].records() == scan(table, op[1])
+            assert index.records(op[1]) == scan(table, op[1])
     for b in BROKERS:
-        assert indexes[b].records() == scan(table, b)
+        assert index.records(b) == scan(table, b)
 
 
 def test_a_question_asked_only_after_changes_still_sees_them() -> None:
     """The first question scans; later changes reach the index by the listener alone."""
     table = TableView()
     table.set_live()
-    index = NamingIndex(table, "a:1")
-    assert index.records() == {}
+    index = NamingIndex(table)
+    assert index.records("a:1") == {}
     rec = make(State.ASSIGNING, version=1, ts=1, writer="w", dst="a:1")
     table.apply(BUNDLES[0].encode(), encode(rec))
-    assert index.records() == {BUNDLES[0]: rec}
+    assert index.records("a:1") == {BUNDLES[0]: rec}
     owned = make(State.OWNED, version=2, ts=2, writer="a:1", dst="a:1")
     table.apply(BUNDLES[0].encode(), encode(owned))
-    assert index.records() == {BUNDLES[0]: owned} == scan(table, "a:1")
+    assert index.records("a:1") == {BUNDLES[0]: owned} == scan(table, "a:1")
     other = make(State.ASSIGNING, version=1, ts=1, writer="w", dst="b:1")
     table.apply(BUNDLES[1].encode(), encode(other))
-    assert index.records() == {BUNDLES[0]: owned}
+    assert index.records("a:1") == {BUNDLES[0]: owned}
 
 
 def test_a_table_replaced_while_a_question_is_asked_does_not_leave_the_index_behind() -> None:
@@ -81,8 +81,8 @@ def test_a_table_replaced_while_a_question_is_asked_does_not_leave_the_index_beh
     table = TableView()
     table.load({a: owned}, {})
     table.set_live()
-    index = NamingIndex(table, "a:1")
-    assert set(index.records()) == {a}
+    index = NamingIndex(table)
+    assert set(index.records("a:1")) == {a}
     plain = type(table)
     fired: list[bool] = []
 
@@ -100,8 +100,8 @@ def test_a_table_replaced_while_a_question_is_asked_does_not_leave_the_index_beh
             self.__dict__["live"] = value
 
     table.__class__ = LoadsOnFirstLook
-    index.records()
+    index.records("a:1")
     table.__class__ = plain
     table.apply(b.encode(), encode(owned))  # the tail after the snapshot, replayed before live
     table.set_live()
-    assert set(index.records()) == {a, b} == set(scan(table, "a:1"))
+    assert set(index.records("a:1")) == {a, b} == set(scan(table, "a:1"))
