@@ -43,6 +43,9 @@ if [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
 fi
 # wrk: the external load generator of `trimtab bench lookup`'s one-core phase (and its test).
 command -v wrk >/dev/null 2>&1 || apt_install wrk
+# gcc: `trimtab bench compiled` compiles the replay loop with mypyc (and its test); Python's headers come
+# with the interpreter the venv is made from.
+command -v gcc >/dev/null 2>&1 || apt_install gcc
 
 PY="${PYTHON:-python3}"
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then

@@ -406,6 +406,52 @@ def replay_once(batches: list[Sequence[Message]], partitions: int) -> tuple[Tabl
     return table, t1 - t0, time.thread_time() - c0
 
 
+def measure_floors(batches: list[Sequence[Message]], runs: int, progress: Progress) -> dict[str, Any]:
+    """What replay cannot go below in this interpreter: the CPU per record of two steps every record takes
+    before the table decides anything -- decoding its value with the table's own decoder (msgspec, in C)
+    and its key with the partition check (``bytes.decode``, ``zlib.crc32``) -- medians of ``runs``. Their
+    sum bounds ``replay_records_per_s`` from above whatever the rest (resolution, the dict) costs."""
+    from trimtab.channel.table import _crc32, _decode_raw  # the table's own steps, not copies
+
+    values = [m.value for b in batches for m in b if m.value is not None]
+    keys = [m.key for b in batches for m in b if m.key is not None]
+    records = sum(len(b) for b in batches)
+
+    def decode_all() -> None:
+        for v in values:
+            try:  # noqa: SIM105 -- contextlib.suppress costs a context manager per record: not the table's
+                _decode_raw(v)
+            except Exception:  # a hostile value: the table tries the fast path on it too
+                pass
+
+    def keys_all() -> None:
+        for k in keys:
+            _crc32(k)
+            k.decode()
+
+    def per_record(fn: Any) -> float:
+        times = []
+        for _ in range(runs):
+            c0 = time.thread_time()
+            fn()
+            times.append(time.thread_time() - c0)
+        return statistics.median(times) / records
+
+    decode_s, keys_s = per_record(decode_all), per_record(keys_all)
+    floor = 1 / (decode_s + keys_s)
+    progress(
+        f"replay floor: decoding values {decode_s * 1e9:.0f} ns + keys {keys_s * 1e9:.0f} ns per record "
+        f"-> at most {floor / 1000:.0f}k records/s before any resolution"
+    )
+    return {
+        "value_decode_ns_per_record": round(decode_s * 1e9),
+        "key_decode_ns_per_record": round(keys_s * 1e9),
+        "replay_ceiling_records_per_s": round(floor),
+        "what": "CPU per record of decoding each value (msgspec) and each key with its partition check, "
+        "alone; 1 / their sum bounds replay from above in this interpreter",
+    }
+
+
 def traced_table_bytes(batches: list[Sequence[Message]], partitions: int) -> tuple[TableView, int]:
     """Replay into a fresh table under tracemalloc; bytes still allocated afterwards (the table)."""
     table, after_replay, _live, _peak = traced_table_bytes_live(batches, partitions)
@@ -896,6 +942,7 @@ def run(
     batches = batches_of(log.messages)
     with _frozen_gc(gc_freeze):
         rates, cpu_rates, replay_stats = measure_replay(batches, log, runs, progress)
+        floors = measure_floors(batches, runs, progress)
         bytes_per_bundle, breakdown = measure_memory(batches, log, progress)
         big = measure_memory_owned(memory_bundles, progress) if memory_bundles else None
         instr = count_instructions(log, instructions, progress) if instructions else None
@@ -903,7 +950,7 @@ def run(
     figures = Figures(
         log, gen_s, rates, cpu_rates, replay_stats, bytes_per_bundle, breakdown, big, instr, kafka
     )
-    return report(
+    out = report(
         figures,
         bundles=bundles,
         seed=seed,
@@ -912,6 +959,9 @@ def run(
         gc_freeze=gc_freeze,
         load_start=load_start,
     )
+    out["replay_ceiling_records_per_s"] = floors["replay_ceiling_records_per_s"]
+    out["replay_floor"] = floors
+    return out
 
 
 def generate_checked(records: int, bundles: int, seed: int, progress: Progress) -> tuple[ChannelLog, float]:

@@ -180,6 +180,19 @@ def placement_cmd(bundles: int, seed: int, output: str | None) -> None:
     _emit(result, output)
 
 
+@bench.command("compiled")
+@click.option("--records", type=click.IntRange(min=2), default=1_000_000, show_default=True)
+@click.option("--bundles", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--output", type=click.Path(dir_okay=False), help="Also write the JSON to this file.")
+def compiled_cmd(records: int, bundles: int, runs: int, output: str | None) -> None:
+    """Replay with the channel's resolve and table modules compiled by mypyc vs interpreted (a prototype:
+    what compiling the hot loop buys towards 1 000 000 records/s)."""
+    from trimtab.devkit.bench.compiled import run
+
+    _emit(run(records=records, bundles=bundles, runs=runs), output)
+
+
 @bench.command("pipeline")
 @click.option("--records", type=click.IntRange(min=1000), default=10_000_000, show_default=True)
 @click.option("--bundles", type=click.IntRange(min=1), default=100_000, show_default=True)

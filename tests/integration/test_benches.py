@@ -195,3 +195,11 @@ def test_bench_placement_small() -> None:
         out, "build_s", "candidates_cold_s", "candidates_warm_s", "standbys_10k_bundles_2_replicas_s"
     )
     assert out["meets_targets"] == {"candidates_s": True}
+
+
+def test_bench_compiled_small() -> None:
+    """The mypyc prototype compiles the two modules, replays with each and checks both tables."""
+    out = invoke("compiled", "--records", "20000", "--bundles", "2000", "--runs", "1")
+    assert out["bench"] == "compiled"
+    assert_number(out, "replay_records_per_s_interpreted", "replay_records_per_s_compiled", "speedup")
+    assert out["compiled_modules"] == ["trimtab/channel/resolve.py", "trimtab/channel/table.py"]
