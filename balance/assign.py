@@ -88,7 +88,8 @@ def version_key(v: str) -> tuple[_Parts, int, _Parts]:
     """A broker version as a sortable key (semver order, numbers compared as numbers)."""
 
     def parts(text: str) -> _Parts:
-        return tuple((int(p), "") if p.isdigit() else (-1, p) for p in text.split("."))
+        # isdecimal, not isdigit: "²" is a digit int() refuses (a version is the broker's own word, hostile)
+        return tuple((int(p), "") if p.isdecimal() else (-1, p) for p in text.split("."))
 
     # Semver: a pre-release (``2.0.0-rc1``) orders before its release (``2.0.0``).
     core, sep, pre = v.partition("-")

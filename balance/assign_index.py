@@ -91,7 +91,7 @@ class AssignIndex:
         self._lock = threading.Lock()
         self._dirty: set[str] = set()
         self._brokers: Mapping[str, BrokerInfo] | None = None
-        self._settings: tuple[float, int] | None = None
+        self._settings: tuple[float, int, bool] | None = None
         self._now = 0
         self.rebuilds = 0
         self._clear([])
@@ -115,15 +115,20 @@ class AssignIndex:
         self._odd: set[str] = set()  # a score that is not a finite number
         self._expiry: list[tuple[int, str]] = []
 
-    def _rebuild(self, brokers: Mapping[str, BrokerInfo], now_ms: int) -> None:
+    def _rebuild(self, brokers: Mapping[str, BrokerInfo], now_ms: int, prefer_later_versions: bool) -> None:
         self.rebuilds += 1
+        self._brokers = None  # until this rebuild is complete: a failure half-way rebuilds again next time
         with self._lock:
             self._dirty.clear()
         self._clear(sorted(b for b, info in brokers.items() if not info.draining))
-        self._brokers, self._now = brokers, now_ms
-        self._versions = {version_key(brokers[b].version) for b in self._names}
+        self._now = now_ms
+        # Versions matter only while later ones are preferred (the scan reads them then only, too).
+        self._versions = (
+            {version_key(brokers[b].version) for b in self._names} if prefer_later_versions else set()
+        )
         for b in self._names:
             self._score(b)
+        self._brokers = brokers
 
     def _below_cut(self, key: tuple[float, str]) -> bool:
         return self._cut is None or key < self._cut
@@ -149,7 +154,7 @@ class AssignIndex:
         if b not in self._rank:
             return
         load = self._loads.get(b)
-        ttl_ms, max_topics = self._settings or (0.0, 0)
+        ttl_ms, max_topics, _ = self._settings or (0.0, 0, False)
         if load is None or not self._now - load.updated_at <= ttl_ms:
             return
         ema = load.weighted_max_ema
@@ -210,10 +215,10 @@ class AssignIndex:
         """What ``select_broker(bundle, brokers, ctx, rng, diff=diff)`` answers -- the default filters, no
         placement rule, ``ctx`` built of these arguments and the live loads -- drawing the same random
         numbers; None when this case is not indexed (see the module docstring) and nothing was drawn."""
-        settings = (load_ttl_s * 1000, max_topics)
+        settings = (load_ttl_s * 1000, max_topics, prefer_later_versions)
         if brokers is not self._brokers or settings != self._settings or now_ms < self._now:
             self._settings = settings
-            self._rebuild(brokers, now_ms)
+            self._rebuild(brokers, now_ms, prefer_later_versions)
         else:
             self._now = now_ms
             with self._lock:

@@ -143,7 +143,7 @@ def build_controller(
         ),
         view_ready=lambda: replica.standby_view.ready,
     )
-    table.add_listener(standbys.owner_changed)  # on the follower thread; thread-safe
+    placement.add_owner_listener(standbys.owner_changed)  # under the placement index's lock
     switch_store = Switches(zk.client, paths)
     live = LiveSettings(s, zk.client, paths, clock=clock)
     operations = OperationsJob(

@@ -28,6 +28,11 @@ class StandbyIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._of: dict[str, tuple[str, ...]] = {}
+        self._listeners: list[Callable[[str], None]] = []
+
+    def add_listener(self, fn: Callable[[str], None]) -> None:
+        """``fn(bundle)`` after each record of the topic is read (the reader's thread)."""
+        self._listeners.append(fn)
 
     def changed(self, bundle: str, value: StandbySet | None) -> None:
         """A :class:`~trimtab.cluster.kvview.KeyValueView` listener."""
@@ -36,6 +41,8 @@ class StandbyIndex:
                 self._of.pop(bundle, None)
             else:
                 self._of[bundle] = tuple(value.brokers)
+        for fn in self._listeners:
+            fn(bundle)
 
     def of(self, bundle: str) -> tuple[str, ...]:
         """The bundle's standbys in pick order (most preferred first); empty if none."""

@@ -80,6 +80,7 @@ class LivePlacement:
         # one more at each change of policies or brokers (the rules) and each whole new ownership index (a
         # table replaced whole): not at each ownership change, which listeners hear one by one
         self.generation = 0
+        self._owner_listeners: list[Callable[[str, str | None, str | None], None]] = []
 
     # ------------------------------------------------------------------ inputs (any thread)
     def policies_changed(self, docs: PlacementDocs) -> None:
@@ -93,19 +94,26 @@ class LivePlacement:
             self._placement = None
             self.generation += 1
 
+    def add_owner_listener(self, fn: Callable[[str, str | None, str | None], None]) -> None:
+        """``fn(bundle, owner before, owner now)`` at each change of an ``Owned`` owner, called under this
+        index's lock: a :meth:`planning` copy holds every change heard before it and none heard after."""
+        self._owner_listeners.append(fn)
+
     def record_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
         """A channel listener: keep the ``Owned`` index current."""
         owner = new.dst if new is not None and new.state is State.OWNED else None
         with self._lock:
-            if owner is None:
-                if self._owned.pop(bundle, None) is None:
-                    return
-            elif self._owned.get(bundle) == owner:
+            before = self._owned.get(bundle)
+            if owner == before:
                 return
+            if owner is None:
+                del self._owned[bundle]
             else:
                 self._owned[bundle] = owner
             if self._placement is not None:
                 self._placement.set_owner(bundle, owner)
+            for fn in self._owner_listeners:
+                fn(bundle, before, owner)
 
     def load_table(self, items: list[tuple[str, Record]]) -> None:
         """The whole table (after a bootstrap or a rebuild): the index starts over."""

@@ -24,7 +24,6 @@ import msgspec
 import structlog
 
 from trimtab.balance.placement.standby import StandbyLoads, StandbyRules, StandbySpec, repair_standbys
-from trimtab.channel.records import Record, State
 from trimtab.channel.transport import Transport
 from trimtab.cluster.placement.standbys import StandbyIndex, StandbySet
 from trimtab.cluster.placement.view import LivePlacement
@@ -73,6 +72,7 @@ class StandbyJob:
         self._generation = -1
         self._full_at = 0.0
         self.full_passes = 0
+        index.add_listener(self._read_back)
         self._short: dict[str, int] = {}
         # sets written and acknowledged that the standby view may not have read back yet: a repair starts
         # from them (counting the view's older set would skew the loads), and they are not written twice
@@ -86,10 +86,9 @@ class StandbyJob:
         with self._lock:
             return len(self._dirty)
 
-    def owner_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
-        """A channel listener (the follower's thread): remember the bundle and the owned counts it shifts."""
-        before = old.dst if old is not None and old.state is State.OWNED else None
-        after = new.dst if new is not None and new.state is State.OWNED else None
+    def owner_changed(self, bundle: str, before: str | None, after: str | None) -> None:
+        """The placement index's owner listener (under its lock, on the channel's thread): remember the
+        bundle and the owned counts it shifts."""
         if before == after:
             return
         with self._lock:
@@ -98,12 +97,19 @@ class StandbyJob:
 
     def _full_pass(self) -> dict[str, list[str]]:
         """Every owned or published bundle, loads counted afresh (a worker thread)."""
-        with self._lock:
-            self._dirty.clear()  # what changes from here is either in the copy below or repaired next round
         generation = self.placement.generation
         copy = self.placement.planning()
+        with self._lock:
+            # The copy holds every change heard before it (the owner listener runs under the index's lock):
+            # what is noted counts from the copy's owner on -- a no-op for a change the copy has, a delta for
+            # one heard after it -- never twice.
+            self._dirty = {
+                b: (was, now) for b, (_, now) in self._dirty.items() if (was := copy.owned.get(b)) != now
+            }
         published = self.index.snapshot()
-        for b, written in self._written.items():  # acknowledged, perhaps not read back yet
+        with self._lock:
+            overlay = dict(self._written)
+        for b, written in overlay.items():  # acknowledged, perhaps not read back yet
             if written:
                 published[b] = written
             else:
@@ -148,17 +154,24 @@ class StandbyJob:
 
     def _current(self, bundle: str) -> tuple[str, ...]:
         """The bundle's set as last written: acknowledged by Kafka, or read back from the topic."""
-        written = self._written.get(bundle)
+        with self._lock:
+            written = self._written.get(bundle)
         return written if written is not None else self.index.of(bundle)
+
+    def _read_back(self, bundle: str) -> None:
+        """The standby view read a record of ``bundle`` (its thread): from now on the view says what is
+        published -- this job's write read back, or someone else's after it. (A record older than this
+        job's last write, read first, ends the overlay early: the next round may write the set once more.)"""
+        with self._lock:
+            self._written.pop(bundle, None)
 
     async def run_once(self) -> int:
         """Bring the sets up to date and publish what changed; returns the number of records written."""
-        # what the view has read back needs no overlay any more
-        self._written = {b: w for b, w in self._written.items() if self.index.of(b) != w}
         if not self.leadership.is_leader or self.spec.replicas == 0:
             self._loads = None  # a new leadership starts with a full pass
             with self._lock:
                 self._dirty.clear()  # bounded: nothing repairs them here, and the full pass counts afresh
+                self._written.clear()  # another leader may write meanwhile: trust the topic again
         if not self.leadership.is_leader:
             return 0
         if self.spec.replicas == 0:
@@ -193,7 +206,8 @@ class StandbyJob:
             kind = "set" if value is not None else "tombstone"
             if f.done() and f.exception() is None:
                 ok += 1
-                self._written[bundle] = tuple(sets[bundle])
+                with self._lock:
+                    self._written[bundle] = tuple(sets[bundle])
                 self.metrics.standby_writes.labels(kind, "ok").inc()
             else:
                 self.metrics.standby_writes.labels(kind, "failed").inc()
