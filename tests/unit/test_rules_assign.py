@@ -1,0 +1,169 @@
+"""Assignment's rules, through ``select_broker``'s results only (balance/assign.py; docs/testing.md).
+
+These tests use the public function and what it returns -- never a helper of the module -- so that they
+hold whatever index the selection is computed with. The placement rule is passed on every test that
+chooses under a policy: it is a hard rule, applied before the soft filters.
+"""
+
+from __future__ import annotations
+
+import random
+
+from trimtab.balance.assign import AssignContext, BrokerInfo, Selection, select_broker
+from trimtab.balance.load import BrokerLoadData
+
+NOW = 100_000_000
+BUNDLE = "t/iso/0x00000000_0x40000000"
+
+
+def info(bid: str, *, draining: bool = False, version: str = "1.0.0") -> BrokerInfo:
+    return BrokerInfo(
+        id=bid, service_url=f"svc://{bid}", http_url=f"http://{bid}", draining=draining, version=version
+    )
+
+
+def ctx(loads: dict[str, float] | None = None, exclude: frozenset[str] = frozenset()) -> AssignContext:
+    reports = {
+        b: BrokerLoadData(broker=b, weighted_max_ema=v, updated_at=NOW) for b, v in (loads or {}).items()
+    }
+    return AssignContext(loads=reports, now_ms=NOW, exclude=exclude)
+
+
+BROKERS = {b: info(b) for b in ("a", "b", "c")}
+
+
+def every_pick(brokers: dict[str, BrokerInfo], context: AssignContext, **kw: object) -> set[str | None]:
+    """Every broker the selection can return, over many seeds."""
+    return {select_broker(BUNDLE, brokers, context, random.Random(s), **kw).broker for s in range(200)}  # type: ignore[arg-type]
+
+
+def test_placement_decides_among_the_brokers_it_allows() -> None:
+    """Rule: with a placement rule the broker is always one the rule allows, however loaded the others
+    are (isolation: this namespace only on c)."""
+
+    def only_c(bundle: str, candidates: dict[str, BrokerInfo]) -> dict[str, BrokerInfo]:
+        return {k: v for k, v in candidates.items() if k == "c"}
+
+    loads = {"a": 0.0, "b": 0.0, "c": 0.9}
+    assert every_pick(BROKERS, ctx(loads), placement=only_c) == {"c"}
+    sel = select_broker(BUNDLE, BROKERS, ctx(loads), random.Random(0), placement=only_c)
+    assert (sel.broker, sel.candidates, sel.reason) == ("c", 1, "selected")
+    assert every_pick(BROKERS, ctx(loads)) == {"a", "b"}  # without the rule the least loaded win
+
+
+def test_placement_that_allows_nobody_fails_the_selection() -> None:
+    """Rule: placement is a hard rule: when it allows none of the brokers, nothing is selected (reason
+    ``placement``) rather than a broker that breaks the policy."""
+    sel = select_broker(BUNDLE, BROKERS, ctx({"a": 0.1}), random.Random(0), placement=lambda b, c: {})
+    assert (sel.broker, sel.candidates, sel.skipped_filters, sel.reason) == (None, 0, [], "placement")
+
+
+def test_placement_is_asked_about_the_bundle_with_the_eligible_brokers_only() -> None:
+    """Rule: the placement rule gets the bundle being placed, and only brokers that may take it: not
+    draining, not excluded."""
+    seen: list[tuple[str, set[str]]] = []
+
+    def record(bundle: str, candidates: dict[str, BrokerInfo]) -> dict[str, BrokerInfo]:
+        seen.append((bundle, set(candidates)))
+        return candidates
+
+    brokers = {**BROKERS, "d": info("d", draining=True)}
+    sel = select_broker(BUNDLE, brokers, ctx(exclude=frozenset({"a"})), random.Random(0), placement=record)
+    assert seen == [(BUNDLE, {"b", "c"})]
+    assert sel.broker in {"b", "c"}
+
+
+def test_placement_comes_before_the_soft_filters() -> None:
+    """Rule: the soft filters narrow what placement allowed, never the reverse: the version filter keeps
+    the newest version *among the brokers placement allows* (a, b), not c, the newest of all."""
+    brokers = {"a": info("a"), "b": info("b"), "c": info("c", version="2.0.0")}
+    context = AssignContext(loads={}, now_ms=NOW, prefer_later_versions=True)
+
+    def not_c(bundle: str, candidates: dict[str, BrokerInfo]) -> dict[str, BrokerInfo]:
+        return {k: v for k, v in candidates.items() if k != "c"}
+
+    assert every_pick(brokers, context, placement=not_c) == {"a", "b"}
+    assert every_pick(brokers, context) == {"c"}
+
+
+def test_no_eligible_broker_is_no_brokers_before_placement() -> None:
+    """Rule: with every broker draining or excluded there is nobody to place on (``no_brokers``), and the
+    placement rule is not consulted."""
+    asked: list[str] = []
+
+    def record(bundle: str, candidates: dict[str, BrokerInfo]) -> dict[str, BrokerInfo]:
+        asked.append(bundle)
+        return candidates
+
+    brokers = {"a": info("a", draining=True), "b": info("b")}
+    sel = select_broker(BUNDLE, brokers, ctx(exclude=frozenset({"b"})), random.Random(0), placement=record)
+    assert sel == Selection(None, 0, [], "no_brokers") and asked == []
+
+
+def test_the_context_carries_the_assignment_settings() -> None:
+    """Rule: ``AssignContext.from_settings`` carries the load TTL, the topic limit and the version
+    preference over from the settings."""
+    from trimtab.config.settings import AssignmentSettings, LoadSettings, Settings
+
+    s = Settings(
+        load=LoadSettings(ttl_s=2000.0, report_max_interval_s=60.0),
+        assignment=AssignmentSettings(broker_max_topics=7, prefer_later_versions=True),
+    )
+    c = AssignContext.from_settings(s, {}, NOW, frozenset({"x"}))
+    assert (c.load_ttl_s, c.max_topics, c.prefer_later_versions, c.exclude) == (
+        2000.0,
+        7,
+        True,
+        frozenset({"x"}),
+    )
+
+
+def aged(ema: float, age_ms: int, topics: int = 0) -> BrokerLoadData:
+    return BrokerLoadData(broker="?", weighted_max_ema=ema, topics=topics, updated_at=NOW - age_ms)
+
+
+def test_a_report_exactly_ttl_old_still_counts() -> None:
+    """Rule: a load report is fresh while its age is at most the TTL (in seconds, compared in ms): at
+    exactly the TTL the least loaded broker is still preferred and a broker at the topic limit still
+    dropped; a millisecond later neither report counts."""
+    ttl_ms = 1800 * 1000
+    for age, fresh in ((ttl_ms, True), (ttl_ms + 1, False)):
+        loads = {"a": aged(0.0, age), "b": aged(0.9, age), "c": aged(0.9, age)}
+        context = AssignContext(loads=loads, now_ms=NOW, load_ttl_s=1800.0)
+        assert (every_pick(BROKERS, context) == {"a"}) is fresh
+        full = {"a": aged(0.0, age, topics=10), "b": aged(0.0, 0), "c": aged(0.0, 0)}
+        context = AssignContext(loads=full, now_ms=NOW, load_ttl_s=1800.0, max_topics=10)
+        assert ("a" in every_pick(BROKERS, context)) is not fresh
+
+
+def test_a_filter_is_asked_about_the_bundle_being_placed() -> None:
+    """Rule: every filter of the chain gets the bundle it filters for."""
+    asked: list[str] = []
+
+    class Recording:
+        name = "recording"
+
+        def apply(
+            self, bundle: str, candidates: dict[str, BrokerInfo], ctx: AssignContext
+        ) -> dict[str, BrokerInfo]:
+            asked.append(bundle)
+            return candidates
+
+    select_broker(BUNDLE, BROKERS, ctx(), random.Random(0), filters=[Recording()])
+    assert asked == [BUNDLE]
+
+
+def test_a_splitting_or_merging_parent_counts_at_its_source() -> None:
+    """Rule: the bundles the channel gives a broker include a splitting or merging parent at its source
+    (the broker still serving it), and an owned or incoming bundle at its destination."""
+    from trimtab.balance.assign import headed_to
+    from trimtab.channel.records import State, make
+
+    kids: dict[str, str | None] = {"0x00000000_0x20000000": "a", "0x20000000_0x40000000": "a"}
+    records = [
+        make(State.SPLITTING, version=2, ts=0, writer="a", src="a", children=kids),
+        make(State.MERGING, version=2, ts=0, writer="b", src="b", children={"0x00000000_0x80000000": None}),
+        make(State.OWNED, version=1, ts=0, writer="c", dst="c", src="a"),
+        make(State.ASSIGNING, version=1, ts=0, writer="x", dst="c"),
+    ]
+    assert headed_to(records) == {"a": 1, "b": 1, "c": 2}
