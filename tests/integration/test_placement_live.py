@@ -5,6 +5,7 @@ tests/unit/test_placement*.py's and tests/property/test_placement_props.py's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -179,9 +180,10 @@ def test_healing_and_admin_moves_obey_isolation(
     assert rec.state is State.RELEASING and rec.dst == "gold-2:1"
 
 
-def test_the_leader_publishes_standbys_and_healing_prefers_them(
-    settings: Settings, log: MemoryLog, zk: KazooClient
-) -> None:
+@contextlib.contextmanager
+def standby_leader(settings: Settings, log: MemoryLog, zk: KazooClient, *brokers: str) -> Iterator[Node]:
+    """A leading controller with one warm standby per bundle, its standby topic read, ``brokers``
+    registered and seen."""
     s = settings.model_copy(
         update={"placement": settings.placement.model_copy(update={"standby_replicas": 1})}
     )
@@ -191,8 +193,19 @@ def test_the_leader_publishes_standbys_and_healing_prefers_them(
         c.replica.standby_view.start()
         wait_for(lambda: c.replica.standby_view.ready, message="the standby topic read")
         wait_for(lambda: c.leadership.is_leader and c.leadership.safe_mode() is None, message="leads")
-        register(zk, s, "b1:1", "b2:1", "b3:1", "b4:1")
-        wait_for(lambda: len(c.registry.brokers) == 4, message="registry sees the brokers")
+        register(zk, s, *brokers)
+        wait_for(lambda: len(c.registry.brokers) == len(brokers), message="registry sees the brokers")
+        yield node
+    finally:
+        node.stop()
+        c.replica.standby_view.stop()
+
+
+def test_the_leader_publishes_standbys_and_healing_prefers_them(
+    settings: Settings, log: MemoryLog, zk: KazooClient
+) -> None:
+    with standby_leader(settings, log, zk, "b1:1", "b2:1", "b3:1", "b4:1") as node:
+        c = node.ctl
         owners = {bundle(i): "b1:1" for i in range(8)}
         own(node, owners)
         written = asyncio.run(c.standbys.run_once())
@@ -205,14 +218,11 @@ def test_the_leader_publishes_standbys_and_healing_prefers_them(
         assert asyncio.run(c.standbys.run_once()) == 0  # nothing changed: nothing rewritten
 
         # b1 dies: each of its bundles goes to its own warm standby.
-        zk.delete(ZkPaths(s.zk_path).broker("b1:1"))
+        zk.delete(ZkPaths(settings.zk_path).broker("b1:1"))
         wait_for(lambda: "b1:1" not in c.registry.brokers, message="b1 gone")
         asyncio.run(c.healing.on_lead())
         moved = asyncio.run(c.healing.run_once())
         assert {o.bundle: o.dst for o in moved} == {b: sets[b][0] for b in owners}
-    finally:
-        node.stop()
-        c.replica.standby_view.stop()
 
 
 def test_an_ownership_change_repairs_that_bundle_only(
@@ -220,17 +230,8 @@ def test_an_ownership_change_repairs_that_bundle_only(
 ) -> None:
     """Standby sets follow ownership incrementally: a bundle that moves onto its own standby gets a new
     set in the next round, the other bundles keep theirs, and no pass over every bundle is made."""
-    s = settings.model_copy(
-        update={"placement": settings.placement.model_copy(update={"standby_replicas": 1})}
-    )
-    node = Node(s, log).start()
-    c = node.ctl
-    try:
-        c.replica.standby_view.start()
-        wait_for(lambda: c.replica.standby_view.ready, message="the standby topic read")
-        wait_for(lambda: c.leadership.is_leader and c.leadership.safe_mode() is None, message="leads")
-        register(zk, s, "b1:1", "b2:1", "b3:1")
-        wait_for(lambda: len(c.registry.brokers) == 3, message="registry sees the brokers")
+    with standby_leader(settings, log, zk, "b1:1", "b2:1", "b3:1") as node:
+        c = node.ctl
         own(node, {bundle(i): "b1:1" for i in range(6)})
         assert asyncio.run(c.standbys.run_once()) == 6
         index = c.healing.destinations.standbys
@@ -256,9 +257,6 @@ def test_an_ownership_change_repairs_that_bundle_only(
             b: v for b, v in before.items() if b != moved
         }
         assert node.metric("trimtab_standby_coverage_ratio") == 1.0
-    finally:
-        node.stop()
-        c.replica.standby_view.stop()
 
 
 def test_standbys_are_measured_but_not_published_before_the_topic_is_read(

@@ -4,13 +4,13 @@ unregistered brokers and notifications before the first decision, excluded unkno
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trimtab.balance.assign import AssignContext, BrokerInfo, select_broker
+from tests.property.test_assign_index_props import decides_as_the_scan
+from trimtab.balance.assign import AssignContext, BrokerInfo
 from trimtab.balance.assign_index import AssignIndex
 from trimtab.balance.load import FIGURE_MAX, BrokerLoadData
 
@@ -78,20 +78,4 @@ def test_the_index_decides_as_the_scan_over_extreme_figures(
             ctx = AssignContext(
                 loads=loads, now_ms=now, load_ttl_s=TTL_S, max_topics=100, exclude=frozenset(exclude)
             )
-            scan_rng, index_rng = random.Random(seed), random.Random(seed)
-            want = select_broker(BUNDLE, brokers, ctx, scan_rng, diff=diff)
-            got = index.select(
-                brokers,
-                index_rng,
-                now_ms=now,
-                load_ttl_s=TTL_S,
-                max_topics=100,
-                prefer_later_versions=False,
-                exclude=frozenset(exclude),
-                diff=diff,
-            )
-            if got is None:
-                assert index_rng.getstate() == random.Random(seed).getstate()
-                continue
-            assert (got.broker, got.candidates, got.reason) == (want.broker, want.candidates, want.reason)
-            assert index_rng.getstate() == scan_rng.getstate()
+            decides_as_the_scan(index, brokers, ctx, diff, seed)

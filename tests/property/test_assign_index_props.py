@@ -85,7 +85,7 @@ def test_the_index_decides_as_the_scan_does(history: list[tuple[Any, ...]]) -> N
     brokers: dict[str, BrokerInfo] = {b: info(b, False, "1.0.0") for b in IDS[:6]}
     index = AssignIndex(loads)
     now, ttl_s, max_topics, prefer = 10_000, 3.0, 100, False
-    answered = 0
+
     for op in history:
         kind = op[0]
         if kind == "register":
@@ -113,29 +113,37 @@ def test_the_index_decides_as_the_scan_does(history: list[tuple[Any, ...]]) -> N
                 prefer_later_versions=prefer,
                 exclude=frozenset(exclude),
             )
-            scan_rng, index_rng = random.Random(seed), random.Random(seed)
-            want = select_broker(BUNDLE, brokers, ctx, scan_rng, diff=diff)
-            got = index.select(
-                brokers,
-                index_rng,
-                now_ms=now,
-                load_ttl_s=ttl_s,
-                max_topics=max_topics,
-                prefer_later_versions=prefer,
-                exclude=frozenset(exclude),
-                diff=diff,
-            )
-            if got is None:
-                assert index_rng.getstate() == random.Random(seed).getstate()
-                continue
-            answered += 1
-            assert (got.broker, got.candidates, got.skipped_filters, got.reason) == (
-                want.broker,
-                want.candidates,
-                want.skipped_filters,
-                want.reason,
-            )
-            assert index_rng.getstate() == scan_rng.getstate()
+            decides_as_the_scan(index, brokers, ctx, diff, seed)
+
+
+def decides_as_the_scan(
+    index: AssignIndex, brokers: dict[str, BrokerInfo], ctx: AssignContext, diff: float, seed: int
+) -> bool:
+    """The index's decision is the scan's from the same random state, and leaves the generator where the
+    scan does -- or the index declines having drawn nothing. Whether it answered."""
+    scan_rng, index_rng = random.Random(seed), random.Random(seed)
+    want = select_broker(BUNDLE, brokers, ctx, scan_rng, diff=diff)
+    got = index.select(
+        brokers,
+        index_rng,
+        now_ms=ctx.now_ms,
+        load_ttl_s=ctx.load_ttl_s,
+        max_topics=ctx.max_topics,
+        prefer_later_versions=ctx.prefer_later_versions,
+        exclude=ctx.exclude,
+        diff=diff,
+    )
+    if got is None:
+        assert index_rng.getstate() == random.Random(seed).getstate()
+        return False
+    assert (got.broker, got.candidates, got.skipped_filters, got.reason) == (
+        want.broker,
+        want.candidates,
+        want.skipped_filters,
+        want.reason,
+    )
+    assert index_rng.getstate() == scan_rng.getstate()
+    return True
 
 
 def test_a_large_cluster_is_answered_by_the_index_and_rebuilt_only_on_membership_changes() -> None:
