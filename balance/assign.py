@@ -81,19 +81,19 @@ class BrokerFilter(Protocol):
     ) -> dict[str, BrokerInfo]: ...
 
 
-_Parts = tuple[tuple[int, str], ...]
+_Core = tuple[tuple[int, str], ...]
+_Pre = tuple[tuple[int, int, str], ...]
 
 
-def version_key(v: str) -> tuple[_Parts, int, _Parts]:
-    """A broker version as a sortable key (semver order, numbers compared as numbers)."""
-
-    def parts(text: str) -> _Parts:
-        # isdecimal, not isdigit: "²" is a digit int() refuses (a version is the broker's own word, hostile)
-        return tuple((int(p), "") if p.isdecimal() else (-1, p) for p in text.split("."))
-
-    # Semver: a pre-release (``2.0.0-rc1``) orders before its release (``2.0.0``).
+def version_key(v: str) -> tuple[_Core, int, _Pre]:
+    """A broker version as a sortable key in semver 2.0.0 precedence (section 11): release numbers
+    compared as numbers; a pre-release (``2.0.0-rc.1``) before its release; within a pre-release, numeric
+    identifiers below alphanumeric ones and a longer set above its prefix. isdecimal, not isdigit: "²" is a
+    digit int() refuses -- a version is the broker's own word, hostile."""
     core, sep, pre = v.partition("-")
-    return (parts(core), 0 if sep else 1, parts(pre))
+    core_key = tuple((int(p), "") if p.isdecimal() else (-1, p) for p in core.split("."))
+    pre_key = tuple((0, int(p), "") if p.isdecimal() else (1, 0, p) for p in pre.split(".")) if sep else ()
+    return (core_key, 0 if sep else 1, pre_key)
 
 
 class VersionFilter:

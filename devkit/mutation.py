@@ -207,6 +207,34 @@ EQUIVALENT |= {
     S + "xǁ_Pairǁ_swap__mutmut_48": _SWAP_BOUND,
     S + "xǁ_Pairǁ_swap__mutmut_49": _SWAP_BOUND,
 }
+_ZERO_ENTRY = (
+    "a drain's ledger with entries of 0 (per_bundle_load 0, or a share of 0 recorded): context() skips an "
+    "entry of 0, so the loads the next pick reads are the same"
+)
+_VERSION_MARK = "version_key's parts are only compared with each other: "
+A = "trimtab.balance.assign."
+EQUIVALENT |= {
+    A + "x_select_broker__mutmut_42": "the two filters of this module never change the dict they are given "
+    "(they return it or a new one): giving them a copy too changes only the time",
+    A + "x_per_bundle_load__mutmut_3": "a bundle count is never negative (load.Count): a report of 0 bundles "
+    "adds 0 to the sum either way",
+    A + "x_version_key__mutmut_10": _VERSION_MARK + "a release number's tag ('' or 'XXXX') is only compared "
+    "with another number's, of the same tag, once their numbers are equal",
+    A + "x_version_key__mutmut_12": _VERSION_MARK + "a release part that is not a number ranks -1 or -2, "
+    "below every number (>= 0) either way, and such parts compare by their text",
+    A + "x_version_key__mutmut_17": _VERSION_MARK + "a release's pre-release key (() or the key of '') is "
+    "only compared once the markers are equal, i.e. with another release's, which is the same",
+    A + "x_version_key__mutmut_23": _VERSION_MARK + "a numeric pre-release identifier's tag ('' or 'XXXX') "
+    "is only compared with another numeric one's once their numbers are equal",
+    A + "x_version_key__mutmut_24": _VERSION_MARK + "an alphanumeric pre-release identifier ranks 1 or 2, "
+    "above every numeric one (0) either way",
+    A + "x_version_key__mutmut_25": _VERSION_MARK + "an alphanumeric identifier's middle field (0 or 1) is "
+    "only compared with another alphanumeric one's, the same constant",
+    A + "x_version_key__mutmut_31": _VERSION_MARK + "a release's marker (1 or 2) is only compared with a "
+    "pre-release's (0) or another release's: the same order",
+    A + "xǁBurstPicksǁfor_drain__mutmut_18": _ZERO_ENTRY,
+    A + "xǁBurstPicksǁrecord__mutmut_3": _ZERO_ENTRY,
+}
 
 
 @dataclass

@@ -167,3 +167,103 @@ def test_a_splitting_or_merging_parent_counts_at_its_source() -> None:
         make(State.ASSIGNING, version=1, ts=0, writer="x", dst="c"),
     ]
     assert headed_to(records) == {"a": 1, "b": 1, "c": 2}
+
+
+def test_a_broker_on_the_line_tolerance_included_is_among_the_best() -> None:
+    """Rule: a broker is among the best when its EMA plus ``diff`` is at most the average plus the 1e-9
+    tolerance -- at equality with that bound it still is (a: 0 + diff == 0.5 + 1e-9), so the pick is a,
+    not a random one of all."""
+    diff = 0.5 + 1e-9
+    assert every_pick(BROKERS, ctx({"a": 0.0, "b": 1.0}), diff=diff) == {"a"}
+    assert every_pick(BROKERS, ctx({"a": 0.0, "b": 1.0}), diff=diff + 1e-9) == {"a", "b", "c"}
+
+
+def load(ema: float, bundles: int) -> BrokerLoadData:
+    return BrokerLoadData(broker="?", weighted_max_ema=ema, bundles=bundles, updated_at=NOW)
+
+
+def test_the_mean_load_per_bundle_counts_only_reports_with_bundles() -> None:
+    """Rule: the cluster's load per bundle is the sum of the EMAs of the reports that count a bundle over
+    the number of their bundles -- one bundle counts; a report without bundles adds neither its load nor
+    a bundle; with no bundle at all it is 0."""
+    from trimtab.balance.assign import per_bundle_load
+
+    assert per_bundle_load({}) == 0.0
+    assert per_bundle_load({"a": load(0.75, 0)}) == 0.0
+    assert per_bundle_load({"a": load(0.5, 1)}) == 0.5
+    assert per_bundle_load({"a": load(0.5, 1), "b": load(0.5, 3), "c": load(0.25, 0)}) == 0.25
+
+
+def test_a_drain_adds_its_load_per_bundle_to_each_destination() -> None:
+    """Rule: each pick of a drain raises its destination's load, in what the next pick reads, by the
+    drained broker's EMA over its number of bundles (one bundle: all of it; none counted: as one)."""
+    from trimtab.balance.assign import BurstPicks
+
+    loads = {"me": load(0.5, 0), "a": load(0.0, 0)}
+    context = AssignContext(loads=loads, now_ms=NOW)
+    only_a = {"a": info("a")}
+    for bundles, added in ((0, 0.5), (1, 0.5), (4, 0.125)):
+        burst = BurstPicks.for_drain(loads, "me", bundles)
+        assert burst.select(BUNDLE, only_a, context, random.Random(0)).broker == "a"
+        assert burst.context(context).loads["a"].weighted_max_ema == added, bundles
+
+
+def test_a_drain_pick_passes_the_bundle_and_the_placement_rule_on() -> None:
+    """Rule: a pick of a drain is a selection like any other: the placement rule (and every keyword)
+    reaches it, and is asked about the bundle being placed."""
+    from trimtab.balance.assign import BurstPicks
+
+    asked: list[str] = []
+
+    def only_c(bundle: str, candidates: dict[str, BrokerInfo]) -> dict[str, BrokerInfo]:
+        asked.append(bundle)
+        return {k: v for k, v in candidates.items() if k == "c"}
+
+    burst = BurstPicks.for_drain({}, "me", 1)
+    for seed in range(20):
+        sel = burst.select(
+            BUNDLE, BROKERS, ctx({"a": 0.0, "b": 0.0, "c": 0.9}), random.Random(seed), placement=only_c
+        )
+        assert sel.broker == "c"
+    assert set(asked) == {BUNDLE}
+
+
+def test_versions_compare_their_release_numbers_as_numbers_before_any_pre_release() -> None:
+    """Rule: the version filter keeps the newest release number, compared part by part as numbers, and
+    only then a pre-release before its release: 2.0.10-rc1 is newer than 2.0.9 (the hyphen splits the
+    pre-release off, it is not part of the last number)."""
+    brokers = {"a": info("a", version="2.0.10-rc1"), "b": info("b", version="2.0.9")}
+    context = AssignContext(loads={}, now_ms=NOW, prefer_later_versions=True)
+    assert every_pick(brokers, context) == {"a"}
+    brokers = {"a": info("a", version="2.0.10-rc1"), "b": info("b", version="2.0.10")}
+    assert every_pick(brokers, context) == {"b"}
+
+
+def test_versions_follow_semver_precedence() -> None:
+    """Rule: versions order as semver 2.0.0 section 11 says (its own example, in order): numeric
+    identifiers below alphanumeric ones, a longer set of identifiers above its prefix, a pre-release
+    below its release."""
+    from trimtab.balance.assign import version_key
+
+    example = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+    ]
+    assert sorted(example, key=version_key) == example
+
+
+def test_a_release_part_that_is_not_a_number_orders_below_every_number() -> None:
+    """Rule: a version is the broker's own word: a release part that is not a number (``1.x.0``, a
+    digit int() refuses such as ``1.²``) orders below every number -- never above a real release -- and
+    such parts compare by their text."""
+    from trimtab.balance.assign import version_key
+
+    assert version_key("1.x.0") < version_key("1.0.0") < version_key("1.1.0")
+    assert version_key("1.²") < version_key("1.0")
+    assert version_key("1.a") < version_key("1.b") < version_key("1.0")
