@@ -41,13 +41,14 @@ def test_a_confirmed_session_grants_leases_that_end_before_it_can_expire(zk_host
         assert g.bound() == 0.0
         with pytest.raises(LeaseUnavailable):
             g.grant()  # nothing confirmed yet
-        t0 = time.monotonic()
         lease = asyncio.run(g.lease_for_acquire())
         assert lease is not None
         assert session.granted_timeout_s() == 4.0
         assert lease.seconds == 2.0
-        # However long ago the confirmation, no lease outlives confirmation + session timeout - margin.
-        assert g.bound() <= 4.0 - 1.0 - (time.monotonic() - t0) + 0.01
+        # No lease outlives the last confirmation + session timeout - margin. (The heartbeat thread may
+        # confirm again at any moment -- a CI run saw it between the question and the check -- so the bound
+        # is measured against that ceiling; that it runs down without confirmations is the next test's.)
+        assert 0.0 < g.bound() <= 4.0 - 1.0
         assert lease.apply_by_ms - time.time() * 1000 <= 500 + 5  # half the margin to arrive
     finally:
         session.stop()
