@@ -73,12 +73,11 @@ class StandbyJob:
         self._full_at = 0.0
         self.full_passes = 0
         index.add_listener(self._read_back)
+        # owned bundles with fewer standbys than wanted -> how many fewer
         self._short: dict[str, int] = {}
         # sets written and acknowledged that the standby view may not have read back yet: a repair starts
         # from them (counting the view's older set would skew the loads), and they are not written twice
-        self._written: dict[
-            str, tuple[str, ...]
-        ] = {}  # owned bundles with fewer standbys than wanted -> how many fewer
+        self._written: dict[str, tuple[str, ...]] = {}
 
     @property
     def pending(self) -> int:

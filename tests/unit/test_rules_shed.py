@@ -777,9 +777,8 @@ def test_a_source_never_receives_even_once_it_is_the_least_loaded() -> None:
     res = w.shed(CFG)
     assert moves(res)[0] == ("s2/0", "s2", "d1")
     assert len(res.decisions) > 2 and all(u.dst != "s2" for u in res.decisions)
-    assert (
-        min(res.loads, key=lambda b: res.loads[b]) == "d1"
-    )  # as reported; s2 is the least loaded after its move
+    # as reported; s2 is the least loaded after its move
+    assert min(res.loads, key=lambda b: res.loads[b]) == "d1"
 
 
 @pytest.mark.parametrize(("plan", "why"), [("to_target", "no_bundles"), ("half_gap", "cool_down")])
