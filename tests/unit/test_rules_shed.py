@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 
 import pytest
 
-from tests.support.shed_world import ShedWorld
+from tests.support.shed_world import WORLD_NOW, EmaWorld
 from trimtab.balance.load import BrokerLoadData, BundleStats
 from trimtab.balance.shed import (
     Settled,
@@ -28,39 +28,14 @@ from trimtab.balance.shed import (
 from trimtab.channel.records import Record, State, make
 from trimtab.config.settings import LoadSettings, Settings, SheddingSettings
 
-NOW = 10_000_000_000
+NOW = WORLD_NOW
 CFG = ShedConfig(hit_count_threshold=0)  # act on the first triggered cycle
 HALF = replace(CFG, plan="half_gap")
 PLANS = pytest.mark.parametrize("cfg", [CFG, HALF], ids=["to_target", "half_gap"])
 Guard = Callable[[str, str, str | None], bool]
 
 
-class World(ShedWorld):
-    def add(
-        self,
-        b: str,
-        load: float,
-        bundles: Sequence[float] = (),
-        *,
-        tput: float | None = None,
-        tput_ema: float | None = None,
-        live: bool = True,
-        updated_at: int = NOW - 1000,
-    ) -> World:
-        """Broker ``b`` at EMA ``load`` with top bundles ``b/0``, ``b/1``, ... of these bytes/s (its
-        throughput their sum, or ``tput``)."""
-        t = float(sum(bundles)) if tput is None else tput
-        report = BrokerLoadData(
-            broker=b,
-            weighted_max_ema=load,
-            msg_throughput_in=t,
-            msg_throughput_ema=t if tput_ema is None else tput_ema,
-            updated_at=updated_at,
-        )
-        stats = [BundleStats(bundle=f"{b}/{i}", msg_throughput_in=x) for i, x in enumerate(bundles)]
-        self.put(report, stats, live=live)
-        return self
-
+class World(EmaWorld):
     def shed(
         self,
         cfg: ShedConfig = CFG,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
-from tests.support.shed_world import ShedWorld
-from trimtab.balance.load import BrokerLoadData, BundleStats
+from tests.support.shed_world import WORLD_NOW, EmaWorld
+from trimtab.balance.load import BrokerLoadData
 from trimtab.balance.shed import (
     ShedConfig,
     ShedResult,
@@ -19,39 +19,12 @@ from trimtab.balance.shed import (
     transfer_shedder,
 )
 
-NOW = 10_000_000_000
+NOW = WORLD_NOW
 CFG = ShedConfig(hit_count_threshold=0)  # act on the first triggered cycle
 HALF = ShedConfig(hit_count_threshold=0, plan="half_gap")  # Pulsar's pairs
 
 
-class World(ShedWorld):
-    def add(
-        self,
-        b: str,
-        load: float,
-        bundles: Sequence[float] = (),
-        *,
-        tput: float | None = None,
-        tput_ema: float | None = None,
-        live: bool = True,
-        updated_at: int = NOW - 1000,
-    ) -> World:
-        """Broker ``b`` with EMA ``load`` and top bundles ``b/0``, ``b/1``, ... of the given throughputs."""
-        t = sum(bundles) if tput is None else tput
-        report = BrokerLoadData(
-            broker=b,
-            weighted_max_ema=load,
-            msg_throughput_in=t,
-            msg_throughput_ema=t if tput_ema is None else tput_ema,
-            updated_at=updated_at,
-        )
-        self.put(
-            report,
-            [BundleStats(bundle=f"{b}/{i}", msg_throughput_in=x) for i, x in enumerate(bundles)],
-            live=live,
-        )
-        return self
-
+class World(EmaWorld):
     def shed(
         self,
         state: ShedState | None = None,
