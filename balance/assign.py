@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -81,18 +82,27 @@ class BrokerFilter(Protocol):
     ) -> dict[str, BrokerInfo]: ...
 
 
-_Core = tuple[tuple[int, str], ...]
+_Core = tuple[tuple[int, int, str], ...]
 _Pre = tuple[tuple[int, int, str], ...]
+
+
+def _number(p: str) -> tuple[int, str]:
+    """A decimal identifier as (digits, digits without leading zeros): ordered as its number, without
+    int() -- which refuses more than 4 300 digits, or fewer, as the interpreter's settings decide
+    (``PYTHONINTMAXSTRDIGITS``), and a version is the broker's own word. Non-ASCII decimals ("٣") are read
+    as their digit value, as int() would."""
+    d = (p if p.isascii() else "".join(str(unicodedata.decimal(c)) for c in p)).lstrip("0")
+    return len(d), d
 
 
 def version_key(v: str) -> tuple[_Core, int, _Pre]:
     """A broker version as a sortable key in semver 2.0.0 precedence (section 11): release numbers
     compared as numbers; a pre-release (``2.0.0-rc.1``) before its release; within a pre-release, numeric
-    identifiers below alphanumeric ones and a longer set above its prefix. isdecimal, not isdigit: "²" is a
-    digit int() refuses -- a version is the broker's own word, hostile."""
+    identifiers below alphanumeric ones and a longer set above its prefix. A release part that is not a
+    number ranks below every number. isdecimal, not isdigit: "²" is a digit that is not a decimal."""
     core, sep, pre = v.partition("-")
-    core_key = tuple((int(p), "") if p.isdecimal() else (-1, p) for p in core.split("."))
-    pre_key = tuple((0, int(p), "") if p.isdecimal() else (1, 0, p) for p in pre.split(".")) if sep else ()
+    core_key = tuple((1, *_number(p)) if p.isdecimal() else (0, 0, p) for p in core.split("."))
+    pre_key = tuple((0, *_number(p)) if p.isdecimal() else (1, 0, p) for p in pre.split(".")) if sep else ()
     return (core_key, 0 if sep else 1, pre_key)
 
 

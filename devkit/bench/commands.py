@@ -1,7 +1,7 @@
-"""``trimtab bench lookup | shed | failover | storm | hostile``: the click commands of the lookup, shedding,
-failover, lookup-storm and hostile-client benchmarks. :func:`register` attaches them to the ``bench`` group of
-:mod:`bench.cli` with that module's helpers (logs to stderr, one JSON object on stdout), so every benchmark
-behaves the same way.
+"""``trimtab bench lookup | shed | failover | storm | hostile | agent-memory``: the click commands of the
+lookup, shedding, failover, lookup-storm, hostile-client and agent-memory benchmarks. :func:`register`
+attaches them to the ``bench`` group of :mod:`bench.cli` with that module's helpers (logs to stderr, one
+JSON object on stdout), so every benchmark behaves the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def register(
     emit: Callable[[dict[str, object], str | None], None],
 ) -> None:
     _helpers.update(logs=logs_to_stderr, emit=emit)
-    for cmd in (lookup_cmd, shed_cmd, failover_cmd, storm_cmd, hostile_cmd):
+    for cmd in (lookup_cmd, shed_cmd, failover_cmd, storm_cmd, hostile_cmd, agent_memory_cmd):
         group.add_command(cmd)
 
 
@@ -354,3 +354,42 @@ def hostile_cmd(workdir: str | None, output: str | None) -> None:
     from trimtab.devkit.bench.hostile import run
 
     _run("hostile", lambda: run(Path(workdir) if workdir else None), output)
+
+
+@click.command("agent-memory")
+@click.option(
+    "--bundles",
+    type=click.IntRange(min=1),
+    default=1_000_000,
+    show_default=True,
+    help="Bundles in the channel the agent tracks.",
+)
+@click.option(
+    "--owners",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Brokers (not registered) the bundles are owned by.",
+)
+@click.option(
+    "--samples", type=click.IntRange(min=1), default=5, show_default=True, help="RSS samples, 1 s apart."
+)
+@workdir_option
+@output_option
+def agent_memory_cmd(
+    bundles: int, owners: int, samples: int, workdir: str | None, output: str | None
+) -> None:
+    """The resident memory of a real agent process tracking 1 000 000 bundles (real ZooKeeper and Kafka):
+    agent_rss_mb_1m_bundles, its peak and what an agent costs on an empty channel."""
+    from trimtab.devkit.bench.agent_memory import run
+
+    _run(
+        "agent-memory",
+        lambda: run(
+            bundles=bundles,
+            owners=owners,
+            samples=samples,
+            workdir=Path(workdir) if workdir else None,
+        ),
+        output,
+    )

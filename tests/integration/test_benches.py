@@ -203,3 +203,19 @@ def test_bench_compiled_small() -> None:
     assert out["bench"] == "compiled"
     assert_number(out, "replay_records_per_s_interpreted", "replay_records_per_s_compiled", "speedup")
     assert out["compiled_modules"] == ["trimtab/channel/resolve.py", "trimtab/channel/table.py"]
+
+
+def test_bench_agent_memory_small() -> None:
+    """A real agent bootstraps a channel of 2 000 bundles: its RSS is measured once its own metrics say
+    it holds every bundle (the bench fails otherwise)."""
+    out = invoke("agent-memory", "--bundles", "2000", "--owners", "10", "--samples", "2")
+    assert out["bench"] == "agent-memory"
+    assert_number(out, "agent_rss_mb", "agent_rss_mb_peak", "agent_rss_mb_empty", "agent_ready_s")
+    assert len(out["agent_rss_mb_runs"]) == 2
+    assert out["table_seen_by_the_agent"] == {
+        "owned": 2000,
+        "accepted": 4000,
+        "rejected_or_skipped": 0,
+        "ready": 1,
+    }
+    assert_checks(out)

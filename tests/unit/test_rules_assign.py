@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from trimtab.balance.assign import AssignContext, BrokerInfo, Selection, select_broker
 from trimtab.balance.load import BrokerLoadData
 
@@ -267,3 +270,36 @@ def test_a_release_part_that_is_not_a_number_orders_below_every_number() -> None
     assert version_key("1.x.0") < version_key("1.0.0") < version_key("1.1.0")
     assert version_key("1.²") < version_key("1.0")
     assert version_key("1.a") < version_key("1.b") < version_key("1.0")
+
+
+def test_a_number_of_any_length_orders_as_its_value() -> None:
+    """Rule: release and pre-release numbers order by value whatever their length, leading zeros
+    included, and whatever the interpreter's int-digits limit (int() refuses 4 301 digits by default: a
+    broker registering such a version must not make every selection raise while later versions are
+    preferred); a non-ASCII decimal ("٣", Arabic-Indic three) is the number it writes."""
+    from trimtab.balance.assign import version_key
+
+    huge = "9" * 5000
+    assert version_key(f"1.{huge}") > version_key("1.10") > version_key("1.9") > version_key("1.0")
+    assert version_key(f"1.{huge}") < version_key(f"1.1{huge}")
+    assert version_key("1.007") == version_key("1.7") < version_key("1.08")
+    assert version_key("1.0-rc.2") < version_key("1.0-rc.10") < version_key(f"1.0-rc.{huge}")
+    assert version_key("1.٣") == version_key("1.3") < version_key("1.٤")
+    assert version_key("1.0") == version_key("1.00") < version_key("1.1")
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(min_value=0, max_value=10**40), min_size=1, max_size=4), st.data())
+def test_numbers_order_as_integers(parts: list[int], data: st.DataObject) -> None:
+    """Rule: two versions of numbers only order as their tuples of integers (leading zeros ignored)."""
+    from trimtab.balance.assign import version_key
+
+    other = data.draw(st.lists(st.integers(min_value=0, max_value=10**40), min_size=1, max_size=4))
+    zeros = data.draw(st.integers(min_value=0, max_value=3))
+
+    def text(ps: list[int]) -> str:
+        return ".".join("0" * zeros + str(p) for p in ps)
+
+    a, b = version_key(text(parts)), version_key(text(other))
+    assert (a < b) == (tuple(parts) < tuple(other))
+    assert (a == b) == (parts == other)
