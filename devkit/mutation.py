@@ -13,7 +13,7 @@ and its pytest skips what is marked ``slow`` or ``integration``.
 
 Not part of CI: a full run takes minutes (docs/testing.md has the command, the figures and the equivalent
 mutants). Prints one JSON document on stdout: per module the mutants, killed, survived, the equivalent
-mutants (``EQUIVALENT`` below, with the reason) and the score ``killed / (mutants - equivalent)``, and every
+mutants (listed with the reason in docs/testing.md: :func:`equivalent_mutants`) and the score ``killed / (mutants - equivalent)``, and every
 surviving mutant with its diff.
 
 ``python -m trimtab.devkit.mutation [--max-children N] [--resume] [--quick] [--constants] [--json FILE]
@@ -37,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,167 +74,39 @@ KILLED = {1, 3, 36, 37, -24, 24, 152, 255}  # a failing test, pytest's internal 
 SURVIVED = 0
 NO_TESTS = {5, 33}
 
-# Mutants that no test can kill because the program does the same thing with and without them, each with
-# the reason (docs/testing.md lists them). Keyed by mutmut's name; a name whose function changed no longer
-# matches the same mutant, so a stale entry shows up as a survivor again (and is reported as unused).
-_VALID = (
-    "the channel's rules (channel/resolve.py) refuse an Owned or Assigning record without dst and a Releasing, "
-    "Splitting or Merging one without src, so the table never holds the record that would tell them apart"
-)
-_SAME_PICK = (
-    "plan_destinations keeps or rebuilds its heap of candidates; either way each bundle gets the least "
-    "(cost, name): only the time differs"
-)
-_NO_STALE = (
-    "the catch-up loop of plan_destinations never runs: every pick re-pushes its broker at once and the heap "
-    "is rebuilt whenever the pool changes, so the heap never holds an out-of-date entry"
-)
-_SAME_BRANCH = (
-    "the first branch of override_for's destination choice does what the last one does (choose(bundle, "
-    "gone)): changing its condition only moves a record from one to the other"
-)
-H = "trimtab.balance.heal."
-EQUIVALENT: dict[str, str] = {
-    H + "x_dependents__mutmut_6": _VALID,
-    H + "x_dependents__mutmut_14": _VALID,
-    H + "x_monitor__mutmut_36": _VALID,
-    H + "x_monitor__mutmut_67": "next(iter(stuck)) without a default: stuck is empty only when override_for "
-    "found nothing to do, and then the line is not reached",
-    H
-    + "x_orphaned__mutmut_2": "sorting (bundle, record) pairs without a key sorts by bundle: the names of a "
-    "table are unique, so the records are never compared",
-    H + "x_orphaned__mutmut_4": "as x_orphaned__mutmut_2",
-    H + "x_override_for__mutmut_53": _SAME_BRANCH,
-    H + "x_override_for__mutmut_55": _SAME_BRANCH,
-    H + "x_override_for__mutmut_56": _SAME_BRANCH,
-    H + "x_override_for__mutmut_57": _SAME_BRANCH,
-    H + "x_plan_destinations__mutmut_22": "the initial 'last pool' ('' instead of None) is never the pool of "
-    "the first bundle either: the heap is built for it",
-    H
-    + "x_plan_destinations__mutmut_23": "the initial heap (None instead of []) is replaced before it is read",
-    H + "x_plan_destinations__mutmut_32": _SAME_PICK,
-    H + "x_plan_destinations__mutmut_37": "both ways of building the heap of a pool hold the same entries "
-    "(its brokers that are candidates), and a heap's least entry does not depend on their order",
-    H + "x_plan_destinations__mutmut_45": _SAME_PICK,
-    H + "x_plan_destinations__mutmut_54": _NO_STALE,
-    H + "x_plan_destinations__mutmut_55": _NO_STALE,
-    H + "x_plan_destinations__mutmut_56": _NO_STALE,
-    H + "x_plan_destinations__mutmut_57": _NO_STALE,
-}
-_IN_POPULATION = (
-    "a default for a broker missing from the map: every broker looked up is in the population, whose "
-    "brokers all come from that map (and from the reports its figures come from)"
-)
-_SOURCE_PROJECTION = (
-    "the projected load of a source is never read again: a source is never a destination later in the cycle"
-)
-_ISOLATING_RESULT = (
-    "_isolate's own result and reason are never read: with decisions _finish replaces them, without only "
-    "its skipped bundles are used"
-)
-_CURSOR = (
-    "_sources_desc's cursor only skips brokers the filter after it drops anyway: a slower scan, the same "
-    "sources in the same order"
-)
-_PRUNE = (
-    "_choose's early stop may only stop later: no later source can beat the best gain so far (a move d "
-    "across a gap g gains d (g - d) <= g^2 / 4), and an equal gain does not replace the choice"
-)
-_RETRY = (
-    "an exhausted source tried again finds nothing again (gaps only shrink, picked bundles only grow) and "
-    "its skips are noted once: only the time differs"
-)
-_CACHE = "a cache of the source's report sorted heaviest first: sorting it again gives the same list"
-_COUNTER = (
-    "the counters of _shed_pairs' skips (few, empty, cooled) are only read as true or false: 1 or 2 for an "
-    "increment is the same, and a counter with a single site never comes back to 0"
-)
-_OVERWRITTEN = "the initial reason of the result is always replaced (balanced, hit_count, or by _finish)"
-_SWAP_BOUND = (
-    "the destination's bundles are read lightest first: once one would take the destination to the source's "
-    "throughput, every later one would too, and once taken the 75 % bound can never be met again: the swap "
-    "fails either way"
-)
-S = "trimtab.balance.shed."
-T = S + "xǁ_TargetPlanǁ"
-EQUIVALENT |= {
-    **{S + f"x__isolate__mutmut_{n}": _ISOLATING_RESULT for n in (3, 4, 8, 9, 10)},
-    **{S + f"x__isolate__mutmut_{n}": _IN_POPULATION for n in (26, 28, 29, 85, 87, 88)},
-    **{S + f"x__isolate__mutmut_{n}": _SOURCE_PROJECTION for n in (119, 120)},
-    **{S + f"x_threshold_shedder__mutmut_{n}": _IN_POPULATION for n in (71, 73, 74)},
-    **{S + f"xǁ_Pairǁ_swap__mutmut_{n}": _IN_POPULATION for n in (6, 8, 9)},
-    **{T + f"run__mutmut_{n}": _IN_POPULATION for n in (8, 10, 11)},
-    **{S + f"xǁ_ThresholdShedǁbroker__mutmut_{n}": _SOURCE_PROJECTION for n in (63, 64)},
-    **{T + f"_sources_desc__mutmut_{n}": _CURSOR for n in (16, 17, 24, 26)},
-    **{T + f"_choose__mutmut_{n}": _PRUNE for n in (16,)},
-    T + "_choose__mutmut_2": "the initial best gain (None instead of 0.0) is only compared once a choice, "
-    "and with it the best gain, was set",
-    T + "_choose__mutmut_3": "as _choose__mutmut_2 (1.0 instead of 0.0)",
-    T + "_choose__mutmut_4": "the initial reason (None instead of ''): both are falsy, and the caller "
-    "replaces a falsy reason",
-    T + "_choose__mutmut_25": _RETRY,
-    T + "_heaviest_fitting__mutmut_9": "a source at load 0 never gets here: its gap to any destination is "
-    "not positive and _choose stops first",
-    T + "_heaviest_fitting__mutmut_44": _CACHE,
-    T + "_heaviest_fitting__mutmut_45": _CACHE,
-    S + "x__reported__mutmut_6": "a broker without a report counted as 0 or 1 bundles: the caller asks for "
-    "more than 1 either way",
-    S + "xǁ_ThresholdShedǁbroker__mutmut_28": "break or return as the loop's last statement, at the end of "
-    "the method: the same",
-    S + "xǁ_ThresholdShedǁbroker__mutmut_52": "with a throughput of 0 the share moved is 0 (load_share), so "
-    "projecting it or not is the same",
-    S + "xǁ_ThresholdShedǁbroker__mutmut_90": "an unload's destination load: load.get of '' or of 'XXXX', "
-    "neither of them a broker here (a broker id is never empty; no test names one XXXX)",
-    S + "x__shed_pairs__mutmut_17": "with min_idx == max_idx the two ends are one broker, equally loaded: "
-    "the loop stops at once (no gap)",
-    **{S + f"x__shed_pairs__mutmut_{n}": _COUNTER for n in (52, 54, 60, 62, 75, 76, 77, 81, 83, 126, 128)},
-    **{S + f"x__shed_pairs__mutmut_{n}": _IN_POPULATION for n in (46, 47)},
-    S + "x__shed_pairs__mutmut_69": "a source at load 0 (loads are never negative) has no gap to any "
-    "destination: the loop stopped before",
-    S + "x__population__mutmut_39": "the skip reason of a population that is not skipped is never read",
-    S + "x_transfer_shedder__mutmut_133": _OVERWRITTEN,
-    S + "x_transfer_shedder__mutmut_147": _OVERWRITTEN,
-    S + "x_transfer_shedder__mutmut_91": "the last skip of an isolation cycle that decided moves is never "
-    "read (_finish reports the first move's reason)",
-    S + "x_transfer_shedder__mutmut_96": "as x_transfer_shedder__mutmut_91",
-    S + "x_transfer_shedder__mutmut_40": "m = min(0.5, target_std / 2): the settings bound target_std to at "
-    "most 1, so the cap 0.5 (or 1.5) is never reached",
-    T + "_choose__mutmut_12": _PRUNE,
-    T + "_choose__mutmut_13": _PRUNE,
-    T + "_heaviest_fitting__mutmut_32": "this reason (the source has one bundle not yet picked) arises only "
-    "after a move of the cycle, and a cycle with moves reports its first move's reason",
-    T + "_heaviest_fitting__mutmut_33": "as _heaviest_fitting__mutmut_32",
-    S + "xǁ_Pairǁ_swap__mutmut_48": _SWAP_BOUND,
-    S + "xǁ_Pairǁ_swap__mutmut_49": _SWAP_BOUND,
-}
-_ZERO_ENTRY = (
-    "a drain's ledger with entries of 0 (per_bundle_load 0, or a share of 0 recorded): context() skips an "
-    "entry of 0, so the loads the next pick reads are the same"
-)
-_VERSION_MARK = "version_key's parts are only compared with each other: "
-A = "trimtab.balance.assign."
-EQUIVALENT |= {
-    A + "x_select_broker__mutmut_42": "the two filters of this module never change the dict they are given "
-    "(they return it or a new one): giving them a copy too changes only the time",
-    A + "x_per_bundle_load__mutmut_3": "a bundle count is never negative (load.Count): a report of 0 bundles "
-    "adds 0 to the sum either way",
-    A + "x_version_key__mutmut_10": _VERSION_MARK + "a release number's tag ('' or 'XXXX') is only compared "
-    "with another number's, of the same tag, once their numbers are equal",
-    A + "x_version_key__mutmut_12": _VERSION_MARK + "a release part that is not a number ranks -1 or -2, "
-    "below every number (>= 0) either way, and such parts compare by their text",
-    A + "x_version_key__mutmut_17": _VERSION_MARK + "a release's pre-release key (() or the key of '') is "
-    "only compared once the markers are equal, i.e. with another release's, which is the same",
-    A + "x_version_key__mutmut_23": _VERSION_MARK + "a numeric pre-release identifier's tag ('' or 'XXXX') "
-    "is only compared with another numeric one's once their numbers are equal",
-    A + "x_version_key__mutmut_24": _VERSION_MARK + "an alphanumeric pre-release identifier ranks 1 or 2, "
-    "above every numeric one (0) either way",
-    A + "x_version_key__mutmut_25": _VERSION_MARK + "an alphanumeric identifier's middle field (0 or 1) is "
-    "only compared with another alphanumeric one's, the same constant",
-    A + "x_version_key__mutmut_31": _VERSION_MARK + "a release's marker (1 or 2) is only compared with a "
-    "pre-release's (0) or another release's: the same order",
-    A + "xǁBurstPicksǁfor_drain__mutmut_18": _ZERO_ENTRY,
-    A + "xǁBurstPicksǁrecord__mutmut_3": _ZERO_ENTRY,
-}
+# Mutants that no test can kill because the program does the same thing with and without them: listed,
+# each with the reason, in docs/testing.md ("## Equivalent mutants": a "### channel/x.py" heading per
+# module, then a table whose first cell holds mutmut's names in backticks) -- one list, read by people and
+# by this driver. Keyed by mutmut's name; a name whose function changed no longer matches the same mutant,
+# so a stale entry shows up as a survivor again (and is reported as not surviving).
+TESTING_DOC = ROOT / "docs" / "testing.md"
+_NAME = re.compile(r"x\w*__mutmut_\d+|xǁ\w+ǁ\w+__mutmut_\d+")
+
+
+def equivalent_mutants(text: str) -> dict[str, str]:
+    """mutmut's full name -> the reason, from the text of docs/testing.md. Raises ValueError on a name that
+    is not mutmut's or is listed twice: a typo must not quietly leave a survivor counted as equivalent."""
+    section = text.partition("\n## Equivalent mutants\n")[2].split("\n## ", 1)[0]
+    out: dict[str, str] = {}
+    module = None
+    for line in section.splitlines():
+        if line.startswith("### "):
+            module = dotted(line.removeprefix("### ").strip())
+        elif line.startswith("| `") and module is not None:
+            cells = line.strip().strip("|").split(" | ")
+            reason = " | ".join(cells[1:]).strip()
+            for name in re.findall(r"`([^`]+)`", cells[0]):
+                if not _NAME.fullmatch(name):
+                    raise ValueError(f"docs/testing.md: {name!r} under {module} is not a mutmut name")
+                full = f"{module}.{name}"
+                if full in out:
+                    raise ValueError(f"docs/testing.md: {full} is listed twice")
+                out[full] = reason
+    return out
+
+
+def load_equivalent(path: Path = TESTING_DOC) -> dict[str, str]:
+    return equivalent_mutants(path.read_text(encoding="utf-8"))
 
 
 @dataclass
@@ -251,7 +123,11 @@ class ModuleResult:
     seconds: float = 0.0
 
     @property
-    def score(self) -> float:
+    def score(self) -> float | None:
+        """killed / (mutants - equivalent), in percent; None when no test imports the module -- nothing was
+        measured, which is not a score of 100 %."""
+        if not self.tests:
+            return None
         judged = self.mutants - len(self.equivalent)
         return 100.0 * self.killed / judged if judged else 100.0
 
@@ -264,7 +140,7 @@ class ModuleResult:
             "no_tests": len(self.no_tests),
             "other": self.other,
             "equivalent": len(self.equivalent),
-            "score_pct": round(self.score, 1),
+            "score_pct": None if self.score is None else round(self.score, 1),
             "seconds": round(self.seconds, 1),
             "tests": self.tests,
             "survivors": [{"name": n, "diff": self.diffs.get(n, "")} for n in self.survived + self.no_tests],
@@ -509,7 +385,14 @@ def run_constants(module: str, tests: list[str], log: Path) -> list[dict[str, An
     return out
 
 
-def run_module(module: str, max_children: int, resume: bool, log: Path, quick: bool = False) -> ModuleResult:
+def run_module(
+    module: str,
+    max_children: int,
+    resume: bool,
+    log: Path,
+    quick: bool = False,
+    equivalent: Mapping[str, str] | None = None,
+) -> ModuleResult:
     tests = tests_for(module, quick=quick)
     result = ModuleResult(module=module, tests=tests)
     workdir = SCRATCH / module.removesuffix(".py").replace("/", "-")
@@ -548,7 +431,7 @@ def run_module(module: str, max_children: int, resume: bool, log: Path, quick: b
         if code in KILLED:
             result.killed += 1
         elif code == SURVIVED:
-            if name in EQUIVALENT:
+            if name in (equivalent or {}):
                 result.equivalent.append(name)
             else:
                 result.survived.append(name)
@@ -560,9 +443,10 @@ def run_module(module: str, max_children: int, resume: bool, log: Path, quick: b
         result.diffs = diffs(result.survived + result.no_tests, module, workdir)
     except subprocess.CalledProcessError as e:
         print(f"[mutation] {module}: could not read the diffs: {e.stderr}", file=sys.stderr)
+    score = "not measured (no test imports it)" if result.score is None else f"{result.score:.1f} %"
     print(
         f"[mutation] {module}: {result.killed}/{result.mutants} killed, {len(result.equivalent)} equivalent, "
-        f"{len(result.survived)} survived, {len(result.no_tests)} without tests: {result.score:.1f} % "
+        f"{len(result.survived)} survived, {len(result.no_tests)} without tests: {score} "
         f"({result.seconds:.0f} s)",
         file=sys.stderr,
     )
@@ -590,23 +474,24 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modules if m not in known]
     if unknown:
         parser.error(f"not modules of the decision core: {', '.join(unknown)} (known: {', '.join(known)})")
+    equivalent = load_equivalent()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     log = SCRATCH / "mutmut.log"
     results = (
         []
         if args.only_constants
-        else [run_module(m, args.max_children, args.resume, log, args.quick) for m in modules]
+        else [run_module(m, args.max_children, args.resume, log, args.quick, equivalent) for m in modules]
     )
     constants: dict[str, list[dict[str, Any]]] = {}
     if args.constants or args.only_constants:
         constants = {m: run_constants(m, tests_for(m), log) for m in modules}
     seen = {n for r in results for n in r.equivalent}
     ran = {dotted(r.module) for r in results}
-    unused = sorted(n for n in EQUIVALENT if n not in seen and n.rpartition(".x")[0] in ran)
+    unused = sorted(n for n in equivalent if n not in seen and n.rpartition(".x")[0] in ran)
     report = {
         "tool": "mutmut",
         "modules": [r.as_json() for r in results],
-        "equivalent": {n: EQUIVALENT[n] for n in sorted(seen)},
+        "equivalent": {n: equivalent[n] for n in sorted(seen)},
         "equivalent_not_surviving": unused,
     }
     if constants:

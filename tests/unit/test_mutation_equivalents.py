@@ -1,0 +1,53 @@
+"""The list of equivalent mutants is docs/testing.md itself (devkit/mutation.py reads it): what people
+read is what the mutation score leaves out."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimtab.devkit.mutation import core_modules, dotted, equivalent_mutants, load_equivalent
+
+DOC = """# Testing
+## Equivalent mutants
+Intro.
+
+### balance/heal.py
+
+| mutants | why |
+|---|---|
+| `x_orphaned__mutmut_2`, `xǁPlanǁrun__mutmut_7` | a reason |
+| `x_orphaned__mutmut_4` | as x_orphaned__mutmut_2 |
+
+## Constants
+| `x_not_a_listing__mutmut_1` | after the section |
+"""
+
+
+def test_names_are_read_under_their_module_with_their_reason() -> None:
+    assert equivalent_mutants(DOC) == {
+        "trimtab.balance.heal.x_orphaned__mutmut_2": "a reason",
+        "trimtab.balance.heal.xǁPlanǁrun__mutmut_7": "a reason",
+        "trimtab.balance.heal.x_orphaned__mutmut_4": "as x_orphaned__mutmut_2",
+    }
+
+
+@pytest.mark.parametrize(
+    ("row", "error"),
+    [
+        ("| `x_orphaned__mutmut_9`, `_23` | shorthand |", "not a mutmut name"),
+        ("| `x_orphaned__mutmut_2` | listed again |", "listed twice"),
+    ],
+)
+def test_a_typo_or_a_repeat_is_refused(row: str, error: str) -> None:
+    """A name that is not mutmut's would never match a survivor (the survivor would count as killed by
+    nobody and the entry as unused): refused, like one listed twice."""
+    with pytest.raises(ValueError, match=error):
+        equivalent_mutants(DOC.replace("\n\n## Constants", f"\n{row}\n\n## Constants"))
+
+
+def test_the_repository_list_names_modules_of_the_core() -> None:
+    listed = load_equivalent()
+    modules = {dotted(m) for m in core_modules()}
+    assert listed
+    assert {name.rpartition(".x")[0] for name in listed} <= modules
+    assert all(reason for reason in listed.values())
