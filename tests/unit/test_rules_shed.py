@@ -1009,3 +1009,95 @@ def test_to_target_tries_every_source_down_the_order() -> None:
     st = ShedState(recent_bundles={f"{b}/{i}": NOW - 1 for b in "ab" for i in range(3)})
     res = w.shed(state=st)
     assert res.decisions and {u.src for u in res.decisions} == {"c"}
+
+
+# ------------------------------------------------------------------------------------ half_gap: what a cycle says and counts
+
+
+def test_half_gap_a_draining_destination_and_a_cooling_source_are_both_a_cool_down() -> None:
+    """Rule: a cycle of half_gap that moved nothing because the brokers it paired sat out -- a draining
+    destination passed over, then a source in its cool-down -- says ``cool_down``: each broker that sat
+    out counts, the destination's and the source's alike."""
+    w = World().add("a", 0.0, [10, 10], live=False).add("b", 0.125, [10, 10]).add("z", 1.0, [40, 30, 20])
+    res = w.shed(HALF, state=ShedState(recent_brokers={"z": NOW - 2000}))
+    assert (res.result, res.reason, res.decisions) == ("skip", "cool_down", [])
+
+
+def test_half_gap_sole_bundles_and_pairs_that_moved_nothing_are_no_bundles() -> None:
+    """Rule: a half_gap cycle that moved nothing says ``no_bundles`` when a source had nothing it could move
+    -- a sole bundle, or bundles none of which went (here all in their grace period) -- even though a
+    cooling broker sat out too: each such source counts, and it outweighs the cool-down."""
+    w = World().add("a", 0.0, [1, 1]).add("x", 0.8, [30, 20, 10]).add("y", 0.9, [30, 20, 10])
+    w.add("z", 1.0, [500])
+    st = ShedState(recent_brokers={"x": NOW - 2000}, recent_bundles={f"y/{i}": NOW - 1 for i in range(3)})
+    res = w.shed(HALF, state=st)
+    assert (res.result, res.reason, res.decisions) == ("skip", "no_bundles", [])
+    assert ("z/0", "sole_bundle") in res.skipped_bundles
+
+
+def test_half_gap_projects_the_spread_from_the_loads_after_the_pair() -> None:
+    """Rule: after a pair, the spread that decides the next pair is the std of the loads *as projected*:
+    the source less and the destination plus the load the pair moved. From .25/.5/.75/1 (std .28), d sends
+    .375 to a: the loads are .625/.5/.75/.625, std .088 -- under the target .125, b is not under-loaded
+    nor c overloaded, so the next pair (c -> b) is not started."""
+    w = World().add("a", 0.25).add("b", 0.5, [10, 10]).add("c", 0.75, [1] * 8)
+    w.add("d", 1.0, [128, 128, 128, 640])  # its budget: 1024 x .75 / 2 = 384 B/s, .375 of its load
+    res = w.shed(replace(HALF, target_std=0.125))
+    assert moves(res) == [("d/0", "d", "a"), ("d/1", "d", "a"), ("d/2", "d", "a")]
+    assert res.reason == "overloaded"
+
+
+def test_half_gap_each_pair_takes_the_next_destination_up_to_max_broker_pairs() -> None:
+    """Rule: each pair that moved something counts once towards ``max_broker_pairs`` and advances the
+    destination to the next least loaded broker: with two pairs allowed and a draining broker at the bottom,
+    z sheds to b, y to c, and x (a third pair) sheds nothing."""
+    w = World().add("a", 0.0, [1, 1], live=False).add("b", 0.0, [1, 1]).add("c", 0.0, [1, 1])
+    w.add("d", 0.0, [1, 1]).add("x", 0.8, [10] * 4).add("y", 0.9, [10] * 4).add("z", 1.0, [10] * 4)
+    res = w.shed(replace(HALF, max_broker_pairs=2))
+    assert {(u.src, u.dst) for u in res.decisions} == {("z", "b"), ("y", "c")}
+
+
+# ------------------------------------------------------------------------------------ to_target: the order of the sources
+
+
+def test_to_target_keeps_trying_sources_while_their_gap_could_beat_the_best_gain() -> None:
+    """Rule: the plan stops trying sources only once the next one's gap ``g`` cannot beat the best gain so
+    far (no move does better than ``g^2 / 4``) -- whatever that gain is, also above .25 (loads above
+    100 %): s1 (200 %) can move only .25, a gain of .4375; s2 (187.5 %) moves .5, a gain of .6875, and goes
+    first."""
+    w = World().add("s1", 2.0, [80, 16, 16, 16]).add("s2", 1.875, [16, 16, 16, 12]).add("lo", 0.0, [1, 1])
+    res = w.shed()
+    assert moves(res)[0] == ("s2/0", "s2", "lo")
+
+
+def test_to_target_a_source_down_to_the_least_loaded_does_not_end_the_step() -> None:
+    """Rule: at each step the sources are tried by their load *now*, descending -- those that shed already
+    by their projected load, merged with the others. a sheds .5 to d and is left at d's load (no gap); c,
+    which still has one, is tried before a (by load, not by name) and sheds twice (two sources allowed:
+    a and c)."""
+    w = World().add("a", 1.0, [32, 16, 16]).add("c", 0.9, [8, 8, 56]).add("d", 0.0, [1, 1])
+    res = w.shed(replace(CFG, target_std=0.0625, max_broker_pairs=2))
+    assert moves(res) == [("a/0", "a", "d"), ("c/0", "c", "d"), ("c/1", "c", "d")]
+
+
+def test_to_target_a_cooling_broker_below_the_most_loaded_is_no_source_either() -> None:
+    """Rule: a broker in its cool-down is no source, wherever it is in the order: c (90 %, cooling) would
+    lower the variance more than e (100 %, which can only move .125), but e's bundles are the ones that
+    go."""
+    w = World().add("e", 1.0, [48, 8, 8]).add("c", 0.9, [32, 32]).add("lo", 0.0, [1, 1])
+    res = w.shed(state=ShedState(recent_brokers={"c": NOW - 2000}))
+    assert moves(res)[0] == ("e/1", "e", "lo") and {u.src for u in res.decisions} == {"e"}
+
+
+def test_to_target_the_overloaded_source_is_the_most_loaded_one_that_may_still_shed() -> None:
+    """Rule: when only the overload holds (the spread within the target, the least loaded broker not
+    under-loaded), the source is the most loaded broker that may still shed -- by name among those at the
+    top load. d sheds .125 and then, tied with b at 87.5 %, has one bundle left (c sheds instead); at the
+    third step (std .124) d is out of the running and b, above both lines (.625 and avg + target .85),
+    sheds."""
+    w = World().add("a", 0.375, [2, 16, 2], tput=64.0).add("b", 0.875, [2, 16], tput=64.0)
+    w.add("c", 0.75, [32, 4, 8], tput=64.0).add("d", 1.0, [8, 8], tput=64.0)
+    w.add("e", 0.625, [32, 16, 16], tput=64.0)
+    res = w.shed(replace(CFG, target_std=0.125, overload_threshold=0.625, max_broker_pairs=4))
+    assert moves(res) == [("d/0", "d", "a"), ("c/2", "c", "a"), ("b/0", "b", "a")]
+    assert {u.reason for u in res.decisions} == {"overloaded"}
