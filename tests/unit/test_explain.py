@@ -8,27 +8,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.explain import cluster
 from trimtab.balance import operations as ops
-from trimtab.balance.explain import SHED_SKIPS, explain_bundle, explain_cluster
+from trimtab.balance.explain import SHED_SKIPS, explain_bundle
 from trimtab.balance.shed import ShedResult, ShedState
 from trimtab.channel.records import State, make
 
 B = "t/ns/0x00000000_0x80000000"
 NOW = 1_800_000_000_000
-
-
-def cluster(**kw: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "safe_mode": None,
-        "shedding_enabled": True,
-        "shedding_paused": False,
-        "last": ShedResult([], "skip", "balanced", std=0.01),
-        "target_std": 0.1,
-        "healing": {},
-        "waiting": {},
-        "draining": [],
-    }
-    return explain_cluster(**{**args, **kw})
 
 
 def words(out: dict[str, Any]) -> list[str]:
@@ -37,7 +24,7 @@ def words(out: dict[str, Any]) -> list[str]:
 
 def test_a_balanced_cluster_says_so() -> None:
     out = cluster()
-    assert out["balanced"] is True and words(out) == ["balanced"] and out["std"] == 0.01
+    assert out["balanced"] is True and words(out) == ["balanced"] and out["std"] == 0.125
 
 
 @pytest.mark.parametrize("skip", sorted(SHED_SKIPS))

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trimtab.balance.explain import explain_bundle, explain_cluster
+from tests.support.explain import cluster
+from trimtab.balance.explain import explain_bundle
 from trimtab.balance.operations import Move, Operation, OpKind, OpState, Outcome
 from trimtab.balance.shed import ShedResult, ShedState
 from trimtab.channel.records import Record, State, make
@@ -20,20 +21,6 @@ from trimtab.channel.records import Record, State, make
 B = "t/ns/0x00000000_0x80000000"
 OTHER = "t/ns/0x80000000_0xffffffff"
 NOW = 1_800_000_000_000
-
-
-def cluster(**kw: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "safe_mode": None,
-        "shedding_enabled": True,
-        "shedding_paused": False,
-        "last": ShedResult([], "skip", "balanced", std=0.125),
-        "target_std": 0.25,
-        "healing": {},
-        "waiting": {},
-        "draining": [],
-    }
-    return explain_cluster(**{**args, **kw})
 
 
 def reasons(out: dict[str, Any]) -> list[tuple[str, str]]:

@@ -9,6 +9,8 @@ hot ones, never among fewer than two topics.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from trimtab.balance.load import BundleStats
@@ -62,32 +64,20 @@ def loads(**by_hash: tuple[float, float]) -> BundleStats:
 def test_from_settings_maps_every_field() -> None:
     """Rule: every split setting reaches ``SplitLimits`` (no field left at its default, none mixed up),
     and the settings' defaults give the default limits."""
-    s = Settings(
-        split=SplitSettings(
-            max_topics=7,
-            max_sessions=8,
-            max_msg_rate=9.5,
-            max_bandwidth_mbytes=10.5,
-            hit_count_threshold=11,
-            max_bundles_per_namespace=12,
-            max_splits_per_cycle=13,
-            algorithm="flow_or_qps_equally_divide",
-            flow_or_qps_diff_threshold_pct=14.0,
-            hot_topic_share=0.25,
-        )
-    )
-    assert SplitLimits.from_settings(s) == SplitLimits(
-        max_topics=7,
-        max_sessions=8,
-        max_msg_rate=9.5,
-        max_bandwidth_mbytes=10.5,
-        hit_count_threshold=11,
-        max_bundles_per_namespace=12,
-        max_splits_per_cycle=13,
-        algorithm="flow_or_qps_equally_divide",
-        flow_or_qps_diff_threshold_pct=14.0,
-        hot_topic_share=0.25,
-    )
+    fields: dict[str, Any] = {
+        "max_topics": 7,
+        "max_sessions": 8,
+        "max_msg_rate": 9.5,
+        "max_bandwidth_mbytes": 10.5,
+        "hit_count_threshold": 11,
+        "max_bundles_per_namespace": 12,
+        "max_splits_per_cycle": 13,
+        "algorithm": "flow_or_qps_equally_divide",
+        "flow_or_qps_diff_threshold_pct": 14.0,
+        "hot_topic_share": 0.25,
+    }
+    s = Settings(split=SplitSettings(**fields))
+    assert SplitLimits.from_settings(s) == SplitLimits(**fields)
     assert SplitLimits.from_settings(Settings()) == SplitLimits()
 
 
