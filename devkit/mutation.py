@@ -426,12 +426,27 @@ def run_module(
     if not tests:
         codes = dict.fromkeys(codes, 33)
     merged.write_text(json.dumps(codes, indent=0, sort_keys=True), encoding="utf-8")
+    tally(result, codes, equivalent or {}, workdir)
+    score = "not measured (no test imports it)" if result.score is None else f"{result.score:.1f} %"
+    print(
+        f"[mutation] {module}: {result.killed}/{result.mutants} killed, {len(result.equivalent)} equivalent, "
+        f"{len(result.survived)} survived, {len(result.no_tests)} without tests: {score} "
+        f"({result.seconds:.0f} s)",
+        file=sys.stderr,
+    )
+    return result
+
+
+def tally(
+    result: ModuleResult, codes: Mapping[str, int | None], equivalent: Mapping[str, str], workdir: Path
+) -> None:
+    """Count a module's verdicts into ``result`` (equivalent survivors apart) with the survivors' diffs."""
     for name, code in sorted(codes.items()):
         result.mutants += 1
         if code in KILLED:
             result.killed += 1
         elif code == SURVIVED:
-            if name in (equivalent or {}):
+            if name in equivalent:
                 result.equivalent.append(name)
             else:
                 result.survived.append(name)
@@ -440,16 +455,20 @@ def run_module(
         else:
             result.other[str(code)] = result.other.get(str(code), 0) + 1
     try:
-        result.diffs = diffs(result.survived + result.no_tests, module, workdir)
+        result.diffs = diffs(result.survived + result.no_tests, result.module, workdir)
     except subprocess.CalledProcessError as e:
-        print(f"[mutation] {module}: could not read the diffs: {e.stderr}", file=sys.stderr)
-    score = "not measured (no test imports it)" if result.score is None else f"{result.score:.1f} %"
-    print(
-        f"[mutation] {module}: {result.killed}/{result.mutants} killed, {len(result.equivalent)} equivalent, "
-        f"{len(result.survived)} survived, {len(result.no_tests)} without tests: {score} "
-        f"({result.seconds:.0f} s)",
-        file=sys.stderr,
-    )
+        print(f"[mutation] {result.module}: could not read the diffs: {e.stderr}", file=sys.stderr)
+
+
+def stored_result(module: str, equivalent: Mapping[str, str]) -> ModuleResult | None:
+    """A module's score from the verdicts its runs left in its scratch directory (every run and resume
+    merged), against today's list of equivalent mutants; None if it was never run here."""
+    workdir = SCRATCH / module.removesuffix(".py").replace("/", "-")
+    merged = workdir / "verdicts.json"
+    if not merged.exists():
+        return None
+    result = ModuleResult(module=module, tests=tests_for(module))
+    tally(result, json.loads(merged.read_text(encoding="utf-8")), equivalent, workdir)
     return result
 
 
@@ -464,10 +483,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="unit tests only (then --resume without it re-tests the survivors with the property tests too)",
     )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: the scores the last runs left in build/mutation/ (modules never run listed apart)",
+    )
     parser.add_argument("--constants", action="store_true", help="also mutate module-level constants")
     parser.add_argument("--only-constants", action="store_true", help="mutate module-level constants only")
     args = parser.parse_args(argv)
-    if not Path(sys.executable).with_name("mutmut").exists() and not args.only_constants:
+    if not Path(sys.executable).with_name("mutmut").exists() and not (args.only_constants or args.report):
         parser.error("mutmut is not installed here: bash scripts/setup.sh installs the dev extra (mutmut>=3)")
     known = core_modules()
     modules = [m.removeprefix("./") for m in args.modules] or known
@@ -477,11 +501,17 @@ def main(argv: list[str] | None = None) -> int:
     equivalent = load_equivalent()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     log = SCRATCH / "mutmut.log"
-    results = (
-        []
-        if args.only_constants
-        else [run_module(m, args.max_children, args.resume, log, args.quick, equivalent) for m in modules]
-    )
+    not_run: list[str] = []
+    if args.report:
+        stored = {m: stored_result(m, equivalent) for m in modules}
+        results = [r for r in stored.values() if r is not None]
+        not_run = [m for m, r in stored.items() if r is None]
+    elif args.only_constants:
+        results = []
+    else:
+        results = [
+            run_module(m, args.max_children, args.resume, log, args.quick, equivalent) for m in modules
+        ]
     constants: dict[str, list[dict[str, Any]]] = {}
     if args.constants or args.only_constants:
         constants = {m: run_constants(m, tests_for(m), log) for m in modules}
@@ -494,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         "equivalent": {n: equivalent[n] for n in sorted(seen)},
         "equivalent_not_surviving": unused,
     }
+    if args.report:
+        report["not_run"] = not_run
     if constants:
         report["constants"] = [
             {

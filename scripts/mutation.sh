@@ -5,6 +5,7 @@
 #   bash scripts/mutation.sh balance/shed.py          # one module (or several)
 #   bash scripts/mutation.sh --resume balance/shed.py # re-test only the last run's survivors
 #   bash scripts/mutation.sh --json build/mutation/report.json
+#   bash scripts/mutation.sh --report                 # no run: the scores the last runs left
 # Per module, only the unit and property tests that import it run; mutmut gets one worker
 # (--max-children N for more) and runs under nice. Scratch directories and mutmut's log are in
 # build/mutation/ (devkit/mutation.py says why it does not run mutmut in the repository itself).

@@ -3,6 +3,9 @@ read is what the mutation score leaves out."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from trimtab.devkit.mutation import core_modules, dotted, equivalent_mutants, load_equivalent
@@ -51,3 +54,28 @@ def test_the_repository_list_names_modules_of_the_core() -> None:
     assert listed
     assert {name.rpartition(".x")[0] for name in listed} <= modules
     assert all(reason for reason in listed.values())
+
+
+def test_a_stored_run_is_scored_against_the_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--report`` scores what the last runs left (every resume merged): an equivalent survivor is left
+    out of the score, a killed mutant counts whatever its exit code, a module never run is not scored."""
+    from trimtab.devkit import mutation
+
+    monkeypatch.setattr(mutation, "SCRATCH", tmp_path)
+    monkeypatch.setattr(mutation, "diffs", lambda names, module, workdir: dict.fromkeys(names, "diff"))
+    work = tmp_path / "balance-heal"
+    work.mkdir()
+    h = "trimtab.balance.heal."
+    codes = {h + "x_a__mutmut_1": 1, h + "x_a__mutmut_2": 36, h + "x_a__mutmut_3": 0, h + "x_a__mutmut_4": 0}
+    (work / "verdicts.json").write_text(json.dumps(codes))
+    result = mutation.stored_result("balance/heal.py", {h + "x_a__mutmut_4": "why"})
+    assert result is not None
+    assert (result.mutants, result.killed, result.survived, result.equivalent) == (
+        4,
+        2,
+        [h + "x_a__mutmut_3"],
+        [h + "x_a__mutmut_4"],
+    )
+    assert result.score == pytest.approx(100 * 2 / 3)
+    assert result.diffs == {h + "x_a__mutmut_3": "diff"}
+    assert mutation.stored_result("balance/shed.py", {}) is None
