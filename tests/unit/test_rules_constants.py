@@ -10,10 +10,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
+import orjson
+
 from trimtab.channel.records import IN_FLIGHT, MAX_RECORD_BYTES, SEMI_TERMINAL, State
 from trimtab.channel.resolve import TRANSITIONS
 
-PROTOCOL = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text(encoding="utf-8")
+PROTOCOL_DIR = Path(__file__).resolve().parents[2] / "docs"
+PROTOCOL = (PROTOCOL_DIR / "protocol.md").read_text(encoding="utf-8")
 
 
 def _state(word: str) -> State | None:
@@ -69,3 +73,72 @@ def test_every_skip_reason_is_a_metric_label() -> None:
     assert defined >= {"bad_key", "wrong_partition", "future_schema", "unknown_state"}
     assert set(records.SKIP_REASONS) == defined | set(strictjson.REASONS)
     assert len(records.SKIP_REASONS) == len(set(records.SKIP_REASONS))
+
+
+# ---------------------------------------------------------------------------------------------- balance
+
+
+def test_a_figure_on_the_wire_is_at_most_1e18() -> None:
+    """Rule: a load figure decodes up to 1e18 inclusive (docs/design.md: "at most 1e18") and the next
+    double above it is refused as ``invalid`` -- a sum over thousands of brokers stays finite."""
+    import math
+
+    from trimtab.balance.load import BrokerLoadData, Usage
+    from trimtab.channel.values import Refused, StrictDecoder
+
+    assert "at most 1e18" in (PROTOCOL_DIR / "design.md").read_text(encoding="utf-8")
+    decoder = StrictDecoder(BrokerLoadData, 1 << 16)
+
+    def report(figure: float) -> bytes:
+        return orjson.dumps({"broker": "b:1", "cpu": {"usage": figure, "limit": 1e18}, "updated_at": 1})
+
+    ok = decoder.decode(report(1e18))
+    assert isinstance(ok, BrokerLoadData) and ok.cpu == Usage(1e18, 1e18)
+    refused = decoder.decode(report(math.nextafter(1e18, math.inf)))
+    assert isinstance(refused, Refused) and refused.reason == "invalid"
+
+
+def test_a_resource_a_broker_does_not_report_is_zero_of_a_limit_of_one() -> None:
+    """Rule: a load report without a resource carries it as ``{"usage": 0.0, "limit": 1.0}`` on the wire
+    (what every reader of the topic -- the pipeline included -- sees), and at 0 %."""
+    from trimtab.balance.load import BrokerLoadData
+
+    data = BrokerLoadData(broker="b:1", updated_at=1)
+    wire = orjson.loads(msgspec.json.encode(data))
+    for resource in ("cpu", "memory", "bandwidth_in", "bandwidth_out"):
+        assert wire[resource] == {"usage": 0.0, "limit": 1.0}
+        assert getattr(data, resource).percent == 0.0
+
+
+def test_the_bandwidth_limit_is_in_mebibytes() -> None:
+    """Rule: ``split.max_bandwidth_mbytes`` counts 1 048 576-byte megabytes (Pulsar's
+    loadBalancerNamespaceBundleMaxBandwidthMbytes): a bundle at exactly the limit in bytes is not over it,
+    one byte a second more is, for the split decision and the flow algorithm's bound alike."""
+    from trimtab.balance.load import BundleStats
+    from trimtab.balance.split import SplitLimits, over_limit
+
+    lim = SplitLimits(max_bandwidth_mbytes=2)
+    at = BundleStats(bundle="t/ns/0x00000000_0xffffffff", msg_throughput_in=2 * 1_048_576)
+    over = BundleStats(bundle="t/ns/0x00000000_0xffffffff", msg_throughput_in=2 * 1_048_576 + 1)
+    assert over_limit(at, lim) is None
+    assert over_limit(over, lim) == "bandwidth"
+
+
+def test_every_shedding_skip_has_its_own_sentence() -> None:
+    """Rule: ``admin explain`` has a sentence of its own for every reason a shedding cycle can be skipped
+    for -- exactly the skip reasons docs/operations.md lists for ``trimtab_shedding_cycles_total`` -- and
+    never the generic "skipped: <word>"."""
+    from trimtab.balance.explain import SHED_SKIPS
+
+    row = next(
+        line
+        for line in (PROTOCOL_DIR / "operations.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `trimtab_shedding_cycles_total`")
+    )
+    listed = row.split(" or skip (", 1)[1]
+    documented = {
+        m.group(1) for piece in re.split(r"[,;]", listed) if (m := re.match(r"\s*([a-z_]+)(:|\)|$)", piece))
+    }
+    assert len(documented) >= 10
+    assert set(SHED_SKIPS) == documented
+    assert all(SHED_SKIPS[w] and "skipped:" not in SHED_SKIPS[w] for w in documented)
