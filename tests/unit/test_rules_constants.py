@@ -15,6 +15,7 @@ import orjson
 
 from trimtab.channel.records import IN_FLIGHT, MAX_RECORD_BYTES, SEMI_TERMINAL, State
 from trimtab.channel.resolve import TRANSITIONS
+from trimtab.channel.topics import DEFAULT_PARTITIONS
 
 PROTOCOL_DIR = Path(__file__).resolve().parents[2] / "docs"
 PROTOCOL = (PROTOCOL_DIR / "protocol.md").read_text(encoding="utf-8")
@@ -142,3 +143,36 @@ def test_every_shedding_skip_has_its_own_sentence() -> None:
     assert len(documented) >= 10
     assert set(SHED_SKIPS) == documented
     assert all(SHED_SKIPS[w] and "skipped:" not in SHED_SKIPS[w] for w in documented)
+
+
+# ---------------------------------------------------------------------------------------------- channel
+
+
+def test_the_topics_trimtab_creates_have_the_documented_partitions() -> None:
+    """Rule: the broker load, top bundles, standby and events topics are created with docs/operations.md's
+    partition count (4; any count works for the compacted ones, but the table is what an operator
+    provisions by)."""
+    from trimtab.cluster.topics import topic_specs
+    from trimtab.config.settings import Settings
+
+    rows = (PROTOCOL_DIR / "operations.md").read_text(encoding="utf-8").splitlines()
+    documented = {
+        row.split("|")[1].strip(): int(row.split("|")[2].split()[0])
+        for row in rows
+        if row.startswith(("| broker load, top bundles, standbys |", "| events ("))
+    }
+    assert len(documented) == 2 and set(documented.values()) == {4}
+    k = Settings().kafka
+    specs = {s.name: s.partitions for s in topic_specs(k)}
+    for topic in (k.broker_load_topic, k.top_bundles_topic, k.standby_topic, k.events_topic):
+        assert specs[topic] == 4 == DEFAULT_PARTITIONS
+
+
+def test_every_refusal_of_a_value_decoder_is_one_of_its_reasons() -> None:
+    """Rule: a refused value's reason is always one of ``values.REASONS`` (the bounded set its callers
+    count by): every structure rule of channel/strictjson.py, and ``invalid`` for a wrong shape."""
+    from trimtab.channel import strictjson
+    from trimtab.channel.values import REASONS
+
+    assert set(REASONS) == {*strictjson.REASONS, "invalid"}
+    assert len(REASONS) == len(set(REASONS))
