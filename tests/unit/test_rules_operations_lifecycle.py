@@ -114,19 +114,19 @@ def test_resume_clears_the_reason_and_records_when() -> None:
 
 
 @pytest.mark.parametrize(
-    ("table", "budget", "first"),
+    ("table", "cluster_limit", "first"),
     [
-        ({B1: owned(A), B2: owned(A)}, ops.Budget(cluster=1), (4, None)),  # started, in flight
-        ({B1: owned(B), B2: owned(A)}, ops.Budget(cluster=0), (None, ops.Outcome.ALREADY_THERE)),
+        ({B1: owned(A), B2: owned(A)}, 1, (4, None)),  # started, in flight
+        ({B1: owned(B), B2: owned(A)}, 0, (None, ops.Outcome.ALREADY_THERE)),
     ],
     ids=["a-move-started-not-ended", "a-move-ended-never-started"],
 )
 def test_resume_is_running_once_any_move_started_or_ended(
-    table: dict[str, Record], budget: ops.Budget, first: tuple[int | None, ops.Outcome | None]
+    table: dict[str, Record], cluster_limit: int, first: tuple[int | None, ops.Outcome | None]
 ) -> None:
     """Rule: a resumed operation is running as soon as any one of its moves started *or* ended (either
-    alone is enough); pending only when none did."""
-    op = step(drain(B1, B2), table, budget)
+    alone is enough); pending only when none did. (The budget is made per run: a pass takes from it.)"""
+    op = step(drain(B1, B2), table, ops.Budget(cluster=cluster_limit))
     assert [(m.started_version, m.outcome) for m in op.moves] == [first, (None, None)]
     resumed = ops.resume(ops.pause(op, why="operator", now_ms=T0 + 200), now_ms=T0 + 300)
     assert resumed.state is ops.OpState.RUNNING
