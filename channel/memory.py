@@ -95,7 +95,6 @@ class MemoryReader:
         self._log = log
         self._topic = topic
         self._pos = dict(start)
-        self._closed = False
 
     def positions(self) -> dict[int, int]:
         return dict(self._pos)
@@ -124,7 +123,7 @@ class MemoryReader:
         return out
 
     def close(self) -> None:
-        self._closed = True
+        """Nothing to release: the log is shared, and a reader holds only its positions."""
 
 
 class MemoryTransport:
