@@ -230,3 +230,17 @@ def test_flush_has_nothing_pending() -> None:
     transport.send("t", b"k", b"v", lambda err: None)
     transport.produce("t", b"k", b"v")
     assert transport.flush(0) == 0
+
+
+def test_send_writes_the_key_and_value_to_the_key_s_partition() -> None:
+    """Rule: ``send`` appends the record under its key, in the partition the key hashes to (crc32 % the
+    partitions, as trimtab's Kafka producers do), and reports the delivery without an error."""
+    t = MemoryTransport(MemoryLog())
+    reports: list[object] = []
+    t.send("ch", b"t/ns/0x00000000_0xffffffff", b"v", reports.append)
+    part = zlib.crc32(b"t/ns/0x00000000_0xffffffff") % 4
+    got = t.reader("ch", {}).poll(10, 0)
+    assert [(m.key, m.value, m.partition, m.offset) for m in got] == [
+        (b"t/ns/0x00000000_0xffffffff", b"v", part, 0)
+    ]
+    assert reports == [None]
