@@ -461,7 +461,8 @@ def tally(
             else:
                 result.survived.append(name)
         elif code in NO_TESTS:
-            result.no_tests.append(name)
+            # Code no test runs: equivalent when listed (a Protocol method's body, ``...``, never runs).
+            (result.equivalent if name in equivalent else result.no_tests).append(name)
         else:
             result.other[str(code)] = result.other.get(str(code), 0) + 1
     try:

@@ -66,15 +66,23 @@ def test_a_stored_run_is_scored_against_the_list(tmp_path: Path, monkeypatch: py
     work = tmp_path / "balance-heal"
     work.mkdir()
     h = "trimtab.balance.heal."
-    codes = {h + "x_a__mutmut_1": 1, h + "x_a__mutmut_2": 36, h + "x_a__mutmut_3": 0, h + "x_a__mutmut_4": 0}
+    codes = {
+        h + "x_a__mutmut_1": 1,
+        h + "x_a__mutmut_2": 36,
+        h + "x_a__mutmut_3": 0,
+        h + "x_a__mutmut_4": 0,
+        h + "x_a__mutmut_5": 33,  # no test runs it: equivalent when listed
+    }
     (work / "verdicts.json").write_text(json.dumps(codes))
-    result = mutation.stored_result("balance/heal.py", {h + "x_a__mutmut_4": "why"})
+    result = mutation.stored_result(
+        "balance/heal.py", {h + "x_a__mutmut_4": "why", h + "x_a__mutmut_5": "why"}
+    )
     assert result is not None
     assert (result.mutants, result.killed, result.survived, result.equivalent) == (
-        4,
+        5,
         2,
         [h + "x_a__mutmut_3"],
-        [h + "x_a__mutmut_4"],
+        [h + "x_a__mutmut_4", h + "x_a__mutmut_5"],
     )
     assert result.score == pytest.approx(100 * 2 / 3)
     assert result.diffs == {h + "x_a__mutmut_3": "diff"}
