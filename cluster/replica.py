@@ -94,7 +94,7 @@ class Replica:
             placement.load_table(table.items())
             if on_channel_ready is not None:
                 on_channel_ready(table)
-            # What the bootstrap freed goes back to the system (cluster/memory.py: 1.16 GB -> 0.54 GB
+            # What the bootstrap freed goes back to the system (cluster/memory.py: 1 157 -> 485 MiB
             # resident for an agent tracking a million bundles), once the indexes above are built.
             released = release_free_memory()
             if released is not None:
