@@ -151,8 +151,8 @@ class ModuleResult:
 SHELL: dict[str, str] = {
     "channel/kafka.py": "confluent-kafka's producer and consumers: every function talks to a Kafka broker, and "
     "its tests run against a real Apache Kafka (tests/integration/test_kafka_*.py) -- a broker started for "
-    "each mutant's run is out of reach; what it decides (partition, position, gap) is the table's and the "
-    "follower's, tested here",
+    "each mutant's run is out of reach; its behaviour (the partitioner, positions, history gaps) is pinned by "
+    "those tests",
 }
 
 
