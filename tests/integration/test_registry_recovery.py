@@ -71,7 +71,10 @@ def test_after_the_session_expired_it_registers_in_the_new_one(zk: KazooClient, 
 def test_a_reconnect_to_a_restarted_server_keeps_the_registration(zk_server: ZooKeeperServer) -> None:
     paths = ZkPaths("/trimtab/reregister-reconnect")
     hosts = zk_server.hosts
-    observer = KazooClient(hosts=hosts, timeout=10)
+    # The observer only reads; it must outlive the restart. The server listed twice: kazoo waits for a
+    # connect answer up to the session timeout divided by the hosts, and a server that took the connection
+    # while starting may never answer it (a CI run saw the observer's 10-s session expire that way).
+    observer = KazooClient(hosts=f"{hosts},{hosts}", timeout=30)
     observer.start(10)
     try:
         with registered(hosts, paths) as (session, registry):
