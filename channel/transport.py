@@ -191,8 +191,9 @@ class Follower:
         # live, scan it) sees exactly the caught-up state, and every later record is delivered after it.
         if self._on_ready is not None:
             self._on_ready()
-        self.ready.set()
+        # Logged before the event: whoever waits for readiness finds it already in the log.
         log.info("follower_ready", topic=self.topic, records=self.records, positions=self.positions)
+        self.ready.set()
 
     def _caught_up(self) -> bool:
         return all(self.positions.get(p, 0) >= hw for p, hw in self.highwater.items())

@@ -85,13 +85,9 @@ class Replica:
         zk = zk_session(s)
         registry = BrokerRegistry(zk, paths)
         transport, prepare_topics = kafka_clients(s, f"trimtab-{role}-{me}", transport)
-        placement = LivePlacement(
-            lambda: registry.brokers, failure_domains_enabled=s.placement.failure_domains_enabled
-        )
-        registry.add_listener(placement.brokers_changed)
 
         def channel_ready(table: TableView) -> None:
-            placement.load_table(table.items())
+            placement.load_table()
             if on_channel_ready is not None:
                 on_channel_ready(table)
             # What the bootstrap freed goes back to the system (cluster/memory.py: 1 157 -> 485 MiB
@@ -113,6 +109,12 @@ class Replica:
             on_ready=channel_ready,
             ends_every_s=CHANNEL_ENDS_EVERY_S,
         )
+        placement = LivePlacement(
+            lambda: registry.brokers,
+            failure_domains_enabled=s.placement.failure_domains_enabled,
+            table=channel.table,
+        )
+        registry.add_listener(placement.brokers_changed)
         channel.table.add_listener(placement.record_changed)  # on the follower thread; thread-safe
         loads: KeyValueView[BrokerLoadData] = KeyValueView(transport, k.broker_load_topic, BrokerLoadData)
         top = KeyValueView(transport, k.top_bundles_topic, TopBundles) if top_bundles else None

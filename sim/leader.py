@@ -143,11 +143,14 @@ class SimController:
         journal = DecisionJournal(
             EventPublisher(transport, EVENTS_TOPIC, source=me, role="controller"), clock=clock
         )
-        self.placement = LivePlacement(
-            lambda: registry.brokers, failure_domains_enabled=s.placement.failure_domains_enabled
-        )
         table = channel.table
+        self.placement = LivePlacement(
+            lambda: registry.brokers,
+            failure_domains_enabled=s.placement.failure_domains_enabled,
+            table=table,
+        )
         table.add_listener(self.placement.record_changed)
+        self.placement.load_table()  # whatever the (live) table holds already
         self.destinations = Destinations(
             s, registry, loads, self.placement, StandbyIndex(), rng=rng, clock=clock
         )

@@ -15,7 +15,8 @@ falls back to the ``broker.failure_domain`` it registered with. Draining brokers
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import structlog
 
@@ -61,20 +62,39 @@ def build_policy(
     )
 
 
+class OwnedTable(Protocol):
+    """What the view reads of the channel table (:class:`~trimtab.channel.table.TableView`)."""
+
+    def get(self, bundle: str) -> Record | None: ...
+
+    def owned(self) -> Iterable[tuple[str, str]]: ...
+
+
+def _owned_dst(rec: Record | None) -> str | None:
+    return rec.dst if rec is not None and rec.state is State.OWNED else None
+
+
 class LivePlacement:
-    """Thread-safe placement answers over the current policies, brokers and ownership."""
+    """Thread-safe placement answers over the current policies, brokers and ownership.
+
+    Ownership is read from the channel table itself, not copied: at a million bundles a copy is ~40 MB on
+    every node, and a node that never asks a question the rules decide (an agent with no isolation policy
+    and no anti-affinity group) never builds the index that needs one.
+    """
 
     def __init__(
         self,
         brokers: Callable[[], Mapping[str, BrokerInfo]],
         *,
         failure_domains_enabled: bool,
+        table: OwnedTable,
     ) -> None:
         self._brokers = brokers
         self.failure_domains_enabled = failure_domains_enabled
+        self._table = table
         self._lock = threading.Lock()
         self._docs = PlacementDocs()
-        self._owned: dict[str, str] = {}
+        self._owned_total = 0
         self._placement: Placement | None = None  # None: rebuild on the next question
         self.rebuilds = 0
         # one more at each change of policies or brokers (the rules) and each whole new ownership index (a
@@ -100,26 +120,25 @@ class LivePlacement:
         self._owner_listeners.append(fn)
 
     def record_changed(self, bundle: str, old: Record | None, new: Record | None) -> None:
-        """A channel listener: keep the ``Owned`` index current."""
-        owner = new.dst if new is not None and new.state is State.OWNED else None
+        """A channel listener, called after the table applied the record: keep the ``Owned`` count and a
+        built index current. (A build that scanned the table just before this call already holds the
+        change: setting an owner twice is a no-op.)"""
+        before, owner = _owned_dst(old), _owned_dst(new)
+        if owner == before:
+            return
         with self._lock:
-            before = self._owned.get(bundle)
-            if owner == before:
-                return
-            if owner is None:
-                del self._owned[bundle]
-            else:
-                self._owned[bundle] = owner
+            self._owned_total += (owner is not None) - (before is not None)
             if self._placement is not None:
                 self._placement.set_owner(bundle, owner)
             for fn in self._owner_listeners:
                 fn(bundle, before, owner)
 
-    def load_table(self, items: list[tuple[str, Record]]) -> None:
-        """The whole table (after a bootstrap or a rebuild): the index starts over."""
-        owned = {k: r.dst for k, r in items if r.state is State.OWNED and r.dst is not None}
+    def load_table(self) -> None:
+        """The table turned live or was replaced whole (listeners heard nothing of it): start over. Called
+        on the thread that feeds the table, so no record is applied meanwhile."""
+        total = sum(1 for _ in self._table.owned())
         with self._lock:
-            self._owned = owned
+            self._owned_total = total
             self._placement = None
             self.generation += 1
 
@@ -130,7 +149,7 @@ class LivePlacement:
             policy = build_policy(
                 self._docs, self._brokers(), failure_domains_enabled=self.failure_domains_enabled
             )
-            p = self._placement = Placement(policy, self._owned)
+            p = self._placement = Placement(policy, dict(self._table.owned()))
             self.rebuilds += 1
         return p
 
@@ -140,13 +159,12 @@ class LivePlacement:
 
     def owner(self, bundle: str) -> str | None:
         """The bundle's owner by the channel (``Owned`` records only)."""
-        with self._lock:
-            return self._owned.get(bundle)
+        return _owned_dst(self._table.get(bundle))
 
     def owned_total(self) -> int:
         """How many bundles are ``Owned``."""
         with self._lock:
-            return len(self._owned)
+            return self._owned_total
 
     def standby_rules(self) -> tuple[Callable[[str], frozenset[str]], Mapping[str, Mapping[str, str]]]:
         """What a standby repair reads, as the rules stand: each bundle's isolation candidates as a set

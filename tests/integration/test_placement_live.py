@@ -13,6 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.integration.test_controller_jobs import Node, bundle, controller_settings, own, register
+from tests.support.owned_table import OwnedRecords
 from tests.support.waiting import wait_for
 from trimtab.balance.assign import BrokerInfo
 from trimtab.channel.memory import MemoryLog
@@ -49,7 +50,8 @@ def info(b: str, domain: str | None = None, draining: bool = False) -> BrokerInf
 
 def test_the_view_follows_policies_brokers_and_ownership() -> None:
     brokers = {b: info(b) for b in ("gold-1:1", "gold-2:1", "plain-1:1", "plain-2:1")}
-    view = LivePlacement(lambda: brokers, failure_domains_enabled=False)
+    table = OwnedRecords()
+    view = LivePlacement(lambda: brokers, failure_domains_enabled=False, table=table)
     assert view.candidates(bundle(0)) == sorted(brokers)  # no policy: every broker
 
     view.policies_changed(PlacementDocs(isolation=ISOLATED))
@@ -64,12 +66,12 @@ def test_the_view_follows_policies_brokers_and_ownership() -> None:
         PlacementDocs(isolation=ISOLATED, groups=AntiAffinityGroups(groups={"acme/jobs": "G"}))
     )
     now = int(time.time() * 1000)
-    view.record_changed(bundle(1), None, make(State.OWNED, version=2, ts=now, writer="x", dst="gold-1:1"))
+    table.change(view, bundle(1), None, make(State.OWNED, version=2, ts=now, writer="x", dst="gold-1:1"))
     assert view.candidates(bundle(0)) == ["gold-2:1"]
     assert not view.may_transfer(bundle(1), "gold-2:1") or view.candidates(bundle(1), "gold-1:1") == [
         "gold-2:1"
     ]
-    view.record_changed(bundle(1), None, None)  # tombstoned: counts no more
+    table.change(view, bundle(1), table.get(bundle(1)), None)  # tombstoned: counts no more
     assert view.candidates(bundle(0)) == ["gold-1:1", "gold-2:1"]
 
     # A draining broker is no candidate; a broker leaving rebuilds the policy.

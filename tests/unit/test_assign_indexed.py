@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+from tests.support.owned_table import OwnedRecords
 from trimtab.agent.lookup import IndexedAssignment
 from trimtab.balance.assign import AssignContext, BrokerInfo, select_broker
 from trimtab.balance.load import BrokerLoadData
@@ -25,7 +26,7 @@ BROKERS = {b: BrokerInfo(id=b, service_url=f"svc://{b}", http_url=f"http://{b}")
 
 
 def placement(docs: PlacementDocs | None = None) -> LivePlacement:
-    p = LivePlacement(lambda: BROKERS, failure_domains_enabled=False)
+    p = LivePlacement(lambda: BROKERS, failure_domains_enabled=False, table=OwnedRecords())
     if docs is not None:
         p.policies_changed(docs)
     return p

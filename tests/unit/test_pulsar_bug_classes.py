@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from tests.support.owned_table import OwnedRecords
 from trimtab.agent.drain import Drainer
 from trimtab.agent.leases import lease_bound
 from trimtab.agent.metrics import AgentMetrics
@@ -131,7 +132,7 @@ def _drain_destination(draining: str, live: list[str], bundle: str) -> str | Non
         b: BrokerInfo(id=b, service_url=f"svc://{b}", http_url=f"http://{b}", draining=b == draining)
         for b in live
     }
-    view = LivePlacement(lambda: brokers, failure_domains_enabled=False)
+    view = LivePlacement(lambda: brokers, failure_domains_enabled=False, table=OwnedRecords())
     doc = IsolationPolicyDoc(namespaces=[ISO_NS], primary=["p[12]"], secondary=["s1"], min_limit=1)
     view.policies_changed(PlacementDocs(isolation=IsolationPolicies(policies={"iso": doc})))
     registry = cast(Any, type("Registry", (), {"brokers": brokers})())

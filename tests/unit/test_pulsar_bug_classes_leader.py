@@ -229,7 +229,7 @@ class Leader:
         )
         # As the replica wires it: the placement view hears the channel, and reads the table on catch-up.
         self.placement = placement = LivePlacement(
-            lambda: self.registry.brokers, failure_domains_enabled=False
+            lambda: self.registry.brokers, failure_domains_enabled=False, table=self.table
         )
         self.table.add_listener(placement.record_changed)
         destinations = Destinations(
@@ -302,7 +302,7 @@ class Leader:
         for bundle, rec in tail or []:
             assert self.table.apply(bundle.encode(), encode(rec)) == "accepted", (bundle, rec)
         self.table.set_live()
-        self.placement.load_table(self.table.items())
+        self.placement.load_table()
         self.channel.ready = True
 
     def run_jobs(self) -> list[str]:

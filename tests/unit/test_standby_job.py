@@ -14,6 +14,7 @@ import asyncio
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from tests.support.owned_table import OwnedRecords, change
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.placement.standby import StandbySpec
 from trimtab.channel.memory import MemoryTransport
@@ -33,7 +34,7 @@ class Follower:
 
 def test_a_follower_does_not_keep_the_moves_it_hears() -> None:
     job = StandbyJob(
-        LivePlacement(dict, failure_domains_enabled=False),
+        LivePlacement(dict, failure_domains_enabled=False, table=OwnedRecords()),
         StandbyIndex(),
         MemoryTransport(),
         "standbys",
@@ -61,7 +62,7 @@ def test_what_was_acknowledged_is_not_written_again_before_the_view_reads_it() -
         f"b{i}:1": BrokerInfo(id=f"b{i}:1", service_url="s", http_url="h", tags={"zone": f"z{i % 2}"})
         for i in range(4)
     }
-    placement = LivePlacement(lambda: brokers, failure_domains_enabled=False)
+    placement = LivePlacement(lambda: brokers, failure_domains_enabled=False, table=OwnedRecords())
     transport = MemoryTransport()
     index = StandbyIndex()  # the standby view is not read back in this test: it stays empty
     job = StandbyJob(
@@ -76,7 +77,7 @@ def test_what_was_acknowledged_is_not_written_again_before_the_view_reads_it() -
     placement.add_owner_listener(job.owner_changed)  # as the controller's wiring does
     keys = [f"t/ns/0x{i:02x}_0x{i + 1:02x}" for i in range(6)]
     for k in keys:
-        placement.record_changed(k, None, make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1"))
+        change(placement, k, None, make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1"))
     assert asyncio.run(job.run_once()) == 6
     placement.brokers_changed()  # a full pass next round, over every bundle
     assert asyncio.run(job.run_once()) == 0  # acknowledged: not written again while the view lags
@@ -87,7 +88,7 @@ def test_what_was_acknowledged_is_not_written_again_before_the_view_reads_it() -
     standby = msgspec.json.decode(written[-1].value or b"", type=StandbySet).brokers[0]
     old = make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1")
     new = make(State.OWNED, version=5, ts=0, writer=standby, src="b0:1", dst=standby)
-    placement.record_changed(moved, old, new)
+    change(placement, moved, old, new)
     assert asyncio.run(job.run_once()) == 1  # the moved bundle only, repaired from what was written
     latest = [m for m in transport.log.messages("standbys") if m.key == moved.encode()][-1]
     picks = msgspec.json.decode(latest.value or b"", type=StandbySet).brokers

@@ -14,6 +14,7 @@ import concurrent.futures
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from tests.support.owned_table import OwnedRecords, change
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.placement.standby import StandbySpec
 from trimtab.channel.memory import MemoryTransport
@@ -47,7 +48,7 @@ def _setup() -> tuple[LivePlacement, StandbyIndex, MemoryTransport, Leadership, 
         f"b{i}:1": BrokerInfo(id=f"b{i}:1", service_url="s", http_url="h", tags={"zone": f"z{i % 2}"})
         for i in range(4)
     }
-    placement = LivePlacement(lambda: brokers, failure_domains_enabled=False)
+    placement = LivePlacement(lambda: brokers, failure_domains_enabled=False, table=OwnedRecords())
     index, transport, leadership = StandbyIndex(), MemoryTransport(), Leadership()
     job = StandbyJob(
         placement,
@@ -59,7 +60,7 @@ def _setup() -> tuple[LivePlacement, StandbyIndex, MemoryTransport, Leadership, 
         StandbySpec(1, ("zone",)),
     )
     placement.add_owner_listener(job.owner_changed)  # as the controller's wiring does
-    placement.record_changed(KEY, None, make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1"))
+    change(placement, KEY, None, make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1"))
     return placement, index, transport, leadership, job
 
 
@@ -96,7 +97,7 @@ def test_moves_heard_around_a_full_pass_copy_are_counted_once() -> None:
     pick for up to 10 minutes was made from counts one off."""
     placement, _index, _transport, _leadership, job = _setup()
     other = "t/ns/0x01_0x02"
-    placement.record_changed(other, None, make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1"))
+    change(placement, other, None, make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1"))
     assert asyncio.run(job.run_once()) == 2
 
     first_old = make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1")
@@ -106,9 +107,9 @@ def test_moves_heard_around_a_full_pass_copy_are_counted_once() -> None:
     real_planning = placement.planning
 
     def planning():  # type: ignore[no-untyped-def]
-        placement.record_changed(KEY, first_old, first_new)  # just before the copy
+        change(placement, KEY, first_old, first_new)  # just before the copy
         copy = real_planning()
-        placement.record_changed(other, second_old, second_new)  # just after it
+        change(placement, other, second_old, second_new)  # just after it
         return copy
 
     placement.planning = planning  # type: ignore[method-assign]
@@ -146,7 +147,7 @@ def test_a_late_write_that_lands_after_its_timeout_does_not_leave_a_stale_overla
     transport.produce = slow_produce  # type: ignore[method-assign]
     old = make(State.OWNED, version=1, ts=0, writer="b0:1", dst="b0:1")
     new = make(State.OWNED, version=2, ts=0, writer="b1:1", src="b0:1", dst="b1:1")
-    placement.record_changed(KEY, old, new)
+    change(placement, KEY, old, new)
     assert asyncio.run(job.run_once()) == 0  # W1 timed out
     transport.produce = real_produce  # type: ignore[method-assign]
     ((topic, key, value),) = late
@@ -157,7 +158,7 @@ def test_a_late_write_that_lands_after_its_timeout_does_not_leave_a_stale_overla
     index.changed(KEY, StandbySet(brokers=w1))
 
     # the bundle moves back to b0: the right set is W0 again, and the topic holds W1
-    placement.record_changed(KEY, new, old)
+    change(placement, KEY, new, old)
     asyncio.run(job.run_once())
     placement.brokers_changed()
     asyncio.run(job.run_once())
