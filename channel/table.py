@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trimtab.channel.bundles import BundleRange, is_bundle_name, parse_bundle
+from trimtab.channel.packed import Packer
 from trimtab.channel.records import (
     MAX_RECORD_BYTES,
     SKIP_BAD_KEY,
@@ -33,7 +34,6 @@ from trimtab.channel.records import (
     decode_strict,
     intern_brokers,
 )
-from trimtab.channel.packed import Packer
 from trimtab.channel.resolve import ACCEPT, resolve
 
 # (key, old, new): old/new None means Init.
