@@ -48,11 +48,13 @@ class ChannelClient:
         retry_s: float = 2.0,
         max_retry_s: float = 30.0,
         ends_every_s: float | None = None,
+        packed_table: bool = True,
     ) -> None:
         """``ends_every_s``: read the channel's end offsets this often on a thread of its own, so that
         :meth:`lag` counts what was written since the follower caught up -- a follower that stops receiving
         then shows a growing lag (``trimtab_channel_lag_records``) instead of 0. None (the simulator,
-        tools): the lag counts only up to the ends seen when the follower started."""
+        tools): the lag counts only up to the ends seen when the follower started. ``packed_table``: see
+        :class:`TableView` (only the simulator keeps records whole)."""
         self.transport = transport
         self.topic = topic
         self.snapshot_topic = snapshot_topic
@@ -61,7 +63,7 @@ class ChannelClient:
         self._user_on_ready = on_ready
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
-        self.table = TableView(on_skip=on_skip)
+        self.table = TableView(on_skip=on_skip, packed=packed_table)
         self.snapshot: Snapshot | None = None
         self.follower: Follower | None = None
         self.started_at = 0.0

@@ -62,7 +62,11 @@ class Packer:
         return len(self._ids) - 1
 
     def _id(self, broker: str | None) -> int:
-        """A new broker's number; -1 once every number is taken."""
+        """The number of a broker :meth:`pack` did not find (it may have numbered it since: dst, src and
+        writer are often the same new broker); -1 once every number is taken."""
+        i = self._index.get(broker)
+        if i is not None:
+            return i
         i = len(self._ids)
         if i > MAX_IDS or type(broker) is not str:  # a str unless built in code, not decoded
             return -1
@@ -92,13 +96,16 @@ class Packer:
         if force is not True and force is not False:
             return None
         index = self._index
-        dst = index.get(rec.dst)
+        try:
+            dst = index.get(rec.dst)
+            src = index.get(rec.src)
+            writer = index.get(rec.writer)
+        except TypeError:  # an unhashable id: a record built in code, never one decoded
+            return None
         if dst is None:
             dst = self._id(rec.dst)
-        src = index.get(rec.src)
         if src is None:
             src = self._id(rec.src)
-        writer = index.get(rec.writer)
         if writer is None:
             writer = self._id(rec.writer)
         if dst < 0 or src < 0 or writer < 0:

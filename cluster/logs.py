@@ -58,7 +58,10 @@ def configure_logging(level: str = "info", json_logs: bool = True, **bound: Any)
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
+        # Not cached: a logger first used before this ran (while settings load, or in a test before it)
+        # would keep the configuration of that moment for good -- structlog's default dev format on a
+        # daemon's JSON stream. Logging is not on a hot path; a lookup per call costs ~1 us.
+        cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
     _IDENTITY.clear()

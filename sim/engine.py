@@ -186,7 +186,7 @@ class Engine:
             channel_topic=CHANNEL,
             misbehave=self._misbehave,
         )
-        self.channel = ChannelClient(self.transport, CHANNEL)
+        self.channel = ChannelClient(self.transport, CHANNEL, packed_table=False)  # see TableView
         self.table = self.channel.table
         self.table.partitions = self.transport.partitions(CHANNEL)
         self.table.set_live()

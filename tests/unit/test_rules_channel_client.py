@@ -20,8 +20,8 @@ from concurrent.futures import Future
 
 import msgspec
 import pytest
-import structlog
 
+from tests.support.logs import capture_logs
 from tests.support.waiting import wait_for
 from trimtab.channel.bundles import BundleLayout
 from trimtab.channel.client import ChannelClient
@@ -230,7 +230,7 @@ def test_a_snapshot_is_loaded_and_the_tail_replayed_after_it(
     )
     log.truncate(CHANNEL, 0, 1)  # partition 1 keeps its record: the snapshot covers it, not replayed
     step(log, P0[0], 2)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         c = ChannelClient(MemoryTransport(log), CHANNEL, SNAPSHOTS, retry_s=60.0, max_retry_s=60.0)
         clients.append(c)
         c.start()
@@ -271,7 +271,7 @@ def test_a_snapshot_past_the_end_of_the_channel_is_ignored(
     step(log, P0[0], 1)
     w = SnapshotWriter(MemoryTransport(log), SNAPSHOTS, CHANNEL, writer="w")
     m = w.write({P0[0]: rec(4)}, {0: 1, 1: 1}, 2, term=1)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         c = ChannelClient(MemoryTransport(log), CHANNEL, SNAPSHOTS)
         clients.append(c)
         c.start()
@@ -353,7 +353,7 @@ def test_a_gap_at_start_makes_the_node_unready_with_the_gap_as_its_reason(log: M
     t.on_partitions = hold
     c = ChannelClient(t, CHANNEL, SNAPSHOTS, retry_s=60.0, max_retry_s=60.0)
     try:
-        with structlog.testing.capture_logs() as logs:
+        with capture_logs() as logs:
             c.start()
             assert entered.wait(10)
             gap = HistoryGap(CHANNEL, 0, 0, 1)
@@ -460,7 +460,7 @@ def test_a_failed_recovery_is_retried_with_doubling_backoff_up_to_max_retry_s(lo
             raise boom
 
     try:
-        with structlog.testing.capture_logs() as logs:
+        with capture_logs() as logs:
             c.start()
             assert c.wait_ready(10)
             c.table.add_listener(listener)
@@ -591,7 +591,7 @@ def test_the_lag_counts_per_partition_up_to_the_ends_read(
                 raise down
 
     t.on_watermarks = ends
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         c = ChannelClient(t, CHANNEL, SNAPSHOTS, ends_every_s=0.02)
         clients.append(c)
         c.start()
@@ -796,14 +796,14 @@ def test_a_write_the_transport_refuses_is_reported_not_raised(log: MemoryLog) ->
     fut = c.publish(P0[0], rec(1))
     assert fut.exception(5) is err
     done: list[TransportError | None] = []
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         c.send(P0[0], rec(1), done.append)
     assert done == [err] and done[0] is err and logs == []
 
     def broken(e: TransportError | None) -> None:
         raise ValueError("callback broke")
 
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         c.send(P0[0], rec(1), broken)
     assert logs == [
         {"event": "delivery_report_failed", "log_level": "error", "topic": CHANNEL, "exc_info": True}

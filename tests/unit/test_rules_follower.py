@@ -19,9 +19,9 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
-import structlog
 
 import trimtab.channel.transport as transport_module
+from tests.support.logs import capture_logs
 from tests.support.waiting import wait_for
 from trimtab.channel.memory import MemoryLog, MemoryReader, MemoryTransport
 from trimtab.channel.transport import Follower, Message, Reader, report
@@ -167,7 +167,7 @@ def test_a_delivery_report_is_given_to_its_callback_and_nothing_is_logged() -> N
     returns."""
     got: list[TransportError | None] = []
     err = TransportError("gone")
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         report(got.append, err, "t")
         report(got.append, None, "t")
     assert got == [err, None] and got[0] is err
@@ -181,7 +181,7 @@ def test_what_a_delivery_report_raises_is_logged_with_its_topic_and_not_raised()
     def on_done(err: TransportError | None) -> None:
         raise ValueError("callback broke")
 
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         report(on_done, None, "the-topic")
     assert logs == [
         {"event": "delivery_report_failed", "log_level": "error", "topic": "the-topic", "exc_info": True}
@@ -339,7 +339,7 @@ def test_readiness_is_logged_with_the_topic_the_records_applied_and_the_position
     with its topic (not its name), the number of records applied and its positions."""
     log = MemoryLog()
     fill(log, "t", [3, 2])
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         f = run(followers, Follower(MemoryTransport(log), "t", Applied(), start={0: 1}, name="n"))
         assert f.wait_ready(DEADLINE)
     assert logs == [
@@ -416,7 +416,7 @@ def test_a_history_gap_is_logged_recorded_and_given_to_on_gap_only(followers: li
     fill(log, "t", [0, 6])
     log.truncate("t", 1, 4)
     failures = Failures()
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         f = run(
             followers,
             Follower(
@@ -474,7 +474,7 @@ def test_any_other_failure_is_logged_with_the_topic_and_the_error_and_given_to_o
         raise boom
 
     failures = Failures()
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         f = run(
             followers,
             Follower(
