@@ -247,7 +247,9 @@ class TableView:
         rejected = self.stats.rejected
         decode_raw = _decode_raw
         intern = intern_brokers
-        pack = self._packer.pack if self._pack else _unpacked
+        packing = self._pack
+        pack = self._packer.pack_decoded  # records from the decoder only
+        owned_state, free_state, deleted_state = State.OWNED, State.FREE, State.DELETED
         unpack = self._packer.unpack
         crc32 = _crc32
         max_len = MAX_RECORD_BYTES
@@ -314,8 +316,13 @@ class TableView:
             else:
                 if live:  # listeners keep records: they get the broker ids shared
                     new = intern(new)
-                packed = pack(new)
-                table[name] = new if packed is None else packed
+                state = new.state
+                # Only a settled record may be packed: the others skip the call (nearly half of them).
+                if packing and (state is owned_state or state is free_state or state is deleted_state):
+                    packed = pack(new)
+                    table[name] = new if packed is None else packed
+                else:
+                    table[name] = new
             if live:
                 for fn in listeners:
                     fn(name, cur, new)
