@@ -181,3 +181,57 @@ def _scenario(
         t_report, _ = simulate(t_sc, progress=progress)
         entry["tuned_transfer"] = {k: t_report["policies"]["transfer"][k] for k in KEYS}
     return entry, tight
+
+
+#: What the simulator runs of production: the daemons' jobs and everything they call in the package.
+PRODUCTION_PACKAGES = ("agent", "balance", "channel", "cluster", "config", "controller")
+SPEED_SCENARIO = "restart-100-brokers"
+
+
+def production_share(
+    path: Path | None = None, progress: Callable[[str], None] = lambda _m: None
+) -> dict[str, Any]:
+    """How fast the simulator could ever run the daemons' own jobs: the transfer policy of the 100-broker x
+    10 000-bundle scenario once as is (its speedup), once under cProfile, whose own time per function says
+    what share of the run is production code. A simulator whose engine cost nothing would still run that
+    code: ``sim_speedup_ceiling`` = speedup / share. The interpreter's built-ins and the standard library
+    are counted as the engine's (so the ceiling errs high), and cProfile's per-call cost weighs on both."""
+    import cProfile
+    import pstats
+
+    sc = load_scenario(path or SUITE / f"{SPEED_SCENARIO}.yaml").model_copy(update={"policies": ["transfer"]})
+    progress(f"{sc.name}: the transfer policy as is...")
+    t0 = time.perf_counter()
+    simulate(sc)
+    speedup = sc.duration_s / (time.perf_counter() - t0)
+    progress(f"{sc.name}: again under cProfile...")
+    profile = cProfile.Profile()
+    profile.enable()
+    report, _runs = simulate(sc)
+    profile.disable()
+    root = Path(__file__).resolve().parents[2]
+    by_package: dict[str, float] = {}
+    total = 0.0
+    for (filename, _line, _fn), row in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+        own = row[2]
+        total += own
+        path_ = Path(filename)
+        top = path_.relative_to(root).parts[0] if path_.is_relative_to(root) else "python"
+        by_package[top] = by_package.get(top, 0.0) + own
+    production = sum(by_package.get(p, 0.0) for p in PRODUCTION_PACKAGES)
+    share = production / total if total else 0.0
+    return {
+        "bench": "sim-profile",
+        "scenario": sc.name,
+        "brokers": report["brokers"]["initial"],
+        "bundles": report["bundles"]["initial"],
+        "sim_speedup": round(speedup, 1),
+        "production_code_share": round(share, 3),
+        "sim_speedup_ceiling": round(speedup / share, 1) if share else None,
+        "sim_speedup_target": 1000.0,
+        "own_time_share_by_package": {k: round(v / total, 3) for k, v in sorted(by_package.items()) if total},
+        "what": "own time (cProfile tottime) of functions in the production packages over all, running the "
+        "transfer policy: with an engine that cost nothing the simulator would still run that code, so "
+        "sim_speedup / production_code_share bounds its speed from above (built-ins and the standard "
+        "library counted as the engine's: the bound errs high)",
+    }

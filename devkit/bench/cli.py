@@ -276,6 +276,20 @@ def pipeline_cmd(
     _emit(result, output)
 
 
+@bench.command("sim-profile")
+@click.option(
+    "--scenario",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Scenario file (default: the shipped 100-broker x 10 000-bundle one).",
+)
+@click.option("--output", type=click.Path(dir_okay=False), help="Also write the JSON to this file.")
+def sim_profile_cmd(scenario: Path | None, output: str | None) -> None:
+    """How fast the simulator could ever run the daemons' jobs: production code's share of a run."""
+    from trimtab.devkit.bench.balance import production_share
+
+    _emit(production_share(scenario, progress=lambda m: click.echo(m, err=True)), output)
+
+
 @bench.command("balance")
 @click.option(
     "--scenario",

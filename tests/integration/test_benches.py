@@ -219,3 +219,14 @@ def test_bench_agent_memory_small() -> None:
         "ready": 1,
     }
     assert_checks(out)
+
+
+def test_bench_sim_profile_small() -> None:
+    """The simulator's ceiling: production code's share of a run, and the speed it bounds from above."""
+    out = invoke("sim-profile", "--scenario", "sim/scenarios/small-scale-out.yaml")
+    assert out["bench"] == "sim-profile"
+    assert_number(out, "sim_speedup", "production_code_share", "sim_speedup_ceiling")
+    assert 0 < out["production_code_share"] <= 1
+    assert out["sim_speedup_ceiling"] >= out["sim_speedup"]
+    assert abs(sum(out["own_time_share_by_package"].values()) - 1) < 0.01
+    assert {"agent", "balance", "channel", "sim"} <= out["own_time_share_by_package"].keys()
