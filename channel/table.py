@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trimtab.channel.bundles import BundleRange, is_bundle_name, parse_bundle
-from trimtab.channel.packed import Packer
+from trimtab.channel.packed import Packer, count_states
 from trimtab.channel.records import (
     MAX_RECORD_BYTES,
     SKIP_BAD_KEY,
@@ -155,6 +155,22 @@ class TableView:
                 continue
             if dst is not None:
                 yield k, dst
+
+    def unsettled(self) -> list[tuple[str, Record]]:
+        """Every bundle held as a record object: all those in flight or with children (and settled ones a
+        table did not pack). What a scan for bundles in flight needs, from a point-in-time copy, without
+        making a record of each settled bundle (an operations pass reads it every second)."""
+        return [(k, r) for k, r in list(self._table.items()) if type(r) is not int]  # type: ignore[misc]
+
+    def state_counts(self) -> dict[State, int]:
+        """Bundles per state, without making a record of each packed one."""
+        values = list(self._table.values())
+        counts = count_states(v for v in values if type(v) is int)
+        for r in values:
+            if type(r) is not int:
+                state = r.state  # type: ignore[union-attr]  # not an int: a record
+                counts[state] = counts.get(state, 0) + 1
+        return counts
 
     def packed_count(self) -> int:
         """How many bundles are held packed (the rest are records in flight or with children)."""

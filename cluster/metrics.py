@@ -64,10 +64,7 @@ class ChannelCollector(Collector):
                 records.add_metric(["skipped", reason], st.skipped.get(reason, 0))
             ready.add_metric([], 1.0 if c.ready else 0.0)
             lag.add_metric([], c.lag())
-            counts: dict[str, int] = {}
-            for _, rec in c.table.items():
-                counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
-            for state, n in sorted(counts.items()):
+            for state, n in sorted((s.value, n) for s, n in c.table.state_counts().items()):
                 bundles.add_metric([state], n)
             gap.add_metric([], 1.0 if c.history_gap else 0.0)
             gaps.add_metric([], c.gaps)

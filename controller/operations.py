@@ -175,7 +175,7 @@ class OperationsJob:
         with self._seen_lock:
             taken, self._transitions = self._transitions, []
         if rescan:
-            taken += [(b, r) for b, r in self.table.items() if r.state in _TRANSITIONS]
+            taken += [(b, r) for b, r in self.table.unsettled() if r.state in _TRANSITIONS]
         return taken
 
     def _give_back(self, taken: list[tuple[str, Record]]) -> None:
@@ -346,7 +346,7 @@ class OperationsJob:
             return None
         s = self.settings()
         budget = ops.Budget.from_table(
-            self.table.items(),
+            self.table.unsettled(),  # every bundle in flight, without a record made per settled one
             cluster=s.max_in_flight,
             per_broker=s.max_in_flight_per_broker,
             per_namespace=s.max_in_flight_per_namespace,

@@ -44,6 +44,9 @@ class Table(dict[str, Record]):
     def add_listener(self, fn: Any) -> None:
         self.listeners.append(fn)
 
+    def unsettled(self) -> list[tuple[str, Record]]:  # a table that packs nothing: every record
+        return list(self.items())
+
     def __setitem__(self, b: str, rec: Record) -> None:
         old = self.get(b)
         super().__setitem__(b, rec)

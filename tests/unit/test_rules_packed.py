@@ -629,3 +629,38 @@ def test_a_table_that_keeps_records_whole_gives_the_same_answers_and_packs_nothi
     assert packed.packed_count() == 2 and whole.packed_count() == 0
     whole.load(packed.as_dict(), {})
     assert whole.packed_count() == 0 and whole.items() == packed.items()
+
+
+def test_unsettled_lists_every_record_held_whole_and_no_packed_bundle() -> None:
+    """Rule: ``unsettled`` is every bundle held as a record object -- those in flight, with children, or
+    in a table that packs nothing -- and none held packed: a scan for bundles in flight finds them all."""
+    releasing = make(State.RELEASING, version=2, ts=1, writer="a:1", src="a:1", dst="b:1")
+    split = make(State.OWNED, version=3, ts=1, writer="a:1", dst="a:1", children={"0x0_0x1": "a:1"})
+    states = {
+        "t/ns/0x00000000_0x40000000": owned(1, dst="a:1"),
+        "t/ns/0x40000000_0x80000000": releasing,
+        "t/ns/0x80000000_0xffffffff": split,
+    }
+    packed, whole = TableView(), TableView(packed=False)
+    packed.load(states, {})
+    whole.load(states, {})
+    assert sorted(packed.unsettled()) == sorted(
+        (k, r) for k, r in states.items() if r is not states["t/ns/0x00000000_0x40000000"]
+    )
+    assert sorted(whole.unsettled()) == sorted(states.items())
+
+
+def test_state_counts_count_every_bundle_by_state_packed_or_not() -> None:
+    """Rule: ``state_counts`` is the number of bundles in each state, read from the packed values' state
+    bits and the records' states alike (what the ``trimtab_channel_bundles`` gauge exports)."""
+    states = {
+        "t/ns/0x00000000_0x20000000": owned(1, dst="a:1"),
+        "t/ns/0x20000000_0x40000000": owned(1, dst="b:1", force=True),
+        "t/ns/0x40000000_0x60000000": make(State.FREE, version=3, ts=1, writer="a:1"),
+        "t/ns/0x60000000_0x80000000": make(State.DELETED, version=4, ts=1, writer="a:1"),
+        "t/ns/0x80000000_0xa0000000": make(State.ASSIGNING, version=1, ts=1, writer="a:1", dst="b:1"),
+    }
+    for table in (TableView(), TableView(packed=False)):
+        table.load(states, {})
+        assert table.state_counts() == {State.OWNED: 2, State.FREE: 1, State.DELETED: 1, State.ASSIGNING: 1}
+    assert TableView().state_counts() == {}
