@@ -172,6 +172,10 @@ class TableView:
                 counts[state] = counts.get(state, 0) + 1
         return counts
 
+    def packed_broker_ids(self) -> int:
+        """Broker ids numbered for packing (channel.packed.MAX_IDS at most; never forgotten)."""
+        return len(self._packer)
+
     def packed_count(self) -> int:
         """How many bundles are held packed (the rest are records in flight or with children)."""
         return sum(1 for r in list(self._table.values()) if type(r) is int)
@@ -189,11 +193,12 @@ class TableView:
         self._listeners.remove(fn)
 
     def set_live(self) -> None:
-        """Caught up: notify listeners from now on, and share broker-id strings between records.
+        """Caught up: notify listeners from now on, and share broker-id strings between the records held
+        whole (in flight, or with children).
 
-        Interning is done once here (tens of ms per 100k bundles) and then per accepted record, instead of
-        on the bootstrap hot path: every record decodes its own copies of a few dozen broker ids, and
-        sharing them takes a live table from ~400 to ~250 bytes per bundle.
+        Packed records share them already (channel.packed numbers each id once); the others are interned
+        here once and then per accepted record, instead of on the bootstrap hot path, where every record
+        decodes its own copies of its broker ids.
         """
         with self._lock:
             # In place: values replaced under existing keys, so the old records go one by one instead of

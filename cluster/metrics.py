@@ -40,6 +40,12 @@ class ChannelCollector(Collector):
         bundles = GaugeMetricFamily(
             "trimtab_channel_bundles", "Bundles with a channel record, by state.", labels=["state"]
         )
+        broker_ids = GaugeMetricFamily(
+            "trimtab_channel_packed_broker_ids",
+            "Broker ids the table has numbered to pack settled bundles (channel/packed.py): at most 65535; "
+            "past it, records naming a broker it never numbered are held whole, ~80 bytes more each, until "
+            "the node restarts.",
+        )
         gap = GaugeMetricFamily(
             "trimtab_channel_history_gap",
             "1 while this node is recovering from a history gap (retention deleted records it had not read).",
@@ -66,6 +72,7 @@ class ChannelCollector(Collector):
             lag.add_metric([], c.lag())
             for state, n in sorted((s.value, n) for s, n in c.table.state_counts().items()):
                 bundles.add_metric([state], n)
+            broker_ids.add_metric([], c.table.packed_broker_ids())
             gap.add_metric([], 1.0 if c.history_gap else 0.0)
             gaps.add_metric([], c.gaps)
             recoveries.add_metric([], c.recoveries)
@@ -73,6 +80,7 @@ class ChannelCollector(Collector):
         yield ready
         yield lag
         yield bundles
+        yield broker_ids
         yield gap
         yield gaps
         yield recoveries

@@ -664,3 +664,18 @@ def test_state_counts_count_every_bundle_by_state_packed_or_not() -> None:
         table.load(states, {})
         assert table.state_counts() == {State.OWNED: 2, State.FREE: 1, State.DELETED: 1, State.ASSIGNING: 1}
     assert TableView().state_counts() == {}
+
+
+def test_packed_broker_ids_counts_the_ids_the_table_numbered() -> None:
+    """Rule: ``packed_broker_ids`` (the ``trimtab_channel_packed_broker_ids`` gauge) is how many broker
+    ids the table numbered to pack: each new id of a settled record counts once, in-flight records none."""
+    table = TableView()
+    assert table.packed_broker_ids() == 0
+    apply(table, "t/ns/0x00000000_0x80000000", owned(1, dst="a:1", writer="leader:1"))
+    assert table.packed_broker_ids() == 2
+    apply(
+        table, "t/ns/0x80000000_0xffffffff", make(State.ASSIGNING, version=1, ts=1, writer="c:1", dst="d:1")
+    )
+    assert table.packed_broker_ids() == 2
+    apply(table, "t/ns/0x80000000_0xffffffff", owned(2, dst="d:1", writer="d:1"))
+    assert table.packed_broker_ids() == 3
