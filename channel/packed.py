@@ -62,11 +62,8 @@ class Packer:
         return len(self._ids) - 1
 
     def _id(self, broker: str) -> int:
-        """The number of a broker :meth:`pack` did not find (it may have numbered it since: dst, src and
-        writer are often the same new broker); -1 once every number is taken. (``None`` is always found.)"""
-        i = self._index.get(broker)
-        if i is not None:
-            return i
+        """A new number for a broker :meth:`pack_decoded` just looked up and did not find (each lookup
+        follows the numbering of the field before it); -1 once every number is taken."""
         i = len(self._ids)
         if i > MAX_IDS:
             return -1

@@ -679,3 +679,30 @@ def test_packed_broker_ids_counts_the_ids_the_table_numbered() -> None:
     assert table.packed_broker_ids() == 2
     apply(table, "t/ns/0x80000000_0xffffffff", owned(2, dst="d:1", writer="d:1"))
     assert table.packed_broker_ids() == 3
+
+
+@pytest.mark.parametrize("field", ["src", "writer"])
+def test_past_the_last_number_a_new_src_or_writer_alone_keeps_the_record_whole(field: str) -> None:
+    """Rule: once every number is taken, a settled record naming a new broker in any one field -- the
+    source or the writer alone, its owner already numbered -- is not packed (no field is ever packed
+    with a number it does not have)."""
+    packer = Packer()
+    for i in range(MAX_IDS):
+        assert packer.pack(owned(dst=f"b{i}:1", writer=f"b{i}:1")) is not None
+    kw = {"dst": "b0:1", "writer": "b0:1", field: "new:1"}
+    assert packer.pack(owned(**kw)) is None
+    assert packer.pack_decoded(owned(**kw)) is None
+    assert len(packer) == MAX_IDS
+
+
+def test_a_broker_packed_again_keeps_its_number() -> None:
+    """Rule: each broker is numbered once, whichever field names it and however often."""
+    packer = Packer()
+    for rec in (
+        owned(dst="a:1", writer="w:1"),
+        owned(dst="w:1", src="a:1", writer="a:1"),
+        owned(dst="a:1", src="w:1", writer="a:1"),
+    ):
+        packed = packer.pack(rec)
+        assert packed is not None and packer.unpack(packed) == rec
+    assert len(packer) == 2
