@@ -49,6 +49,9 @@ class Table:
     def items(self) -> list[tuple[str, Record]]:
         return list(self.records.items())
 
+    def unsettled(self) -> list[tuple[str, Record]]:  # a table that packs nothing: every record
+        return self.items()
+
 
 @dataclass
 class Writes:
