@@ -26,6 +26,9 @@ fixture                scope     what it gives
                                  pipeline tests; started on first use only (docs/pipeline.md)
 ``log``                function  :func:`tests.support.memory_log.memory_log` of the module's own ``settings``
                                  fixture: the in-memory channel log an in-process cluster runs on
+``clients``            function  a list to append the ChannelClients a test starts to: each is stopped at
+                                 teardown
+``followers``          function  the same for the channel Followers a test starts
 =====================  ========  ==========================================================================
 
 Synchronise with ``tests.support.waiting.wait_for`` (a condition and a deadline), never with sleeps.
@@ -48,7 +51,9 @@ from kazoo.retry import KazooRetry
 from tests.support.kafka import KafkaEnv, make_env
 from tests.support.memory_log import memory_log
 from tests.support.procs import Procs
+from trimtab.channel.client import ChannelClient
 from trimtab.channel.memory import MemoryLog
+from trimtab.channel.transport import Follower
 from trimtab.config.settings import Settings
 from trimtab.devkit.kafka_server import KafkaCluster
 from trimtab.devkit.zkserver import ZooKeeperServer
@@ -186,6 +191,23 @@ def kafka(kafka_cluster: KafkaCluster, request: pytest.FixtureRequest) -> Iterat
 @pytest.fixture
 def log(settings: Settings) -> MemoryLog:
     return memory_log(settings)
+
+
+def _stopped_at_teardown() -> Iterator[list[Any]]:
+    started: list[Any] = []
+    yield started
+    for x in started:
+        x.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[ChannelClient]]:
+    yield from _stopped_at_teardown()
+
+
+@pytest.fixture
+def followers() -> Iterator[list[Follower]]:
+    yield from _stopped_at_teardown()
 
 
 # ---------------------------------------------------------------------------------------------- processes

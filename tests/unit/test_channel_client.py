@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,14 +40,6 @@ def log() -> MemoryLog:
     log = MemoryLog(default_partitions=2)
     log.create(SNAPSHOTS, 1)
     return log
-
-
-@pytest.fixture
-def clients() -> Iterator[list[ChannelClient]]:
-    made: list[ChannelClient] = []
-    yield made
-    for c in made:
-        c.stop()
 
 
 def client(clients: list[ChannelClient], log: MemoryLog, **kw: object) -> ChannelClient:

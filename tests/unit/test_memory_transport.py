@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Iterator
 
 import pytest
 
@@ -137,14 +136,6 @@ class Recorder:
     def wait_for(self, n: int) -> None:
         with self.cond:
             assert self.cond.wait_for(lambda: len(self.messages) >= n, DEADLINE), (len(self.messages), n)
-
-
-@pytest.fixture
-def followers() -> Iterator[list[Follower]]:
-    started: list[Follower] = []
-    yield started
-    for f in started:
-        f.stop()
 
 
 def start(

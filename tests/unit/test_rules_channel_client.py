@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import msgspec
@@ -87,14 +87,6 @@ def log() -> MemoryLog:
     log.create(CHANNEL, 2)
     log.create(SNAPSHOTS, 1)
     return log
-
-
-@pytest.fixture
-def clients() -> Iterator[list[ChannelClient]]:
-    made: list[ChannelClient] = []
-    yield made
-    for c in made:
-        c.stop()
 
 
 def threads(name: str) -> list[threading.Thread]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 import types
-from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -118,14 +117,6 @@ class MarkerTransport(MemoryTransport):
                 }
 
         return PastMarkers(log, topic, {p: start.get(p, 0) for p in range(self.partitions(topic))})
-
-
-@pytest.fixture
-def followers() -> Iterator[list[Follower]]:
-    started: list[Follower] = []
-    yield started
-    for f in started:
-        f.stop()
 
 
 def run(followers: list[Follower], f: Follower) -> Follower:
