@@ -30,7 +30,7 @@ from trimtab.channel.records import Record, State
 _STATES: tuple[State, ...] = tuple(State)
 # Compared by identity: an Enum's hash is a Python-level function (~100 ns), too slow for a set or a dict
 # on the replay's path.
-_OWNED, _FREE, _DELETED = State.OWNED, State.FREE, State.DELETED
+_OWNED, _FREE, _DELETED = SETTLED = State.OWNED, State.FREE, State.DELETED  # the states a table packs
 _OWNED_CODE, _FREE_CODE, _DELETED_CODE = (_STATES.index(s) for s in (_OWNED, _FREE, _DELETED))
 
 _LAYOUT = struct.Struct("<BHHHqQ")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trimtab.channel.bundles import BundleRange, is_bundle_name, parse_bundle
-from trimtab.channel.packed import Packer, count_states
+from trimtab.channel.packed import SETTLED, Packer, count_states
 from trimtab.channel.records import (
     MAX_RECORD_BYTES,
     SKIP_BAD_KEY,
@@ -270,7 +270,7 @@ class TableView:
         intern = intern_brokers
         packing = self._pack
         pack = self._packer.pack_decoded  # records from the decoder only
-        owned_state, free_state, deleted_state = State.OWNED, State.FREE, State.DELETED
+        owned_state, free_state, deleted_state = SETTLED
         unpack = self._packer.unpack
         crc32 = _crc32
         max_len = MAX_RECORD_BYTES
