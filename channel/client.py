@@ -70,6 +70,7 @@ class ChannelClient:
         self.ready_at = 0.0
         self.gaps = 0  # history gaps detected (a counter)
         self.recoveries = 0  # times the follower was restarted after it stopped (a counter)
+        self.stalls = 0  # times the follower found its reader stalled and reopened it (a counter)
         self.last_error: BaseException | None = None
         self._reason = "not started"
         self._ready = threading.Event()
@@ -159,8 +160,12 @@ class ChannelClient:
                 on_ready=self._became_ready,
                 on_error=self._failed,
                 on_gap=self._gap,
+                on_stall=self._stalled,
             )
             self.follower.start()
+
+    def _stalled(self) -> None:
+        self.stalls += 1
 
     def _apply(self, msgs: list[Message]) -> None:
         self.table.apply_all(msgs)
@@ -291,6 +296,7 @@ class ChannelClient:
                 else None
             ),
             "recoveries": self.recoveries,
+            "stalls": self.stalls,
             "history_gaps": self.gaps,
             "last_error": repr(self.last_error) if self.last_error is not None else None,
             "stats": self.table.stats.detail(),

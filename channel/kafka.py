@@ -50,6 +50,10 @@ _LEADER_MOVING = frozenset(
         KafkaError.NOT_COORDINATOR,
     }
 )
+# The client's own metadata does not know the partition: after every broker of a cluster restarted, a
+# metadata answer given while the topic had no leader can stay in librdkafka's cache until its next periodic
+# refresh (minutes). Asking for the topic's metadata refreshes it; then the question is asked again.
+_STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
 WATERMARK_RETRY_S = 10.0
 _new_message = tuple.__new__
 
@@ -350,10 +354,17 @@ class KafkaTransport:
                 return int(low), int(high)
             except KafkaException as e:
                 err = e.args[0] if e.args else None
-                moving = isinstance(err, KafkaError) and err.code() in _LEADER_MOVING
-                if not moving or time.monotonic() + delay > deadline:
+                code = err.code() if isinstance(err, KafkaError) else None
+                if code not in _LEADER_MOVING and code not in _STALE_METADATA:
                     raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
-                time.sleep(delay)  # the leader is being elected: nothing to wait on but time
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
+                if code in _STALE_METADATA:
+                    with contextlib.suppress(KafkaException):
+                        self._meta_consumer().list_topics(
+                            topic, timeout=max(0.1, deadline - time.monotonic())
+                        )
+                time.sleep(delay)  # a leader being elected: nothing to wait on but time
                 delay = min(delay * 2, 0.5)
 
     # ------------------------------------------------------------------ readers

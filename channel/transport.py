@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 
 import structlog
 
+from trimtab.channel.stall import STALL_AFTER_S, STALL_CHECK_S, StallWatch
 from trimtab.errors import HistoryGap, TransportError
 
 log = structlog.get_logger("trimtab.channel")
@@ -105,6 +106,11 @@ class Follower:
     a :class:`HistoryGap`, at start or at any later time: the follower stops and calls ``on_gap`` (or
     ``on_error`` when there is no ``on_gap``) instead of skipping what it never read. Any other failure
     stops it too and calls ``on_error``; the owner decides what to do next.
+
+    **A stalled reader is reopened**: when :class:`channel.stall.StallWatch` finds a partition whose
+    records stay unfetched (a client library that stopped fetching without a word), the reader is closed
+    and a new one opened at the positions already applied -- nothing skipped, nothing read twice -- logged
+    ``follower_stalled`` and counted (``stalls``, ``on_stall``).
     """
 
     def __init__(
@@ -120,6 +126,8 @@ class Follower:
         on_error: Callable[[BaseException], None] | None = None,
         on_ready: Callable[[], None] | None = None,
         on_gap: Callable[[HistoryGap], None] | None = None,
+        on_stall: Callable[[], None] | None = None,
+        mono: Callable[[], float] = time.monotonic,
     ) -> None:
         self.transport = transport
         self.topic = topic
@@ -131,12 +139,17 @@ class Follower:
         self._on_error = on_error
         self._on_ready = on_ready
         self._on_gap = on_gap
+        self._on_stall = on_stall
+        self._mono = mono
         self.ready = threading.Event()
         self.positions: dict[int, int] = {}
         self.highwater: dict[int, int] = {}
         self.gap: HistoryGap | None = None
         self.records = 0
+        self.stalls = 0
         self.last_activity = time.monotonic()
+        self._watch = StallWatch()
+        self._next_watch = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -219,6 +232,30 @@ class Follower:
         if self._on_error is not None:
             self._on_error(e)
 
+    # ------------------------------------------------------------------ the stall watch
+    def _end(self, partition: int) -> int | None:
+        try:
+            return self.transport.watermarks(self.topic, partition, timeout_s=2.0)[1]
+        except TransportError:
+            return None
+
+    def _reopen(self, reader: Reader, stalled: dict[int, tuple[int, int]]) -> Reader:
+        self.stalls += 1
+        log.warning(
+            "follower_stalled",
+            topic=self.topic,
+            partitions={p: {"position": pos, "end": end} for p, (pos, end) in sorted(stalled.items())},
+            stalled_s=STALL_AFTER_S,
+            stalls=self.stalls,
+            action="reopening the reader at the applied positions",
+        )
+        reader.close()
+        self._watch.reset()
+        new = self.transport.reader(self.topic, dict(self.positions), low_latency=self._low_latency)
+        if self._on_stall is not None:
+            self._on_stall()
+        return new
+
     def _run(self) -> None:
         try:
             reader = self._prepare()
@@ -238,6 +275,12 @@ class Follower:
                     self.positions.update(reader.positions())
                     if not self.ready.is_set() and self._caught_up():
                         self._set_ready()
+                if self._mono() >= self._next_watch:
+                    self._next_watch = self._mono() + STALL_CHECK_S
+                    self.positions.update(reader.positions())
+                    stalled = self._watch.check(self.positions, self._mono(), self._end)
+                    if stalled:
+                        reader = self._reopen(reader, stalled)
         except BaseException as e:
             self._failed(e)
         finally:

@@ -56,6 +56,7 @@ class KeyValueView(Generic[T]):
         self.values: dict[str, T] = {}
         self.skipped: Counter[str] = Counter()
         self.gaps = 0
+        self.stalls = 0  # times its follower found the reader stalled and reopened it
         self.updated_at = 0.0
         self._dec = StrictDecoder(value_type, max_bytes)
         self._listeners: list[Callable[[str, T | None], None]] = []
@@ -74,7 +75,11 @@ class KeyValueView(Generic[T]):
             on_ready=self._ready.set,
             on_gap=self._gap,
             on_error=self._failed,
+            on_stall=self._stalled,
         )
+
+    def _stalled(self) -> None:
+        self.stalls += 1
 
     def add_listener(self, fn: Callable[[str, T | None], None]) -> None:
         self._listeners.append(fn)

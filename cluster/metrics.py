@@ -58,6 +58,11 @@ class ChannelCollector(Collector):
             "trimtab_channel_recoveries",
             "Times the channel follower was restarted from a snapshot after it stopped (gap or failure).",
         )
+        stalls = CounterMetricFamily(
+            "trimtab_channel_follower_stalls",
+            "Times the channel follower found its Kafka reader stalled (records there, not fetched for "
+            "10 s) and reopened it at the positions it had applied.",
+        )
         if c is not None:
             st = c.table.stats
             records.add_metric(["accepted", "ok"], st.accepted)
@@ -76,6 +81,7 @@ class ChannelCollector(Collector):
             gap.add_metric([], 1.0 if c.history_gap else 0.0)
             gaps.add_metric([], c.gaps)
             recoveries.add_metric([], c.recoveries)
+            stalls.add_metric([], c.stalls)
         yield records
         yield ready
         yield lag
@@ -84,6 +90,7 @@ class ChannelCollector(Collector):
         yield gap
         yield gaps
         yield recoveries
+        yield stalls
 
 
 class KeyValueCollector(Collector):
@@ -104,12 +111,19 @@ class KeyValueCollector(Collector):
             "History gaps of a load or top-bundles view (it re-read the topic from the first retained offset).",
             labels=["topic"],
         )
+        stalls = CounterMetricFamily(
+            "trimtab_kv_follower_stalls",
+            "Times a load or top-bundles view found its Kafka reader stalled and reopened it.",
+            labels=["topic"],
+        )
         for v in self._views():
             for reason, n in sorted(v.skipped.items()):
                 skipped.add_metric([v.topic, reason], n)
             gaps.add_metric([v.topic], v.gaps)
+            stalls.add_metric([v.topic], v.stalls)
         yield skipped
         yield gaps
+        yield stalls
 
 
 def new_registry() -> CollectorRegistry:

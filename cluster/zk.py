@@ -221,6 +221,27 @@ class ZkSession:
 
         conn._connect = connect_and_record
 
+        # One connection attempt may not use up the session. kazoo gives an attempt the session timeout
+        # divided by the number of servers listed -- for the TCP connect and again for the server's answer
+        # to the connect request -- so with one server listed, a server that accepts the connection and
+        # then does not answer (a ZooKeeper still starting, a JVM paused, a half-open link) holds the only
+        # attempt for the whole session, and the next attempt is told the session expired: every lease of
+        # the broker lost to one slow answer. Capped at a third of the session, a silent server costs an
+        # attempt, and the next one (kazoo's connection retry, at most 2 s later) still finds the session.
+        self.connect_attempt_s = max(1.0, session_timeout_s / 3.0)
+        invoke, create_connection = conn._invoke, self.client.handler.create_connection
+
+        def capped_invoke(timeout: float, request: Any, xid: int | None = None) -> Any:
+            return invoke(min(timeout, self.connect_attempt_s), request, xid)
+
+        def capped_create_connection(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+            if timeout is not None:
+                timeout = min(timeout, self.connect_attempt_s)
+            return create_connection(*args, timeout=timeout, **kwargs)
+
+        conn._invoke = capped_invoke
+        self.client.handler.create_connection = capped_create_connection
+
     def add_listener(self, fn: Callable[[str], object]) -> None:
         """``fn(state)`` runs on kazoo's thread and must not block."""
         self._listeners.append(fn)

@@ -10,6 +10,8 @@ tests/integration/test_kafka_faults.py:
 * :class:`LookupStorm` -- many concurrent lookups of *new* topics (one new namespace each, so every answer
   is a fresh assignment written to the channel) through the agents' HTTP API, every answer kept with its
   send and answer times;
+* :func:`channel_ends` and :func:`why_stalled` -- what a test prints when the cluster did not recover in
+  time: where every agent's replay stands against the channel's ends, and what the storm was answered;
 * :func:`ownership_tables`, :func:`disagreement` and :func:`lost_acknowledgements` -- the verdict: every
   agent replays the same table, and every lookup answered 200 is still in it (a later version may have
   moved the bundle on; the same version must name the same owner).
@@ -20,11 +22,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from trimtab.devkit.kafka_server import KafkaCluster
@@ -184,6 +188,45 @@ class LookupStorm:
 
     def count_ok_sent_after(self, t: float) -> int:
         return sum(1 for a in self.ok() if a.sent >= t)
+
+
+def channel_ends(kafka: KafkaCluster, topic: str, timeout: float = 5.0) -> dict[int, int]:
+    """Partition -> high watermark of ``topic``, read from the brokers now (a fresh client of its own)."""
+    c = Consumer({**kafka.client_config(), **_QUIET, "group.id": "trimtab-test-ends"})
+    try:
+        parts = sorted(_metadata(kafka, topic, timeout).partitions)
+        return {
+            int(p): int(c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1])
+            for p in parts
+        }
+    finally:
+        c.close()
+
+
+def why_stalled(
+    cluster: LocalCluster, kafka: KafkaCluster, topic: str, storm: LookupStorm | None = None
+) -> str:
+    """Why a recovery a test waited for did not come: the storm's answers by status (and a few of its
+    refusals), the channel's ends, and each agent's replay (ready, positions, last record, recoveries,
+    last error) from its ``/v1/status`` -- so that a failure in CI says which side stalled."""
+    parts: list[str] = []
+    if storm is not None:
+        answers = storm.snapshot()
+        statuses = dict(Counter(a.status for a in answers))
+        errors = sorted({(a.error or "")[:160] for a in answers if a.status != 200})[:4]
+        parts.append(f"storm answers by status {statuses}, refusals {errors}")
+    try:
+        parts.append(f"channel ends {channel_ends(kafka, topic)}")
+    except Exception as e:  # a diagnosis never raises: say what could not be read
+        parts.append(f"channel ends unreadable ({e!r})")
+    for a in cluster.agents:
+        try:
+            ch = cluster.get(a, "/v1/status")["channel"]
+            keys = ("ready", "reason", "lag", "positions", "last_record_s_ago", "recoveries", "last_error")
+            parts.append(f"{a.name} { ({k: ch.get(k) for k in keys}) }")
+        except Exception as e:
+            parts.append(f"{a.name} status unreadable ({e!r})")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- verdict

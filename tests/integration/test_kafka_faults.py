@@ -43,6 +43,7 @@ from trimtab.devkit.chaos.kafka_faults import (
     owner_of,
     ownership_tables,
     real_kafka,
+    why_stalled,
 )
 from trimtab.devkit.localcluster import LocalCluster, Node
 
@@ -323,7 +324,9 @@ def test_the_whole_kafka_cluster_stopped_for_30s(cluster: LocalCluster) -> None:
             lambda: len(storm.ok()) >= 10,
             RECOVERY_BOUND_S + 30,
             interval=0.1,
-            message="new topics answered after the restart",
+            message=lambda: (
+                f"new topics answered after the restart: {why_stalled(cluster, kafka, topic, storm)}"
+            ),
         )
         first = storm.first_ok_sent_after(restarted)
         answers = storm.snapshot()

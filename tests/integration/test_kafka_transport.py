@@ -24,6 +24,7 @@ from trimtab.channel.snapshot import (
     read_snapshot_topic,
     snapshot_messages,
 )
+from trimtab.channel.stall import StallWatch
 from trimtab.channel.table import partition_for, replay
 from trimtab.channel.transport import Follower, Message
 from trimtab.errors import SnapshotTopicError, TransportError
@@ -212,6 +213,42 @@ def test_follower_is_ready_at_the_start_high_watermark_then_follows_the_tail(kaf
         assert {(m.key, m.value) for m in got.messages} == {(m.key, m.value) for m in backlog + tail}
         ends = {p: kafka.transport.watermarks(topic, p)[1] for p in range(MOCK_PARTITIONS)}
         wait_for(lambda: follower.positions == ends, 5, message="positions reach the end")
+    finally:
+        follower.stop()
+    assert follower.error is None
+
+
+def test_a_follower_whose_kafka_consumer_stops_fetching_reopens_it_and_reads_on(kafka: KafkaEnv) -> None:
+    """librdkafka can stop fetching an assigned partition without a word (after every broker of a cluster
+    restarted); here the consumer is paused, which looks the same from outside. The follower's stall watch
+    (a 1 s interval instead of 10) reopens the reader at its positions: every record read, once, in order."""
+    topic = kafka.topic("stall")
+    backlog = produce_all(kafka, topic, [(f"b{i}".encode(), f"{i}".encode()) for i in range(50)])
+    readers: list[Any] = []
+    transport = kafka.transport
+
+    class Kept:  # the transport, keeping the readers it opens
+        def __getattr__(self, name: str) -> Any:
+            return getattr(transport, name)
+
+        def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> Any:
+            r = transport.reader(topic, start, low_latency=low_latency)
+            readers.append(r)
+            return r
+
+    got = Collector()
+    follower = Follower(Kept(), topic, got.apply, on_ready=got.ready)  # type: ignore[arg-type]
+    follower._watch = StallWatch(1.0)
+    follower.start()
+    try:
+        assert follower.wait_ready(15), f"not ready: {follower.error}"
+        first = readers[0]
+        first._c.pause(first._parts)
+        tail = produce_all(kafka, topic, [(f"t{i}".encode(), f"tail{i}".encode()) for i in range(100)])
+        wait_for(lambda: got.count() == len(backlog) + len(tail), 30, message="the tail read after the stall")
+        assert follower.stalls == 1 and len(readers) == 2
+        for partition, msgs in by_partition(got.messages):
+            assert [m.offset for m in msgs] == list(range(len(msgs))), f"partition {partition} out of order"
     finally:
         follower.stop()
     assert follower.error is None

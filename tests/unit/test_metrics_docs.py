@@ -28,6 +28,7 @@ COLLECTOR_LABELS = {
     "trimtab_channel_bundles": ("state",),
     "trimtab_kv_values_skipped_total": ("topic", "reason"),
     "trimtab_kv_history_gaps_total": ("topic",),
+    "trimtab_kv_follower_stalls_total": ("topic",),
 }
 
 

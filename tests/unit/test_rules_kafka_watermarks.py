@@ -1,0 +1,73 @@
+"""Rules of KafkaTransport.watermarks (channel/kafka.py): a partition between leaders is asked again, a
+client whose own metadata lost the partition (after every broker of a cluster restarted) refreshes it and
+asks again, anything else is a TransportError at once -- with a fake metadata consumer, no Kafka needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from trimtab.channel.kafka import KafkaTransport
+from trimtab.errors import TransportError
+
+
+class FakeMeta:
+    """Answers get_watermark_offsets with the errors given, then (3, 9); keeps every call."""
+
+    def __init__(self, errors: list[int]) -> None:
+        self.errors = list(errors)
+        self.calls: list[str] = []
+
+    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+        self.calls.append("watermarks")
+        assert cached is False  # the ends now, never a cached answer
+        if self.errors:
+            raise KafkaException(KafkaError(self.errors.pop(0)))
+        return 3, 9
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.calls.append(f"metadata {topic}")
+
+
+def transport(meta: FakeMeta) -> KafkaTransport:
+    t = KafkaTransport("127.0.0.1:1")
+    t._meta = meta  # type: ignore[assignment]
+    return t
+
+
+@pytest.mark.parametrize("code", [KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC])
+def test_a_partition_the_clients_metadata_lost_is_refreshed_and_asked_again(code: int) -> None:
+    meta = FakeMeta([code, code])
+    assert transport(meta).watermarks("t", 2, timeout_s=5) == (3, 9)
+    assert meta.calls == ["watermarks", "metadata t", "watermarks", "metadata t", "watermarks"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.NOT_COORDINATOR,
+    ],
+)
+def test_a_partition_between_leaders_is_asked_again_without_a_metadata_refresh(code: int) -> None:
+    meta = FakeMeta([code])
+    assert transport(meta).watermarks("t", 0, timeout_s=5) == (3, 9)
+    assert meta.calls == ["watermarks", "watermarks"]
+
+
+def test_any_other_error_is_a_transport_error_at_once() -> None:
+    meta = FakeMeta([KafkaError.TOPIC_AUTHORIZATION_FAILED])
+    with pytest.raises(TransportError, match=r"cannot read watermarks of t\[1\]"):
+        transport(meta).watermarks("t", 1, timeout_s=5)
+    assert meta.calls == ["watermarks"]
+
+
+def test_an_error_that_lasts_past_the_timeout_is_a_transport_error() -> None:
+    meta = FakeMeta([KafkaError._UNKNOWN_PARTITION] * 1000)
+    with pytest.raises(TransportError, match="Unknown partition"):
+        transport(meta).watermarks("t", 1, timeout_s=0.3)
+    assert 2 <= meta.calls.count("watermarks") < 10
