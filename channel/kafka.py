@@ -55,7 +55,14 @@ _LEADER_MOVING = frozenset(
 # refresh (minutes). Asking for the topic's metadata refreshes it; then the question is asked again.
 _STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
 WATERMARK_RETRY_S = 10.0
+#: A metadata client whose questions have all failed for this long is replaced (KafkaTransport._meta_failed).
+META_REBUILD_S = 20.0
 _new_message = tuple.__new__
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    with contextlib.suppress(Exception):
+        consumer.close()
 
 
 class KafkaReader:
@@ -154,6 +161,8 @@ class KafkaTransport:
         self._producer: Producer | None = None
         self._fatal = False
         self._meta: Consumer | None = None
+        self._meta_failing_since: float | None = None
+        self.meta_rebuilds = 0
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
@@ -343,7 +352,38 @@ class KafkaTransport:
         """The partition's low and high watermarks. A partition whose leader is moving (a broker died, the
         topic was just created) answers "not leader" for a moment: that is retried for up to
         :data:`WATERMARK_RETRY_S` (and ``timeout_s``); any other error, or one that lasts, is a
-        :class:`TransportError`."""
+        :class:`TransportError` -- and once this client has failed for :data:`META_REBUILD_S`, it is
+        replaced (see :meth:`_meta_failed`)."""
+        try:
+            ends = self._watermarks(topic, partition, timeout_s)
+        except TransportError:
+            self._meta_failed()
+            raise
+        self._meta_failing_since = None
+        return ends
+
+    def _meta_failed(self) -> None:
+        """The metadata client failed again. librdkafka's clients can stay wedged after every broker of a
+        cluster restarted (a follower's reader did; so did a metadata client, unable to read an end for
+        minutes while a new client read it at once). One that has failed for :data:`META_REBUILD_S` is
+        replaced by a new one at the next question -- not more often than that, so an outage costs a
+        client per interval -- and the old one is closed on a thread of its own (closing can wait on its
+        brokers)."""
+        now = time.monotonic()
+        if self._meta_failing_since is None:
+            self._meta_failing_since = now
+            return
+        if now - self._meta_failing_since < META_REBUILD_S:
+            return
+        with self._lock:
+            old, self._meta = self._meta, None
+        self._meta_failing_since = now
+        self.meta_rebuilds += 1
+        log.warning("kafka_metadata_client_replaced", failing_s=META_REBUILD_S, rebuilds=self.meta_rebuilds)
+        if old is not None:
+            threading.Thread(target=_close_quietly, args=(old,), name="kafka-meta-close", daemon=True).start()
+
+    def _watermarks(self, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
         deadline = time.monotonic() + min(WATERMARK_RETRY_S, timeout_s)
         delay = 0.05
         while True:

@@ -290,6 +290,41 @@ def sim_profile_cmd(scenario: Path | None, output: str | None) -> None:
     _emit(production_share(scenario, progress=lambda m: click.echo(m, err=True)), output)
 
 
+@bench.command("kafka-restarts")
+@click.option(
+    "--cycles", type=click.IntRange(min=1), default=8, show_default=True, help="Whole-cluster restarts."
+)
+@click.option(
+    "--followers", type=click.IntRange(min=1), default=6, show_default=True, help="Followers (nodes)."
+)
+@click.option("--brokers", type=click.IntRange(min=1), default=3, show_default=True, help="Kafka brokers.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seeds the outages and the pauses.")
+@click.option(
+    "--outage-s",
+    "outages",
+    multiple=True,
+    type=click.FloatRange(min=0),
+    help="Outage lengths drawn from (repeatable; default 5, 15 and 30 s).",
+)
+@click.option("--output", type=click.Path(dir_okay=False), help="Also write the JSON to this file.")
+def kafka_restarts_cmd(
+    cycles: int, followers: int, brokers: int, seed: int, outages: tuple[float, ...], output: str | None
+) -> None:
+    """Stop and start a whole real Kafka cluster again and again: does every channel follower read again?"""
+    from trimtab.devkit.bench.kafka_restarts import OUTAGES_S, run
+
+    with _logs_to_stderr():
+        result = run(
+            cycles=cycles,
+            followers=followers,
+            brokers=brokers,
+            seed=seed,
+            outages_s=outages or OUTAGES_S,
+            progress=lambda m: click.echo(m, err=True),
+        )
+    _emit(result, output)
+
+
 @bench.command("balance")
 @click.option(
     "--scenario",

@@ -221,6 +221,18 @@ def test_bench_agent_memory_small() -> None:
     assert_checks(out)
 
 
+def test_bench_kafka_restarts_small() -> None:
+    """Whole-cluster Kafka restarts: every follower reads again (the stall watch cures what librdkafka
+    leaves stalled)."""
+    out = invoke("kafka-restarts", "--cycles", "1", "--followers", "2", "--brokers", "1", "--outage-s", "1")
+    assert out["bench"] == "kafka-restarts"
+    assert_checks(out)
+    assert out["followers_stuck"] == 0 and out["ends_unreadable_cycles"] == 0
+    assert_number(out, "stalls_cured", "catch_up_s_max", "records_acknowledged")
+    [row] = out["rounds"]
+    assert row["outage_s"] == 1 and set(row["caught_up_s"]) == {"f0", "f1"}
+
+
 def test_bench_sim_profile_small() -> None:
     """The simulator's ceiling: production code's share of a run, and the speed it bounds from above."""
     out = invoke("sim-profile", "--scenario", "sim/scenarios/small-scale-out.yaml")

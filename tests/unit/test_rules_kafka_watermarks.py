@@ -1,15 +1,19 @@
 """Rules of KafkaTransport.watermarks (channel/kafka.py): a partition between leaders is asked again, a
 client whose own metadata lost the partition (after every broker of a cluster restarted) refreshes it and
-asks again, anything else is a TransportError at once -- with a fake metadata consumer, no Kafka needed."""
+asks again, anything else is a TransportError at once; a client failing for 20 s is replaced -- with a fake
+metadata consumer, no Kafka needed."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from trimtab.channel.kafka import KafkaTransport
+import trimtab.channel.kafka as kafka_module
+from tests.support.logs import capture_logs
+from trimtab.channel.kafka import META_REBUILD_S, KafkaTransport
 from trimtab.errors import TransportError
 
 
@@ -71,3 +75,50 @@ def test_an_error_that_lasts_past_the_timeout_is_a_transport_error() -> None:
     with pytest.raises(TransportError, match="Unknown partition"):
         transport(meta).watermarks("t", 1, timeout_s=0.3)
     assert 2 <= meta.calls.count("watermarks") < 10
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FailingMeta(FakeMeta):
+    def __init__(self) -> None:
+        super().__init__([KafkaError.TOPIC_AUTHORIZATION_FAILED] * 100)
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_a_metadata_client_failing_for_20_s_is_replaced_once_and_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(kafka_module.time, "monotonic", clock)
+    meta = FailingMeta()
+    t = transport(meta)
+    for dt in (0.0, 10.0, META_REBUILD_S - 10.001):  # failing since the first, for less than 20 s
+        clock.now += dt
+        with pytest.raises(TransportError):
+            t.watermarks("t", 0)
+        assert t._meta is meta and t.meta_rebuilds == 0
+    clock.now += 0.001
+    with capture_logs() as logs, pytest.raises(TransportError):
+        t.watermarks("t", 0)
+    assert t._meta is None and t.meta_rebuilds == 1  # the next question makes a new client
+    assert meta.closed.wait(5)
+    assert [e["event"] for e in logs] == ["kafka_metadata_client_replaced"]
+
+
+def test_a_success_ends_the_failing_spell() -> None:
+    meta = FakeMeta([KafkaError.TOPIC_AUTHORIZATION_FAILED])
+    t = transport(meta)
+    with pytest.raises(TransportError):
+        t.watermarks("t", 0)
+    assert t._meta_failing_since is not None
+    assert t.watermarks("t", 0) == (3, 9)
+    assert t._meta_failing_since is None and t.meta_rebuilds == 0

@@ -6,6 +6,7 @@ returning records as a stalled Kafka client does."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,15 +167,16 @@ class Clock:
 
 
 class StallingTransport(MemoryTransport):
-    """Readers that stop returning records once ``stall`` is set (the first reader only), as a Kafka client
-    that stopped fetching; every reader opened and every end asked are kept."""
+    """Readers that stop returning records once stalled (``stall_now``: the newest reader), as a Kafka
+    client that stopped fetching; every reader opened, every poll and every end asked are kept."""
 
     def __init__(self, log: MemoryLog) -> None:
         super().__init__(log)
-        self.stall = threading.Event()
+        self.stalled_readers: set[int] = set()
         self.stalled = threading.Event()  # a poll has returned nothing because of the stall
         self.readers: list[tuple[dict[int, int], MemoryReader]] = []
         self.ends_asked = 0
+        self.polls = 0
         self.unreachable = False
         self.cond = threading.Condition()
 
@@ -187,14 +189,17 @@ class StallingTransport(MemoryTransport):
         return super().watermarks(topic, partition, timeout_s=timeout_s)
 
     def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> MemoryReader:
-        first = not self.readers
-        stall, stalled = self.stall, self.stalled
+        index = len(self.readers)
+        owner = self
 
         class Stalling(MemoryReader):
             def poll(self, max_messages: int, timeout: float) -> list[Message]:
-                if first and stall.is_set():
-                    stalled.set()
-                    stall.wait(0.01)  # a poll that waits and returns nothing, as a stalled client's
+                with owner.cond:
+                    owner.polls += 1
+                    owner.cond.notify_all()
+                if index in owner.stalled_readers:
+                    owner.stalled.set()
+                    time.sleep(0.01)  # a poll that waits and returns nothing, as a stalled client's
                     return []
                 return super().poll(max_messages, timeout)
 
@@ -203,14 +208,19 @@ class StallingTransport(MemoryTransport):
         return r
 
     def stall_now(self) -> None:
-        """Stall the first reader, and return once a poll of it has seen the stall: a record appended
+        """Stall the newest reader, and return once a poll of it has seen the stall: a record appended
         after this is not read by a poll already under way."""
-        self.stall.set()
+        self.stalled.clear()
+        self.stalled_readers.add(len(self.readers) - 1)
         assert self.stalled.wait(10)
 
     def wait_ends_asked(self, n: int) -> None:
         with self.cond:
             assert self.cond.wait_for(lambda: self.ends_asked >= n, 10), (self.ends_asked, n)
+
+    def wait_polls(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.polls >= n, 10), (self.polls, n)
 
 
 @pytest.fixture
@@ -255,9 +265,53 @@ def test_a_stalled_reader_is_reopened_at_the_applied_positions_and_the_records_a
     assert transport.readers[1][0] == {0: 3, 1: 0}  # the positions already applied, nothing skipped
     assert f.stalls == 1 and stalls == [1]
     [event] = [e for e in logs if e["event"] == "follower_stalled"]
-    assert event["topic"] == "t"
-    assert event["partitions"] == {0: {"position": 3, "end": 5}}
+    assert {k: v for k, v in event.items() if k not in ("log_level", "timestamp")} == {
+        "event": "follower_stalled",
+        "topic": "t",
+        "partitions": {0: {"position": 3, "end": 5}},
+        "stalled_s": A,
+        "stalls": 1,
+        "action": "reopening the reader at the applied positions",
+    }
     assert f.running
+
+
+def test_every_stall_is_counted(
+    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+) -> None:
+    log, transport, clock, applied, stalls, f = setup
+    for n in (1, 2):
+        transport.stall_now()
+        log.append("t", b"k", f"more{n}".encode(), partition=1)
+        for _ in range(4):  # seen (the watch starts again after a reopen), idle and asked, stalled
+            if len(applied) == 3 + n:
+                break
+            clock.advance(A)
+            transport.wait_polls(transport.polls + 3)  # a whole turn of the loop at this time
+        wait_for(lambda n=n: len(applied) == 3 + n, 10, message=f"the records after stall {n} read")
+    assert f.stalls == 2 and stalls == [1, 1] and len(transport.readers) == 3
+
+
+def test_the_watch_runs_once_per_check_interval_not_on_every_poll(
+    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+) -> None:
+    _, transport, clock, _, _, f = setup
+    checks: list[float] = []
+    check = f._watch.check
+
+    def counted(positions: Any, now: float, end_of: Any) -> dict[int, tuple[int, int]]:
+        checks.append(now)
+        return check(positions, now, end_of)
+
+    f._watch.check = counted  # type: ignore[method-assign]
+    clock.advance(STALL_CHECK_S)
+    transport.wait_polls(transport.polls + 20)  # many polls at one instant of the clock
+    assert checks == [STALL_CHECK_S]
+    clock.advance(STALL_CHECK_S - 0.001)
+    transport.wait_polls(transport.polls + 20)
+    assert checks == [STALL_CHECK_S]
+    clock.advance(0.001)
+    wait_for(lambda: len(checks) == 2, 10, message="the next check")
 
 
 def test_an_idle_follower_read_to_its_end_is_never_reopened(
