@@ -57,10 +57,14 @@ _STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_
 WATERMARK_RETRY_S = 10.0
 #: A metadata client whose questions have all failed for this long is replaced (KafkaTransport._meta_failed).
 META_REBUILD_S = 20.0
+#: A replaced metadata client is closed this long after: past every question another thread may still be
+#: asking it (each is bounded by its timeout, 10 s at most), so none finds it closed under its feet.
+META_CLOSE_AFTER_S = 60.0
 _new_message = tuple.__new__
 
 
-def _close_quietly(consumer: Consumer) -> None:
+def _close_later(consumer: Consumer, after_s: float) -> None:
+    time.sleep(after_s)  # until no question asked of it before it was replaced can still be running
     with contextlib.suppress(Exception):
         consumer.close()
 
@@ -367,8 +371,9 @@ class KafkaTransport:
         cluster restarted (a follower's reader did; so did a metadata client, unable to read an end for
         minutes while a new client read it at once). One that has failed for :data:`META_REBUILD_S` is
         replaced by a new one at the next question -- not more often than that, so an outage costs a
-        client per interval -- and the old one is closed on a thread of its own (closing can wait on its
-        brokers)."""
+        client per interval. The old one is closed :data:`META_CLOSE_AFTER_S` later on a thread of its own:
+        other threads (the followers' stall watches, the lag's end reader) may be asking it right now, and
+        closing can wait on its brokers."""
         now = time.monotonic()
         if self._meta_failing_since is None:
             self._meta_failing_since = now
@@ -381,7 +386,9 @@ class KafkaTransport:
         self.meta_rebuilds += 1
         log.warning("kafka_metadata_client_replaced", failing_s=META_REBUILD_S, rebuilds=self.meta_rebuilds)
         if old is not None:
-            threading.Thread(target=_close_quietly, args=(old,), name="kafka-meta-close", daemon=True).start()
+            threading.Thread(
+                target=_close_later, args=(old, META_CLOSE_AFTER_S), name="kafka-meta-close", daemon=True
+            ).start()
 
     def _watermarks(self, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
         deadline = time.monotonic() + min(WATERMARK_RETRY_S, timeout_s)
@@ -392,6 +399,13 @@ class KafkaTransport:
                     TopicPartition(topic, partition), timeout=timeout_s, cached=False
                 )
                 return int(low), int(high)
+            except RuntimeError as e:
+                # A client closed under this question (the transport closing): never a crash of the
+                # caller's thread; asked again of the current client while time is left.
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
+                time.sleep(delay)  # a moment before asking the client that replaced it
+                delay = min(delay * 2, 0.5)
             except KafkaException as e:
                 err = e.args[0] if e.args else None
                 code = err.code() if isinstance(err, KafkaError) else None
@@ -400,7 +414,7 @@ class KafkaTransport:
                 if time.monotonic() + delay > deadline:
                     raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
                 if code in _STALE_METADATA:
-                    with contextlib.suppress(KafkaException):
+                    with contextlib.suppress(KafkaException, RuntimeError):
                         self._meta_consumer().list_topics(
                             topic, timeout=max(0.1, deadline - time.monotonic())
                         )

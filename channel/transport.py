@@ -234,9 +234,12 @@ class Follower:
 
     # ------------------------------------------------------------------ the stall watch
     def _end(self, partition: int) -> int | None:
+        """The partition's end, or None when it cannot be read -- for whatever reason: the watch is
+        advice, and a question it could not get answered must never stop the follower."""
         try:
             return self.transport.watermarks(self.topic, partition, timeout_s=2.0)[1]
-        except TransportError:
+        except Exception as e:
+            log.debug("follower_end_unread", topic=self.topic, partition=partition, error=repr(e))
             return None
 
     def _reopen(self, reader: Reader, stalled: dict[int, tuple[int, int]]) -> Reader:

@@ -206,8 +206,11 @@ def test_a_delayed_lossy_link_holds_every_packet_and_loses_some(net: Network) ->
         net.heal("b", "a")
         net.heal(ROOT, "c")
         assert net.delays == {}
-        assert round_trips(net, "a", "b", 20)[-1] < 50
-        assert round_trips(net, ROOT, "c", 20)[-1] < 50
+        # Healed: 19 round trips of 20 under 50 ms (a delayed link keeps every one above 200). One may
+        # not be: a segment lost on a loaded machine costs TCP's minimum retransmission timeout, 200 ms,
+        # as a CI run saw once on the root's link.
+        assert round_trips(net, "a", "b", 20)[-2] < 50
+        assert round_trips(net, ROOT, "c", 20)[-2] < 50
     finally:
         for p in servers:
             p.kill()

@@ -94,11 +94,12 @@ class FailingMeta(FakeMeta):
         self.closed.set()
 
 
-def test_a_metadata_client_failing_for_20_s_is_replaced_once_and_closed(
+def test_a_metadata_client_failing_for_20_s_is_replaced_once_and_closed_later(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = Clock()
     monkeypatch.setattr(kafka_module.time, "monotonic", clock)
+    monkeypatch.setattr(kafka_module, "META_CLOSE_AFTER_S", 0.01)  # 60 s in production
     meta = FailingMeta()
     t = transport(meta)
     for dt in (0.0, 10.0, META_REBUILD_S - 10.001):  # failing since the first, for less than 20 s
@@ -122,3 +123,30 @@ def test_a_success_ends_the_failing_spell() -> None:
     assert t._meta_failing_since is not None
     assert t.watermarks("t", 0) == (3, 9)
     assert t._meta_failing_since is None and t.meta_rebuilds == 0
+
+
+class ClosedMeta(FakeMeta):
+    """A client closed under the question (replaced, or the transport closing): librdkafka's RuntimeError."""
+
+    def __init__(self, closed_times: int) -> None:
+        super().__init__([])
+        self.closed_times = closed_times
+
+    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+        if self.closed_times:
+            self.closed_times -= 1
+            self.calls.append("closed")
+            raise RuntimeError("Consumer closed")
+        return super().get_watermark_offsets(tp, timeout, cached)
+
+
+def test_a_client_closed_under_the_question_is_asked_again_not_raised() -> None:
+    meta = ClosedMeta(2)
+    assert transport(meta).watermarks("t", 0, timeout_s=5) == (3, 9)
+    assert meta.calls == ["closed", "closed", "watermarks"]
+
+
+def test_a_client_that_stays_closed_is_a_transport_error() -> None:
+    meta = ClosedMeta(1000)
+    with pytest.raises(TransportError, match="Consumer closed"):
+        transport(meta).watermarks("t", 0, timeout_s=0.3)

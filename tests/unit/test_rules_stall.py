@@ -178,6 +178,7 @@ class StallingTransport(MemoryTransport):
         self.ends_asked = 0
         self.polls = 0
         self.unreachable = False
+        self.unreachable_error: Exception = TransportError("unreachable")
         self.cond = threading.Condition()
 
     def watermarks(self, topic: str, partition: int, *, timeout_s: float = 10.0) -> tuple[int, int]:
@@ -185,7 +186,7 @@ class StallingTransport(MemoryTransport):
             self.ends_asked += 1
             self.cond.notify_all()
         if self.unreachable:
-            raise TransportError("unreachable")
+            raise self.unreachable_error
         return super().watermarks(topic, partition, timeout_s=timeout_s)
 
     def reader(self, topic: str, start: dict[int, int], *, low_latency: bool = True) -> MemoryReader:
@@ -335,6 +336,20 @@ def test_an_unreachable_log_is_no_stall(
         clock.advance(A)
         transport.wait_ends_asked(n)
     assert len(transport.readers) == 1 and f.stalls == 0
+
+
+def test_an_end_question_that_raises_anything_is_no_stall_and_never_stops_the_follower(
+    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+) -> None:
+    log, transport, clock, applied, _, f = setup
+    transport.unreachable_error = RuntimeError("Consumer closed")  # a client closed under the question
+    transport.unreachable = True
+    for n in (1, 2, 3):
+        clock.advance(A)
+        transport.wait_ends_asked(n)
+    log.append("t", b"k", b"v3", partition=0)
+    wait_for(lambda: len(applied) == 4, 10, message="the follower still reading")
+    assert f.running and f.error is None and f.stalls == 0
 
 
 def test_reopening_is_how_the_follower_fails_when_no_reader_can_be_opened(
