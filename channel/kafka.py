@@ -400,9 +400,9 @@ class KafkaTransport:
                 )
                 return int(low), int(high)
             except RuntimeError as e:
-                # A client closed under this question (the transport closing): never a crash of the
-                # caller's thread; asked again of the current client while time is left.
-                if time.monotonic() + delay > deadline:
+                # A client closed under this question (replaced, or the transport closing): never a crash
+                # of the caller's thread; asked again of the current client while time is left.
+                if self._stop.is_set() or time.monotonic() + delay > deadline:
                     raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
                 time.sleep(delay)  # a moment before asking the client that replaced it
                 delay = min(delay * 2, 0.5)

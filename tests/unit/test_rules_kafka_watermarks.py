@@ -150,3 +150,12 @@ def test_a_client_that_stays_closed_is_a_transport_error() -> None:
     meta = ClosedMeta(1000)
     with pytest.raises(TransportError, match="Consumer closed"):
         transport(meta).watermarks("t", 0, timeout_s=0.3)
+
+
+def test_after_close_a_closed_client_is_a_transport_error_at_once() -> None:
+    meta = ClosedMeta(1000)
+    t = transport(meta)
+    t._stop.set()  # what close() sets first
+    with pytest.raises(TransportError, match="Consumer closed"):
+        t.watermarks("t", 0, timeout_s=5)
+    assert meta.calls == ["closed"]
