@@ -399,26 +399,23 @@ class KafkaTransport:
                     TopicPartition(topic, partition), timeout=timeout_s, cached=False
                 )
                 return int(low), int(high)
-            except RuntimeError as e:
-                # A client closed under this question (replaced, or the transport closing): never a crash
-                # of the caller's thread; asked again of the current client while time is left.
-                if self._stop.is_set() or time.monotonic() + delay > deadline:
-                    raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
-                time.sleep(delay)  # a moment before asking the client that replaced it
-                delay = min(delay * 2, 0.5)
-            except KafkaException as e:
-                err = e.args[0] if e.args else None
-                code = err.code() if isinstance(err, KafkaError) else None
-                if code not in _LEADER_MOVING and code not in _STALE_METADATA:
-                    raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
-                if time.monotonic() + delay > deadline:
+            except (KafkaException, RuntimeError) as e:
+                if isinstance(e, RuntimeError):
+                    # A client closed under this question (replaced, or the transport closing): never a
+                    # crash of the caller's thread; asked again of the current client unless closing.
+                    code, again = None, not self._stop.is_set()
+                else:
+                    err = e.args[0] if e.args else None
+                    code = err.code() if isinstance(err, KafkaError) else None
+                    again = code in _LEADER_MOVING or code in _STALE_METADATA
+                if not again or time.monotonic() + delay > deadline:
                     raise TransportError(f"cannot read watermarks of {topic}[{partition}]: {e}") from e
                 if code in _STALE_METADATA:
                     with contextlib.suppress(KafkaException, RuntimeError):
                         self._meta_consumer().list_topics(
                             topic, timeout=max(0.1, deadline - time.monotonic())
                         )
-                time.sleep(delay)  # a leader being elected: nothing to wait on but time
+                time.sleep(delay)  # a leader being elected, a client replaced: nothing to wait on but time
                 delay = min(delay * 2, 0.5)
 
     # ------------------------------------------------------------------ readers
