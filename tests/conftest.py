@@ -193,7 +193,8 @@ def log(settings: Settings) -> MemoryLog:
     return memory_log(settings)
 
 
-def _stopped_at_teardown() -> Iterator[list[Any]]:
+def stopped_at_teardown() -> Iterator[list[Any]]:
+    """A fixture's body: the list a test appends what it started to, each ``stop()``-ed at teardown."""
     started: list[Any] = []
     yield started
     for x in started:
@@ -202,12 +203,12 @@ def _stopped_at_teardown() -> Iterator[list[Any]]:
 
 @pytest.fixture
 def clients() -> Iterator[list[ChannelClient]]:
-    yield from _stopped_at_teardown()
+    yield from stopped_at_teardown()
 
 
 @pytest.fixture
 def followers() -> Iterator[list[Follower]]:
-    yield from _stopped_at_teardown()
+    yield from stopped_at_teardown()
 
 
 # ---------------------------------------------------------------------------------------------- processes

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from kazoo.client import KazooClient
 
+from tests.conftest import stopped_at_teardown
 from tests.integration.test_controller_jobs import Node, register
 from tests.support.settings import NO_AUTH_SETS
 from tests.support.waiting import wait_for
@@ -107,10 +108,7 @@ def settings(zk_hosts: str) -> Settings:
 
 @pytest.fixture
 def nodes() -> Iterator[list[Node]]:
-    made: list[Node] = []
-    yield made
-    for n in made:
-        n.stop()
+    yield from stopped_at_teardown()
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from tests.support.acked import AckedPublish
+from tests.support.clock import ManualClock
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.heal import HealConfig, dependents, due, needs_healing, orphaned, override_for
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
@@ -80,14 +81,6 @@ def owned(by: str, v: int, src: str | None = None) -> Record:
 
 
 # ---------------------------------------------------------------------------------------------- stand-ins
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Session:
@@ -187,8 +180,8 @@ class Leader:
         grace_s: float = 0.0,
         caught_up: bool = True,
     ) -> None:
-        self.clock = Clock(T0_S)
-        self.mono = Clock(100.0)
+        self.clock = ManualClock(T0_S)
+        self.mono = ManualClock(100.0)
         self.session = Session()
         self.election = Election(self.session)
         self.registry = Registry(*registered)

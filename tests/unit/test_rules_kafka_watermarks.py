@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import trimtab.channel.kafka as kafka_module
+from tests.support.clock import ManualClock
 from tests.support.logs import capture_logs
 from trimtab.channel.kafka import META_REBUILD_S, KafkaTransport
 from trimtab.errors import TransportError
@@ -77,14 +78,6 @@ def test_an_error_that_lasts_past_the_timeout_is_a_transport_error() -> None:
     assert 2 <= meta.calls.count("watermarks") < 10
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class FailingMeta(FakeMeta):
     def __init__(self) -> None:
         super().__init__([KafkaError.TOPIC_AUTHORIZATION_FAILED] * 100)
@@ -97,7 +90,7 @@ class FailingMeta(FakeMeta):
 def test_a_metadata_client_failing_for_20_s_is_replaced_once_and_closed_later(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     monkeypatch.setattr(kafka_module.time, "monotonic", clock)
     monkeypatch.setattr(kafka_module, "META_CLOSE_AFTER_S", 0.01)  # 60 s in production
     meta = FailingMeta()

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import ManualClock
 from tests.support.logs import capture_logs
 from tests.support.waiting import wait_for
 from trimtab.channel.memory import MemoryLog, MemoryReader, MemoryTransport
@@ -152,20 +153,6 @@ def test_a_stall_is_reported_only_when_an_end_read_long_enough_ago_is_unreached_
 
 
 # ------------------------------------------------------------------------------------------ the follower
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self.lock:
-            return self.now
-
-    def advance(self, s: float) -> None:
-        with self.lock:
-            self.now += s
-
-
 class StallingTransport(MemoryTransport):
     """Readers that stop returning records once stalled (``stall_now``: the newest reader), as a Kafka
     client that stopped fetching; every reader opened, every poll and every end asked are kept."""
@@ -225,13 +212,13 @@ class StallingTransport(MemoryTransport):
 
 
 @pytest.fixture
-def setup() -> Iterator[tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower]]:
+def setup() -> Iterator[tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower]]:
     log = MemoryLog()
     log.create("t", 2)
     for i in range(3):
         log.append("t", b"k", f"v{i}".encode(), partition=0)
     transport = StallingTransport(log)
-    clock = Clock()
+    clock = ManualClock()
     applied: list[Message] = []
     stalls: list[int] = []
     f = Follower(
@@ -250,7 +237,7 @@ def setup() -> Iterator[tuple[MemoryLog, StallingTransport, Clock, list[Message]
 
 
 def test_a_stalled_reader_is_reopened_at_the_applied_positions_and_the_records_are_read(
-    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+    setup: tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower],
 ) -> None:
     log, transport, clock, applied, stalls, f = setup
     transport.stall_now()
@@ -278,7 +265,7 @@ def test_a_stalled_reader_is_reopened_at_the_applied_positions_and_the_records_a
 
 
 def test_every_stall_is_counted(
-    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+    setup: tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower],
 ) -> None:
     log, transport, clock, applied, stalls, f = setup
     for n in (1, 2):
@@ -294,7 +281,7 @@ def test_every_stall_is_counted(
 
 
 def test_the_watch_runs_once_per_check_interval_not_on_every_poll(
-    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+    setup: tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower],
 ) -> None:
     _, transport, clock, _, _, f = setup
     checks: list[float] = []
@@ -316,7 +303,7 @@ def test_the_watch_runs_once_per_check_interval_not_on_every_poll(
 
 
 def test_an_idle_follower_read_to_its_end_is_never_reopened(
-    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+    setup: tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower],
 ) -> None:
     _, transport, clock, _, stalls, f = setup
     for n in (2, 4, 6):  # both partitions asked, three rounds
@@ -326,7 +313,7 @@ def test_an_idle_follower_read_to_its_end_is_never_reopened(
 
 
 def test_an_unreachable_log_is_no_stall(
-    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+    setup: tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower],
 ) -> None:
     log, transport, clock, _, _, f = setup
     transport.stall_now()
@@ -339,7 +326,7 @@ def test_an_unreachable_log_is_no_stall(
 
 
 def test_an_end_question_that_raises_anything_is_no_stall_and_never_stops_the_follower(
-    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+    setup: tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower],
 ) -> None:
     log, transport, clock, applied, _, f = setup
     transport.unreachable_error = RuntimeError("Consumer closed")  # a client closed under the question
@@ -353,7 +340,7 @@ def test_an_end_question_that_raises_anything_is_no_stall_and_never_stops_the_fo
 
 
 def test_reopening_is_how_the_follower_fails_when_no_reader_can_be_opened(
-    setup: tuple[MemoryLog, StallingTransport, Clock, list[Message], list[int], Follower],
+    setup: tuple[MemoryLog, StallingTransport, ManualClock, list[Message], list[int], Follower],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log, transport, clock, _, _, f = setup

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from tests.support.clock import ManualClock
 from trimtab.balance import operations as ops
 from trimtab.balance.assign import BrokerInfo
 from trimtab.balance.load import BrokerLoadData, BundleStats, TopBundles
@@ -23,14 +24,6 @@ from trimtab.controller.operations import OperationsJob
 from trimtab.controller.shedding import SheddingJob
 
 T0 = 1_000_000.0  # seconds
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Table:
@@ -116,7 +109,7 @@ class World:
     """hot (90%) owns four bundles of namespace t/a, cold (10%) one of t/b: std .4, hot sheds to cold."""
 
     def __init__(self, *, with_policies: frozenset[str] = frozenset(), **shedding: Any) -> None:
-        self.clock = Clock()
+        self.clock = ManualClock(T0)
         self.table = Table()
         self.writes = Writes(self.table)
         self.journal = Journal()
